@@ -1,0 +1,42 @@
+// qlora-cpp: the error type every user-caused failure is thrown as.
+//
+// Below main nothing calls exit(): code throws qlora::Error with a one-line message that names the
+// file (and line, tensor or config key) and the problem; main prints it and returns non-zero.
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace qlora {
+
+/// A user-facing error: one line, naming what (file:line, tensor, config key) and the problem.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+namespace detail {
+inline void cat(std::ostringstream&) {}
+template <typename T, typename... Rest>
+void cat(std::ostringstream& os, const T& v, const Rest&... rest) {
+  os << v;
+  cat(os, rest...);
+}
+}  // namespace detail
+
+/// Concatenates the arguments with operator<< into a qlora::Error and throws it.
+template <typename... Args>
+[[noreturn]] void fail(const Args&... args) {
+  std::ostringstream os;
+  detail::cat(os, args...);
+  throw Error(os.str());
+}
+
+}  // namespace qlora
+
+/// Throws qlora::Error(message...) when `cond` is false. For user-caused conditions only;
+/// internal invariants use assert / TORCH_INTERNAL_ASSERT.
+#define QLORA_CHECK(cond, ...)                 \
+  do {                                         \
+    if (!(cond)) ::qlora::fail(__VA_ARGS__);   \
+  } while (0)

@@ -1,0 +1,110 @@
+#include "common/files.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "common/error.h"
+
+namespace qlora {
+namespace fs = std::filesystem;
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) fail("cannot open directory ", dir, ": ", std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) fail("cannot fsync directory ", dir, ": ", std::strerror(err));
+}
+
+void atomic_write(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail("cannot write ", path, ": ", std::strerror(errno));
+  try {
+    write(f);
+    if (std::fflush(f) != 0 || ::fsync(fileno(f)) != 0)
+      fail("cannot write ", path, ": ", std::strerror(errno));
+    if (std::fclose(f) != 0) {
+      f = nullptr;
+      fail("cannot write ", path, ": ", std::strerror(errno));
+    }
+    f = nullptr;
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      fail("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
+  } catch (...) {
+    if (f) std::fclose(f);
+    std::remove(tmp.c_str());
+    throw;
+  }
+  fsync_dir(fs::path(path).parent_path().string());
+}
+
+void atomic_write_string(const std::string& path, const std::string& bytes) {
+  atomic_write(path, [&](std::FILE* f) {
+    if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size())
+      fail("cannot write ", path, ": ", std::strerror(errno));
+  });
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read ", path, ": ", std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) fail("cannot read ", path, ": I/O error");
+  return ss.str();
+}
+
+namespace {
+std::string to_hex(const unsigned char* d, unsigned n) {
+  static const char* k = "0123456789abcdef";
+  std::string s(2 * n, '0');
+  for (unsigned i = 0; i < n; ++i) {
+    s[2 * i] = k[d[i] >> 4];
+    s[2 * i + 1] = k[d[i] & 15];
+  }
+  return s;
+}
+
+struct MdCtx {
+  EVP_MD_CTX* c = EVP_MD_CTX_new();
+  ~MdCtx() { EVP_MD_CTX_free(c); }
+};
+}  // namespace
+
+std::string sha256_hex(const std::string& bytes) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned n = 0;
+  if (!EVP_Digest(bytes.data(), bytes.size(), md, &n, EVP_sha256(), nullptr))
+    fail("SHA-256 failed");
+  return to_hex(md, n);
+}
+
+std::string sha256_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) fail("cannot read ", path, ": ", std::strerror(errno));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(f, &std::fclose);
+  MdCtx ctx;
+  if (!ctx.c || !EVP_DigestInit_ex(ctx.c, EVP_sha256(), nullptr)) fail("SHA-256 init failed");
+  std::vector<char> buf(1 << 20);
+  size_t got;
+  while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) EVP_DigestUpdate(ctx.c, buf.data(), got);
+  if (std::ferror(f)) fail("cannot read ", path, ": I/O error");
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned n = 0;
+  EVP_DigestFinal_ex(ctx.c, md, &n);
+  return to_hex(md, n);
+}
+
+}  // namespace qlora

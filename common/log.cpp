@@ -1,0 +1,32 @@
+#include "common/log.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+namespace qlora::log {
+
+void setup(Level level) {
+  static auto logger = [] {
+    auto l = spdlog::stderr_color_mt("qlora");
+    spdlog::set_default_logger(l);
+    return l;
+  }();
+  spdlog::set_pattern("[%H:%M:%S] %v");
+  switch (level) {
+    case Level::debug: spdlog::set_level(spdlog::level::debug); break;
+    case Level::info: spdlog::set_level(spdlog::level::info); break;
+    case Level::warn: spdlog::set_level(spdlog::level::warn); break;
+    case Level::error: spdlog::set_level(spdlog::level::err); break;
+  }
+}
+
+void write(Level level, const std::string& msg) {
+  switch (level) {
+    case Level::debug: spdlog::debug(msg); break;
+    case Level::info: spdlog::info(msg); break;
+    case Level::warn: spdlog::warn(msg); break;
+    case Level::error: spdlog::error(msg); break;
+  }
+}
+
+}  // namespace qlora::log

@@ -1,0 +1,170 @@
+// qlora-cpp dataset pipeline: records -> examples, length policy, split, stats, preview.
+#include "data/dataset.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "common/error.h"
+#include "data/batch.h"
+
+namespace qlora::data {
+
+std::vector<Example> build_examples(const std::vector<Record>& records, const DataOptions& opts,
+                                    const Tokenizer& tok, DataStats* st) {
+  QLORA_CHECK(opts.sequence_len > 0, "data.sequence_len: must be > 0, got ", opts.sequence_len);
+  QLORA_CHECK(opts.truncation == "drop" || opts.truncation == "truncate", "data.truncation: must be drop|truncate, got '",
+              opts.truncation, "'");
+  st->sequence_len = opts.sequence_len;
+  if (st->length_hist.empty()) st->length_hist.assign(8, 0);
+  std::vector<Example> out;
+  out.reserve(records.size());
+  for (const Record& r : records) {
+    // A token covers at most 16 bytes of Llama-family text: far longer records cannot fit, so
+    // they are dropped before paying for their tokenisation (a 10 MB line costs nothing).
+    size_t bytes = r.text.size();
+    for (const Turn& t : r.turns) bytes += t.content.size();
+    if (opts.truncation == "drop" && bytes > size_t(opts.sequence_len) * 64) {
+      ++st->dropped_too_long;
+      continue;
+    }
+    Example ex = tokenize(render(r, opts.template_name, tok, opts.add_eos), tok, opts.train_on_inputs);
+    if (int64_t(ex.input_ids.size()) > opts.sequence_len) {
+      if (opts.truncation == "drop") {
+        ++st->dropped_too_long;
+        continue;
+      }
+      ex.input_ids.resize(opts.sequence_len);
+      ex.labels.resize(opts.sequence_len);
+      ++st->truncated;
+    }
+    if (std::none_of(ex.labels.begin(), ex.labels.end(), [](int32_t l) { return l != kIgnoreIndex; })) {
+      ++st->dropped_no_trainable;
+      continue;
+    }
+    ex.id = int64_t(out.size());
+    out.push_back(std::move(ex));
+  }
+  return out;
+}
+
+namespace {
+void count(const std::vector<Example>& v, DataStats* st) {
+  const int64_t bin = (st->sequence_len + 7) / 8;
+  for (const Example& e : v) {
+    const int64_t n = int64_t(e.input_ids.size());
+    st->tokens_total += n;
+    st->tokens_trainable += std::count_if(e.labels.begin(), e.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+    st->max_len = std::max(st->max_len, n);
+    st->length_hist[std::min<int64_t>(7, n / std::max<int64_t>(1, bin))]++;
+  }
+}
+}  // namespace
+
+Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
+  QLORA_CHECK(!opts.train.empty(), "data.train: no training file given");
+  Datasets d;
+  std::vector<Record> recs = read_records(opts.train, opts, &d.stats.read);
+  std::vector<Example> all = build_examples(recs, opts, tok, &d.stats);
+  QLORA_CHECK(!all.empty(), opts.train, ": no example has a trainable token (", d.stats.read.records_read,
+              " records read, ", d.stats.dropped_too_long, " longer than sequence_len ", opts.sequence_len, ", ",
+              d.stats.dropped_no_trainable, " without an assistant turn)");
+  if (!opts.eval.empty()) {
+    DataStats est;
+    std::vector<Record> erecs = read_records(opts.eval, opts, &est.read);
+    d.eval = build_examples(erecs, opts, tok, &est);
+    d.train = std::move(all);
+  } else if (opts.val_set_size > 0) {
+    QLORA_CHECK(opts.val_set_size < 1 || std::floor(opts.val_set_size) == opts.val_set_size,
+                "data.val_set_size: a fraction (< 1) or a whole count (>= 1), got ", opts.val_set_size);
+    const int64_t n = int64_t(all.size());
+    const int64_t k = opts.val_set_size < 1 ? int64_t(std::llround(opts.val_set_size * double(n)))
+                                            : int64_t(opts.val_set_size);
+    QLORA_CHECK(k < n, "data.val_set_size: ", opts.val_set_size, " leaves no training example out of ", n);
+    // Held-out examples: the first k of a permutation from a stream separate from the epochs'.
+    const auto perm = epoch_permutation(n, opts.seed ^ 0x5EED0A15ull, 0, true);
+    std::vector<char> is_eval(size_t(n), 0);
+    for (int64_t i = 0; i < k; ++i) is_eval[size_t(perm[i])] = 1;
+    for (int64_t i = 0; i < n; ++i) (is_eval[size_t(i)] ? d.eval : d.train).push_back(std::move(all[size_t(i)]));
+    for (size_t i = 0; i < d.train.size(); ++i) d.train[i].id = int64_t(i);
+    for (size_t i = 0; i < d.eval.size(); ++i) d.eval[i].id = int64_t(i);
+  } else {
+    d.train = std::move(all);
+  }
+  d.stats.train_examples = int64_t(d.train.size());
+  d.stats.eval_examples = int64_t(d.eval.size());
+  count(d.train, &d.stats);
+  return d;
+}
+
+std::string DataStats::summary() const {
+  std::ostringstream o;
+  o << "format: " << read.format << "\n"
+    << "records read: " << read.records_read << ", skipped invalid: " << read.skipped_invalid;
+  for (const auto& [reason, n] : read.skip_reasons) o << " [" << reason << ": " << n << "]";
+  o << "\n";
+  for (const auto& m : read.skip_examples) o << "  skipped: " << m << "\n";
+  o << "dropped: " << dropped_too_long << " longer than sequence_len " << sequence_len << ", "
+    << dropped_no_trainable << " without trainable tokens; truncated: " << truncated << "\n"
+    << "examples: " << train_examples << " train, " << eval_examples << " eval\n"
+    << "tokens (train): " << tokens_total << " total, " << tokens_trainable << " trainable";
+  if (tokens_total > 0) o << " (" << (100.0 * double(tokens_trainable) / double(tokens_total)) << "%)";
+  o << ", max length " << max_len << "\n";
+  o << "length histogram (tokens):\n";
+  const int64_t bin = (sequence_len + 7) / 8;
+  int64_t peak = 1;
+  for (int64_t c : length_hist) peak = std::max(peak, c);
+  for (size_t i = 0; i < length_hist.size(); ++i) {
+    o << "  [" << int64_t(i) * bin << ", " << (i + 1 == length_hist.size() ? sequence_len + 1 : int64_t(i + 1) * bin)
+      << ") " << length_hist[i] << " " << std::string(size_t(40 * length_hist[i] / peak), '#') << "\n";
+  }
+  return o.str();
+}
+
+std::string render_masked(const Example& ex, const Tokenizer& tok) {
+  std::string out;
+  bool masked = false;
+  std::string bytes;  // pending byte-fallback bytes
+  auto flush_bytes = [&]() { out += bytes; bytes.clear(); };
+  for (size_t i = 0; i < ex.input_ids.size(); ++i) {
+    const bool m = ex.labels[i] == kIgnoreIndex;
+    if (m != masked) {
+      flush_bytes();
+      out += m ? "[[" : "]]";
+      masked = m;
+    }
+    const std::string p = tok.id_to_piece(ex.input_ids[i]);
+    if (tok.is_special(ex.input_ids[i])) {
+      flush_bytes();
+      out += p.empty() ? "<" + std::to_string(ex.input_ids[i]) + ">" : p;
+    } else if (p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>') {
+      bytes.push_back(char(std::stoi(p.substr(3, 2), nullptr, 16)));
+    } else {
+      flush_bytes();
+      for (size_t k = 0; k < p.size();) {
+        if (p.compare(k, 3, "\xe2\x96\x81") == 0) { out += ' '; k += 3; }
+        else out += p[k++];
+      }
+    }
+  }
+  flush_bytes();
+  if (masked) out += "]]";
+  return out;
+}
+
+std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n) {
+  const Datasets d = load_datasets(opts, tok);
+  std::ostringstream o;
+  o << "template: " << opts.template_name << ", sequence_len " << opts.sequence_len
+    << ", train_on_inputs " << (opts.train_on_inputs ? "true" : "false") << "  ([[masked]] = label -100)\n";
+  for (int i = 0; i < n && size_t(i) < d.train.size(); ++i) {
+    const Example& e = d.train[size_t(i)];
+    const auto trainable = std::count_if(e.labels.begin(), e.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+    o << "---- example " << e.id << ": " << e.input_ids.size() << " tokens, " << trainable << " trainable\n"
+      << render_masked(e, tok) << "\n";
+  }
+  o << "----\n" << d.stats.summary();
+  return o.str();
+}
+
+}  // namespace qlora::data

@@ -1,0 +1,54 @@
+// qlora-cpp dataset pipeline: read -> render -> tokenise -> length policy -> train/eval split,
+// with the statistics that `qlora data preview` prints.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/options.h"
+#include "data/reader.h"
+#include "data/template.h"
+#include "data/tokenizer.h"
+
+namespace qlora::data {
+
+/// Counters of one load. Token counts are over the kept examples (after truncation).
+struct DataStats {
+  ReadStats read;                     ///< records read / skipped (reasons) and the format
+  int64_t dropped_too_long = 0;       ///< truncation = drop and longer than sequence_len
+  int64_t truncated = 0;              ///< truncation = truncate and cut
+  int64_t dropped_no_trainable = 0;   ///< no label left != -100
+  int64_t train_examples = 0, eval_examples = 0;
+  int64_t tokens_total = 0, tokens_trainable = 0;
+  int64_t max_len = 0;
+  std::vector<int64_t> length_hist;   ///< 8 bins of width ceil(sequence_len / 8) over example lengths
+  int64_t sequence_len = 0;
+  /// Multi-line human-readable summary.
+  std::string summary() const;
+};
+
+struct Datasets {
+  std::vector<Example> train, eval;
+  DataStats stats;
+};
+
+/// Tokenises the records of one file with opts (template, add_eos, train_on_inputs, length).
+/// Examples get ids 0..n-1 in file order. Stats are accumulated into `stats`.
+std::vector<Example> build_examples(const std::vector<Record>& records, const DataOptions& opts,
+                                    const Tokenizer& tok, DataStats* stats);
+
+/// Loads opts.train (and opts.eval, or holds out val_set_size examples: a fraction if < 1,
+/// a count if >= 1, chosen by a seeded permutation) into tokenised examples.
+/// Throws qlora::Error for reader errors, for a val_set_size that leaves no training example,
+/// and when no example has a trainable token ("<file>: no example has a trainable token ...").
+Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok);
+
+/// Loads the data as load_datasets does and returns the first `n` training examples rendered
+/// with masked spans in [[double brackets]], their token counts, and stats.summary().
+std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n);
+
+/// An example's tokens as text, masked runs wrapped in [[ ]] (special ids shown as pieces).
+std::string render_masked(const Example& ex, const Tokenizer& tok);
+
+}  // namespace qlora::data

@@ -1,0 +1,32 @@
+// qlora-cpp data options: the typed form of the config's `data:` section.
+//
+// Filled once by the config parser (trainer/config), validated there, and passed by value into the
+// data pipeline. The data pipeline never sees YAML.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace qlora::data {
+
+/// Settings of the `data:` config section. Names follow Axolotl / torchtune where they exist.
+struct DataOptions {
+  std::string train;                 ///< path to the training file (.json array, .jsonl or .txt)
+  std::string eval;                  ///< optional separate eval file ("" = none; then val_set_size applies)
+  std::string format = "auto";       ///< auto | alpaca | sharegpt | messages | completion
+  std::string template_name = "chatml";  ///< YAML key `template`: alpaca|chatml|llama2|mistral|vicuna|none
+  int64_t sequence_len = 2048;       ///< tokens per row (> 0)
+  std::string truncation = "drop";   ///< drop | truncate (keep the start, cut the end)
+  bool train_on_inputs = false;      ///< false: prompt/system/user/tool tokens get label -100
+  bool add_eos = true;               ///< EOS after every assistant turn (keeps its label even if pad == eos)
+  bool sample_packing = false;       ///< pack examples into sequence_len rows, block-diagonal attention
+  std::string padding_side = "right";  ///< right | left
+  double val_set_size = 0.0;         ///< fraction (< 1) or count (>= 1) held out from `train`
+  uint64_t seed = 42;                ///< shuffle seed (per-epoch permutation derives from it)
+  bool shuffle = true;               ///< shuffle each epoch
+  bool skip_invalid = false;         ///< skip and count malformed records instead of failing
+  std::map<std::string, std::string> field_map;  ///< rename input fields, e.g. {instruction: prompt}
+  std::map<std::string, std::string> role_map;   ///< sharegpt role names, e.g. {human: user}
+};
+
+}  // namespace qlora::data

@@ -1,0 +1,339 @@
+// qlora-cpp dataset readers. JSON is parsed by nlohmann::json; for a top-level array this file
+// only finds where each element starts and ends (brackets outside strings) so that every record
+// is parsed on its own and keeps its line number.
+#include "data/reader.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace qlora::data {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// A record-level problem: `reason` groups the skip counters, `message` is the text after file:line.
+struct BadRecord {
+  std::string reason, message;
+  int64_t line_offset = 0;  // lines after the record's first line (JSON syntax errors)
+};
+
+[[noreturn]] void bad(const std::string& reason, const std::string& message) {
+  throw BadRecord{reason, message, 0};
+}
+
+const char* type_name(const json& v) { return v.type_name(); }
+
+std::string field_name(const DataOptions& o, const std::string& canonical) {
+  auto it = o.field_map.find(canonical);
+  return it == o.field_map.end() ? canonical : it->second;
+}
+
+// A required (or optional) string field; empty strings are an error unless allow_empty.
+bool get_string(const json& obj, const DataOptions& o, const std::string& canonical, bool required,
+                bool allow_empty, std::string* out) {
+  const std::string name = field_name(o, canonical);
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) {
+    if (required) bad("missing field", "missing field '" + name + "'");
+    return false;
+  }
+  if (!it->is_string())
+    bad("wrong type", "field '" + name + "' must be a string, got " + type_name(*it));
+  *out = it->get<std::string>();
+  if (out->empty() && !allow_empty) {
+    if (required) bad("empty field", "field '" + name + "' is an empty string");
+    return false;
+  }
+  return true;
+}
+
+std::string map_role(const std::string& role, const DataOptions& o) {
+  static const std::map<std::string, std::string> kDefault = {
+      {"human", "user"},        {"user", "user"},           {"gpt", "assistant"},
+      {"assistant", "assistant"}, {"function_call", "assistant"}, {"observation", "tool"},
+      {"tool", "tool"},         {"function", "tool"},       {"system", "system"}};
+  std::string r = role;
+  if (auto it = o.role_map.find(r); it != o.role_map.end()) r = it->second;
+  if (auto it = kDefault.find(r); it != kDefault.end()) return it->second;
+  bad("unknown role", "unknown role '" + role + "' (map it with data.role_map to system|user|assistant|tool)");
+}
+
+std::string detect(const json& j, const DataOptions& o) {
+  if (!j.is_object()) bad("wrong type", std::string("record must be a JSON object, got ") + type_name(j));
+  if (j.contains(field_name(o, "conversations"))) return "sharegpt";
+  if (j.contains(field_name(o, "messages"))) return "messages";
+  if (j.contains(field_name(o, "instruction"))) return "alpaca";
+  if (j.contains(field_name(o, "text"))) return "completion";
+  std::string keys;
+  for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
+  bad("unknown format", "cannot detect the format from the keys [" + keys +
+                            "]; set data.format (alpaca|sharegpt|messages|completion) or data.field_map");
+}
+
+void append_system(const json& j, const DataOptions& o, Record* r) {
+  std::string sys;
+  if (get_string(j, o, "system", false, true, &sys) && !sys.empty()) r->turns.push_back({"system", sys});
+}
+
+Record normalise(const json& j, const std::string& format, const DataOptions& o) {
+  if (!j.is_object()) bad("wrong type", std::string("record must be a JSON object, got ") + type_name(j));
+  Record r;
+  if (format == "alpaca") {
+    std::string ins, in, out;
+    get_string(j, o, "instruction", true, false, &ins);
+    get_string(j, o, "input", false, true, &in);
+    get_string(j, o, "output", true, false, &out);
+    append_system(j, o, &r);
+    r.turns.push_back({"user", in.empty() ? ins : ins + "\n\n" + in});
+    r.turns.push_back({"assistant", out});
+  } else if (format == "sharegpt" || format == "messages") {
+    const bool sg = format == "sharegpt";
+    const std::string list = field_name(o, sg ? "conversations" : "messages");
+    const std::string role_key = field_name(o, sg ? "from" : "role");
+    const std::string content_key = field_name(o, sg ? "value" : "content");
+    auto it = j.find(list);
+    if (it == j.end()) bad("missing field", "missing field '" + list + "'");
+    if (!it->is_array()) bad("wrong type", "field '" + list + "' must be an array, got " + type_name(*it));
+    if (it->empty()) bad("empty field", "field '" + list + "' is an empty array");
+    append_system(j, o, &r);
+    for (size_t k = 0; k < it->size(); ++k) {
+      const json& t = (*it)[k];
+      const std::string where = list + "[" + std::to_string(k) + "]";
+      if (!t.is_object()) bad("wrong type", where + " must be an object, got " + type_name(t));
+      auto rk = t.find(role_key);
+      auto ck = t.find(content_key);
+      if (rk == t.end()) bad("missing field", where + ": missing field '" + role_key + "'");
+      if (ck == t.end()) bad("missing field", where + ": missing field '" + content_key + "'");
+      if (!rk->is_string()) bad("wrong type", where + "." + role_key + " must be a string, got " + type_name(*rk));
+      if (!ck->is_string())
+        bad("wrong type", where + "." + content_key + " must be a string, got " + type_name(*ck));
+      Turn turn{map_role(rk->get<std::string>(), o), ck->get<std::string>()};
+      if (turn.content.empty()) bad("empty field", where + "." + content_key + " is an empty string");
+      r.turns.push_back(std::move(turn));
+    }
+  } else if (format == "completion") {
+    get_string(j, o, "text", true, false, &r.text);
+    r.is_text = true;
+  } else {
+    fail("data.format: unknown format '", format, "' (auto|alpaca|sharegpt|messages|completion)");
+  }
+  return r;
+}
+
+// Parses one JSON value; a syntax error becomes BadRecord with the line offset inside the value.
+json parse_value(const std::string& text) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    std::string msg = e.what();
+    // "[json.exception.parse_error.101] parse error at line 2, column 3: syntax error ..." -> the tail
+    const size_t colon = msg.find(": ", msg.find("parse error"));
+    if (colon != std::string::npos) msg = msg.substr(colon + 2);
+    if (msg.size() > 160) msg = msg.substr(0, 160) + "...";  // "last read" can echo a 10 MB token
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    const size_t upto = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
+    const int64_t off = std::count(text.begin(), text.begin() + upto, '\n');
+    const bool utf8 = msg.find("UTF-8") != std::string::npos;
+    throw BadRecord{utf8 ? "invalid UTF-8" : "invalid JSON", "invalid JSON: " + msg, off};
+  }
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  QLORA_CHECK(f.good(), path, ": cannot open (missing or unreadable)");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// Collects records, applying skip_invalid.
+class Collector {
+ public:
+  Collector(const std::string& path, const DataOptions& o, ReadStats* s) : path_(path), o_(o), s_(s) {
+    format_ = o.format;
+  }
+  void add_json(const std::string& text, int64_t line) {
+    const int64_t index = s_->records_read++;
+    try {
+      json j = parse_value(text);
+      if (format_ == "auto") format_ = detect(j, o_);
+      Record r = normalise(j, format_, o_);
+      r.file = path_;
+      r.line = line;
+      r.index = index;
+      out_.push_back(std::move(r));
+    } catch (const BadRecord& b) {
+      handle(b, line);
+    }
+  }
+  void add_text(std::string text, int64_t line) {
+    const int64_t index = s_->records_read++;
+    if (!is_valid_utf8(text)) return handle({"invalid UTF-8", "invalid UTF-8 bytes in text", 0}, line);
+    Record r;
+    r.text = std::move(text);
+    r.is_text = true;
+    r.file = path_;
+    r.line = line;
+    r.index = index;
+    out_.push_back(std::move(r));
+  }
+  void handle(const BadRecord& b, int64_t line) {
+    std::ostringstream m;
+    m << path_ << ":" << line + b.line_offset << ": " << b.message;
+    if (!o_.skip_invalid) throw Error(m.str());
+    ++s_->skipped_invalid;
+    ++s_->skip_reasons[b.reason];
+    if (s_->skip_examples.size() < 5) s_->skip_examples.push_back(m.str());
+  }
+  std::vector<Record> take() {
+    s_->format = format_;
+    return std::move(out_);
+  }
+
+ private:
+  std::string path_;
+  const DataOptions& o_;
+  ReadStats* s_;
+  std::string format_;
+  std::vector<Record> out_;
+};
+
+void read_json_array(const std::string& path, const std::string& buf, size_t pos, int64_t line, Collector& c) {
+  ++pos;  // '['
+  auto skip_ws = [&]() {
+    while (pos < buf.size() && is_ws(buf[pos])) line += buf[pos++] == '\n';
+  };
+  skip_ws();
+  if (pos < buf.size() && buf[pos] == ']') return;
+  while (true) {
+    skip_ws();
+    QLORA_CHECK(pos < buf.size(), path, ":", line, ": unterminated JSON array (missing ']')");
+    const size_t start = pos;
+    const int64_t start_line = line;
+    int depth = 0;
+    bool in_str = false, esc = false;
+    for (; pos < buf.size(); ++pos) {
+      const char ch = buf[pos];
+      if (ch == '\n') ++line;
+      if (in_str) {
+        if (esc) esc = false;
+        else if (ch == '\\') esc = true;
+        else if (ch == '"') in_str = false;
+        continue;
+      }
+      if (ch == '"') in_str = true;
+      else if (ch == '{' || ch == '[') ++depth;
+      else if (ch == '}' || ch == ']') {
+        if (depth == 0) break;  // the array's own ']'
+        --depth;
+      } else if (ch == ',' && depth == 0) break;
+    }
+    QLORA_CHECK(pos < buf.size(), path, ":", start_line,
+                in_str ? ": unterminated string in JSON array" : ": unterminated JSON array (missing ']')");
+    c.add_json(buf.substr(start, pos - start), start_line);
+    if (buf[pos] == ']') {
+      ++pos;
+      skip_ws();
+      QLORA_CHECK(pos == buf.size(), path, ":", line, ": unexpected data after the JSON array");
+      return;
+    }
+    ++pos;  // ','
+  }
+}
+
+}  // namespace
+
+bool is_valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    if (c < 0x80) { ++i; continue; }
+    int len;
+    uint32_t cp;
+    if ((c >> 5) == 0x6) { len = 2; cp = c & 0x1F; }
+    else if ((c >> 4) == 0xE) { len = 3; cp = c & 0x0F; }
+    else if ((c >> 3) == 0x1E) { len = 4; cp = c & 0x07; }
+    else return false;
+    if (i + len > n) return false;
+    for (int k = 1; k < len; ++k) {
+      if ((p[i + k] >> 6) != 0x2) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+      return false;
+    i += len;
+  }
+  return true;
+}
+
+std::vector<Record> read_records(const std::string& path, const DataOptions& opts, ReadStats* stats) {
+  ReadStats local;
+  ReadStats* s = stats ? stats : &local;
+  QLORA_CHECK(fs::is_regular_file(path), path, ": dataset file not found");
+  Collector c(path, opts, s);
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".txt") {
+    // Plain text: documents separated by blank lines; each keeps its first line number.
+    QLORA_CHECK(opts.format == "auto" || opts.format == "completion", path,
+                ": a .txt file is read as format 'completion', not '", opts.format, "'");
+    std::ifstream f(path, std::ios::binary);
+    QLORA_CHECK(f.good(), path, ": cannot open (missing or unreadable)");
+    std::string line, doc;
+    int64_t ln = 0, doc_line = 0;
+    auto flush = [&]() {
+      if (!doc.empty()) c.add_text(doc, doc_line);
+      doc.clear();
+    };
+    while (std::getline(f, line)) {
+      ++ln;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (std::all_of(line.begin(), line.end(), [](char ch) { return ch == ' ' || ch == '\t'; })) {
+        flush();
+        continue;
+      }
+      if (doc.empty()) doc_line = ln;
+      else doc += '\n';
+      doc += line;
+    }
+    flush();
+  } else {
+    const std::string buf = read_all(path);
+    size_t pos = 0;
+    int64_t line = 1;
+    while (pos < buf.size() && is_ws(buf[pos])) line += buf[pos++] == '\n';
+    QLORA_CHECK(pos < buf.size(), path, ":", line, ": empty file (no records)");
+    if (buf[pos] == '[') {
+      read_json_array(path, buf, pos, line, c);
+    } else {
+      // JSONL: one JSON value per line; blank lines are ignored.
+      size_t begin = 0;
+      int64_t ln = 1;
+      while (begin <= buf.size()) {
+        size_t end = buf.find('\n', begin);
+        if (end == std::string::npos) end = buf.size();
+        std::string_view l(buf.data() + begin, end - begin);
+        if (!std::all_of(l.begin(), l.end(), is_ws)) c.add_json(std::string(l), ln);
+        begin = end + 1;
+        ++ln;
+      }
+    }
+  }
+  std::vector<Record> out = c.take();
+  QLORA_CHECK(!out.empty() || s->records_read > 0, path, ":1: empty file (no records)");
+  QLORA_CHECK(!out.empty(), path, ": all ", s->records_read, " records are invalid (first: ",
+              s->skip_examples.empty() ? std::string("?") : s->skip_examples[0], ")");
+  if (s->format == "auto") s->format = "completion";
+  return out;
+}
+
+}  // namespace qlora::data

@@ -1,0 +1,56 @@
+// qlora-cpp dataset readers: JSON array, JSONL and plain text files -> normalised records.
+//
+// Formats (auto-detected from the first record's keys, after field_map):
+//   alpaca     {instruction, input?, output, system?}   -> [system?] user(instruction[\n\ninput]) assistant(output)
+//   sharegpt   {conversations: [{from, value}], system?} roles human|gpt|system|function_call|observation
+//   messages   {messages: [{role, content}]}            roles system|user|assistant|tool
+//   completion {text} in JSON/JSONL, or a .txt file split into documents on blank lines -> raw text
+// Roles are normalised to system|user|assistant|tool (role_map first, then the defaults
+// human->user, gpt->assistant, function_call->assistant, observation->tool).
+// field_map renames fields: key = canonical name above, value = the name in the file.
+// Every record keeps its file and 1-based starting line; every error reads `file:line: problem`.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/options.h"
+
+namespace qlora::data {
+
+/// One turn of a conversation. role: "system" | "user" | "assistant" | "tool".
+struct Turn {
+  std::string role;
+  std::string content;
+};
+
+/// A normalised record: a conversation, or (completion format) one raw text.
+struct Record {
+  std::vector<Turn> turns;  ///< empty for raw text
+  std::string text;         ///< raw text (completion format)
+  bool is_text = false;
+  std::string file;         ///< source file
+  int64_t line = 0;         ///< 1-based line where the record starts
+  int64_t index = 0;        ///< 0-based record number in the file (skipped records count too)
+};
+
+/// What a read skipped (skip_invalid = true) and why.
+struct ReadStats {
+  int64_t records_read = 0;                       ///< records seen, valid or not
+  int64_t skipped_invalid = 0;                    ///< records skipped (skip_invalid)
+  std::map<std::string, int64_t> skip_reasons;    ///< reason ("invalid JSON", "missing field", ...) -> count
+  std::vector<std::string> skip_examples;         ///< the first few full messages, `file:line: problem`
+  std::string format;                             ///< the format used (after auto-detection)
+};
+
+/// Reads and normalises every record of `path` (format from opts.format, or detected).
+/// Throws qlora::Error `path:line: problem` for a missing/empty file, malformed JSON, wrong
+/// types, missing or empty fields, unknown roles, invalid UTF-8; with opts.skip_invalid such
+/// records are skipped and counted in `stats` instead (a file with no records still throws).
+std::vector<Record> read_records(const std::string& path, const DataOptions& opts, ReadStats* stats);
+
+/// True when `s` is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
+bool is_valid_utf8(const std::string& s);
+
+}  // namespace qlora::data

@@ -1,0 +1,13 @@
+# Sourced by the other scripts: where the cached venv and compiler cache live (outside the clone,
+# keyed by the lock file, so a fresh CI clone reuses them).
+QLORA_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+QLORA_CACHE="${QLORA_CACHE:-$HOME/.cache/qlora-cpp}"
+QLORA_LOCK_HASH="$(sha256sum "$QLORA_ROOT/scripts/requirements.lock" | cut -c1-12)"
+QLORA_VENV="${QLORA_VENV:-$QLORA_CACHE/venv-$QLORA_LOCK_HASH}"
+QLORA_BUILD="${QLORA_BUILD:-$QLORA_ROOT/build}"
+export CCACHE_DIR="${CCACHE_DIR:-$QLORA_CACHE/ccache}"
+export CCACHE_BASEDIR="$QLORA_ROOT"          # relative paths: hits across clones in other folders
+export CCACHE_NOHASHDIR=1
+export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+export PATH="/usr/local/cuda/bin:$PATH"
+export QLORA_SHARED="${QLORA_SHARED:-$QLORA_ROOT/../shared}"

@@ -1,0 +1,270 @@
+// test_config: the training-config schema (trainer/config/config.h).
+// Every shipped config validates; overrides, number notations, booleans, defaults, cross-field
+// rules and the to_yaml round trip. The bad-config corpus lives in tests/badinput/badinput_config.cpp.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "tests/test_util.h"
+#include "trainer/config/config.h"
+
+namespace qlora {
+namespace {
+
+const char* const kMinimal = R"(
+output_dir: runs/t
+model: {path: models/m}
+data: {train: train.jsonl}
+)";
+
+Config parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return parse_config_string(text, "t.yaml", overrides);
+}
+
+/// The error message of parsing `text`, or "" when it parses.
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse(text, overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<std::filesystem::path> shipped_configs() {
+  std::vector<std::filesystem::path> out;
+  for (const char* dir : {"configs", "examples"}) {
+    const auto root = test::source_dir() / dir;
+    if (!std::filesystem::exists(root)) continue;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(root))
+      if (e.is_regular_file() && (e.path().extension() == ".yaml" || e.path().extension() == ".yml"))
+        out.push_back(e.path());
+  }
+  return out;
+}
+
+TEST(Config, EveryShippedConfigValidatesAndRoundTrips) {
+  const auto files = shipped_configs();
+  ASSERT_GE(files.size(), 3u) << "expected configs/llama2, configs/mistral, configs/tiny";
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    Config c;
+    ASSERT_NO_THROW(c = load_config(f.string())) << [&] {
+      try { load_config(f.string()); } catch (const std::exception& e) { return std::string(e.what()); }
+      return std::string();
+    }();
+    EXPECT_EQ(parse(to_yaml(c)), c) << to_yaml(c);
+  }
+}
+
+TEST(Config, ShippedConfigsStartWithTheirRunLine) {
+  for (const auto& f : shipped_configs()) {
+    if (f.string().find("/configs/") == std::string::npos) continue;
+    std::ifstream in(f);
+    std::string first;
+    std::getline(in, first);
+    const auto rel = std::filesystem::relative(f, test::source_dir()).generic_string();
+    EXPECT_EQ(first, "# qlora train " + rel);
+  }
+}
+
+TEST(Config, DefaultsMatchTheDocumentedSchema) {
+  const Config c = parse(kMinimal);
+  EXPECT_EQ(c.output_dir, "runs/t");
+  EXPECT_EQ(c.model.path, "models/m");
+  EXPECT_EQ(c.model.dtype, DType::kBF16);
+  EXPECT_FALSE(c.model.random_init);
+  EXPECT_EQ(c.quantization.method, QuantMethod::kNF4);
+  EXPECT_TRUE(c.quantization.double_quant);
+  EXPECT_EQ(c.quantization.blocksize, 64);
+  EXPECT_EQ(c.quantization.keep_16bit, (std::vector<std::string>{"embed_tokens", "norm", "lm_head"}));
+  EXPECT_EQ(c.lora.r, 16);
+  EXPECT_EQ(c.lora.alpha, 32.0);
+  EXPECT_EQ(c.lora.dropout, 0.05);
+  EXPECT_TRUE(c.lora.all_linear);
+  EXPECT_EQ(c.lora.target_modules, known_lora_targets());
+  EXPECT_EQ(c.data.train, "train.jsonl");
+  EXPECT_EQ(c.data.template_name, "chatml");
+  EXPECT_EQ(c.data.sequence_len, 2048);
+  EXPECT_EQ(c.training.micro_batch_size, 1);
+  EXPECT_EQ(c.training.gradient_accumulation_steps, 8);
+  EXPECT_EQ(c.training.max_steps, -1);
+  EXPECT_EQ(c.training.learning_rate, 2.0e-4);
+  EXPECT_EQ(c.training.lr_scheduler, LrScheduler::kCosine);
+  EXPECT_EQ(c.training.adam_epsilon, 1e-8);
+  EXPECT_EQ(c.checkpoint.resume, ResumeMode::kAuto);
+  EXPECT_EQ(c.checkpoint.keep_last, 3);
+  EXPECT_EQ(c.cost.gpu_hour_price, 0.0);
+}
+
+TEST(Config, NumbersInEveryYamlNotation) {
+  struct Case { const char* text; double want; };
+  for (const Case& k : {Case{"1e-4", 1e-4}, Case{"2.0e-4", 2.0e-4}, Case{".5", 0.5}, Case{"100", 100.0},
+                        Case{"0x10", 16.0}, Case{"0o10", 8.0}, Case{"1_000", 1000.0}, Case{"+3.", 3.0},
+                        Case{"1E-3", 1e-3}, Case{"5e+2", 500.0}}) {
+    SCOPED_TRACE(k.text);
+    const Config c = parse(kMinimal, {std::string("training.learning_rate=") + k.text});
+    EXPECT_EQ(c.training.learning_rate, k.want);
+  }
+  // Integer keys take integers in any notation, and floats with an integral value.
+  EXPECT_EQ(parse(kMinimal, {"data.sequence_len=0x800"}).data.sequence_len, 2048);
+  EXPECT_EQ(parse(kMinimal, {"training.max_steps=1e4"}).training.max_steps, 10000);
+  EXPECT_EQ(parse(kMinimal, {"lora.r=8.0"}).lora.r, 8);
+  EXPECT_NE(error_of(kMinimal, {"lora.r=8.5"}).find("lora.r: expected a positive integer, got 8.5"),
+            std::string::npos);
+  // A quoted number is a string.
+  EXPECT_NE(error_of(kMinimal, {"lora.alpha='32'"}).find("(a quoted string)"), std::string::npos);
+  // Not finite.
+  EXPECT_NE(error_of(kMinimal, {"training.learning_rate=.inf"}).find("expected a positive number"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"training.learning_rate=1e999"}).find("expected a positive number"),
+            std::string::npos);
+}
+
+TEST(Config, BooleansAreYaml12Core) {
+  for (const char* t : {"true", "True", "TRUE"})
+    EXPECT_TRUE(parse(kMinimal, {std::string("lora.use_rslora=") + t}).lora.use_rslora) << t;
+  for (const char* f : {"false", "False", "FALSE"})
+    EXPECT_FALSE(parse(kMinimal, {std::string("quantization.double_quant=") + f}).quantization.double_quant) << f;
+  for (const char* bad : {"yes", "no", "on", "off", "1", "'true'"}) {
+    const std::string e = error_of(kMinimal, {std::string("lora.use_rslora=") + bad});
+    EXPECT_NE(e.find("lora.use_rslora: expected true or false"), std::string::npos) << bad << ": " << e;
+  }
+  EXPECT_NE(error_of(kMinimal, {"lora.use_rslora=yes"}).find("YAML 1.2"), std::string::npos);
+}
+
+TEST(Config, OverridesApplyBeforeValidation) {
+  const Config c = parse(kMinimal, {"training.learning_rate=1e-4", "lora.target_modules=[q_proj, v_proj]",
+                                    "data.field_map={instruction: prompt}", "cost.gpu_hour_price=2.5",
+                                    "output_dir=runs/other", "checkpoint.resume=runs/t/checkpoints/step-100"});
+  EXPECT_EQ(c.training.learning_rate, 1e-4);
+  EXPECT_FALSE(c.lora.all_linear);
+  EXPECT_EQ(c.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(c.data.field_map.at("instruction"), "prompt");
+  EXPECT_EQ(c.cost.gpu_hour_price, 2.5);
+  EXPECT_EQ(c.output_dir, "runs/other");
+  EXPECT_EQ(c.checkpoint.resume, ResumeMode::kPath);
+  EXPECT_EQ(c.checkpoint.resume_path, "runs/t/checkpoints/step-100");
+  // Later overrides win; an override can supply a missing required key.
+  EXPECT_EQ(parse(kMinimal, {"lora.r=4", "lora.r=8"}).lora.r, 8);
+  EXPECT_EQ(parse("output_dir: o\nmodel: {path: m}\n", {"data.train=x.jsonl"}).data.train, "x.jsonl");
+  // An empty section in the file can be filled by an override.
+  EXPECT_EQ(parse(std::string(kMinimal) + "cost:\n", {"cost.gpu_hour_price=1"}).cost.gpu_hour_price, 1.0);
+}
+
+TEST(Config, OverrideErrorsNameTheOverride) {
+  EXPECT_EQ(error_of(kMinimal, {"training.lerning_rate=1e-4"}),
+            "--set training.lerning_rate=1e-4: training.lerning_rate: unknown key; did you mean \"learning_rate\"?");
+  EXPECT_EQ(error_of(kMinimal, {"training.micro_batch_size=four"}),
+            "--set training.micro_batch_size=four: training.micro_batch_size: expected a positive integer, got \"four\"");
+  EXPECT_EQ(error_of(kMinimal, {"no_equals_sign"}), "--set no_equals_sign: expected section.key=value");
+  EXPECT_EQ(error_of(kMinimal, {"training..seed=1"}),
+            "--set training..seed=1: expected section.key=value, got an empty key name");
+  EXPECT_EQ(error_of(kMinimal, {"output_dir.x=1"}),
+            "--set output_dir.x=1: output_dir is not a section (it holds \"runs/t\")");
+  EXPECT_NE(error_of(kMinimal, {"lora.r=[1"}).find("--set lora.r=[1: value is not valid YAML"), std::string::npos);
+}
+
+TEST(Config, ErrorsNameFileLineAndKey) {
+  const std::string text = "output_dir: o\nmodel: {path: m}\ndata: {train: t}\ntraining:\n  micro_batch_size: four\n";
+  EXPECT_EQ(error_of(text), "t.yaml:5: training.micro_batch_size: expected a positive integer, got \"four\"");
+  const std::string misplaced = std::string(kMinimal) + "learning_rate: 1e-4\n";
+  EXPECT_EQ(error_of(misplaced),
+            "t.yaml:5: learning_rate: unknown key; did you mean \"training.learning_rate\" (it belongs under training:)?");
+}
+
+TEST(Config, CrossFieldRules) {
+  EXPECT_NE(error_of(kMinimal, {"training.num_epochs=0"}).find("nothing to train"), std::string::npos);
+  EXPECT_EQ(parse(kMinimal, {"training.num_epochs=0", "training.max_steps=5"}).training.max_steps, 5);
+  EXPECT_NE(error_of(kMinimal, {"training.warmup_steps=5", "training.warmup_ratio=0.1"}).find("not both"),
+            std::string::npos);
+  const Config r = parse(kMinimal, {"training.warmup_ratio=0.1"});
+  EXPECT_EQ(r.training.warmup_steps, 0);
+  EXPECT_EQ(r.training.warmup_ratio, 0.1);
+  EXPECT_NE(error_of(kMinimal, {"training.eval_steps=10"}).find("no eval data"), std::string::npos);
+  EXPECT_EQ(parse(kMinimal, {"training.eval_steps=10", "data.val_set_size=100"}).data.val_set_size, 100.0);
+  EXPECT_NE(error_of(kMinimal, {"data.val_set_size=1.5"}).find("a fraction in [0, 1) or a whole count"),
+            std::string::npos);
+  // Model: path xor preset; a preset needs init: random.
+  EXPECT_NE(error_of(kMinimal, {"model.preset=tiny"}).find("not both"), std::string::npos);
+  const std::string preset = "output_dir: o\nmodel: {preset: tiny}\ndata: {train: t}\n";
+  EXPECT_NE(error_of(preset).find("set model.init: random"), std::string::npos);
+  const Config p = parse(preset, {"model.init=random"});
+  EXPECT_TRUE(p.model.random_init);
+  EXPECT_EQ(p.model.preset, "tiny");
+  EXPECT_NE(error_of(preset, {"model.preset=llama-7b", "model.init=random"}).find("did you mean \"llama2-7b\"?"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"checkpoint.resume=ckpt/step-5", "checkpoint.resume_from_dir=x"})
+                .find("only used with resume: auto"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"checkpoint.resume=no"}).find("expected auto, never or a checkpoint path"),
+            std::string::npos);
+}
+
+TEST(Config, RangeChecks) {
+  struct Case { const char* set; const char* fragment; };
+  for (const Case& k : {
+           Case{"lora.r=0", "lora.r: expected a positive integer, got 0"},
+           Case{"lora.alpha=-1", "lora.alpha: expected a positive number"},
+           Case{"lora.dropout=1", "lora.dropout: expected a number in [0, 1)"},
+           Case{"quantization.blocksize=48", "quantization.blocksize: expected a power of two in [32, 4096]"},
+           Case{"quantization.blocksize=8192", "a power of two in [32, 4096]"},
+           Case{"quantization.method=int8", "quantization.method: expected one of nf4|fp4|none"},
+           Case{"model.dtype=bfloat16", "model.dtype: expected one of bf16|fp16|fp32|auto"},
+           Case{"data.format=jsonl", "data.format: expected one of auto|alpaca|sharegpt|messages|completion"},
+           Case{"data.template=chatlm", "did you mean \"chatml\"?"},
+           Case{"training.lr_scheduler=cosin", "did you mean \"cosine\"?"},
+           Case{"training.warmup_steps=-1", "training.warmup_steps: expected an integer >= 0"},
+           Case{"training.adam_beta2=1", "training.adam_beta2: expected a number in [0, 1)"},
+           Case{"training.max_steps=-2", "training.max_steps: expected an integer >= -1"},
+           Case{"checkpoint.keep_last=0", "checkpoint.keep_last: expected an integer >= 1"},
+           Case{"lora.target_modules=[q_prj]", "lora.target_modules[0]: unknown module \"q_prj\"; did you mean \"q_proj\"?"},
+           Case{"lora.target_modules=[]", "expected at least one module name"},
+           Case{"lora.target_modules=q_proj", "expected \"all-linear\" or a list of module names"},
+           Case{"lora.target_modules=[q_proj, q_proj]", "lora.target_modules[1]: \"q_proj\" is listed twice"},
+       }) {
+    const std::string e = error_of(kMinimal, {k.set});
+    EXPECT_NE(e.find(k.fragment), std::string::npos) << k.set << " -> " << e;
+  }
+}
+
+TEST(Config, ToYamlRoundTripsNonDefaultValues) {
+  const Config c = parse(kMinimal, {
+      "model.dtype=auto", "model.tokenizer=tok/tokenizer.model", "quantization.method=fp4",
+      "quantization.double_quant=false", "quantization.blocksize=4096", "quantization.keep_16bit=[]",
+      "lora.r=64", "lora.alpha=0.1", "lora.dropout=0.3333333333333333", "lora.target_modules=[down_proj]",
+      "lora.use_rslora=true", "data.eval=e.jsonl", "data.format=sharegpt", "data.template=none",
+      "data.truncation=truncate", "data.padding_side=left", "data.seed=18446744073",
+      "data.role_map={human: user, gpt: assistant}", "data.field_map={'yes': 'null'}",
+      "training.learning_rate=3.14159e-5", "training.lr_scheduler=linear", "training.warmup_ratio=0.05",
+      "training.adam_epsilon=1e-12", "training.max_grad_norm=0", "training.seed=0",
+      "checkpoint.resume=never", "checkpoint.resume_from_dir=/mnt/bucket/run",
+      "checkpoint.sync_command='rsync -a {checkpoint} host:/backup/  # not a comment'",
+      "cost.gpu_hour_price=2.49", "output_dir='123'"});
+  EXPECT_EQ(c.output_dir, "123");
+  EXPECT_EQ(c.checkpoint.sync_command, "rsync -a {checkpoint} host:/backup/  # not a comment");
+  const std::string y = to_yaml(c);
+  const Config back = parse(y);
+  EXPECT_EQ(back, c) << y;
+  EXPECT_EQ(to_yaml(back), y);
+  // A checkpoint path that looks like a boolean survives quoted.
+  const Config p = parse(kMinimal, {"checkpoint.resume='no'"});
+  EXPECT_EQ(parse(to_yaml(p)), p) << to_yaml(p);
+}
+
+TEST(Config, LoadConfigFileErrors) {
+  EXPECT_THROW(load_config("/nonexistent/config.yaml"), Error);
+  try {
+    load_config((test::source_dir() / "configs").string());
+    FAIL() << "a directory must not load";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace qlora

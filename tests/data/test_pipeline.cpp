@@ -1,0 +1,249 @@
+// Readers, templates (ids vs transformers), labels, length policy, batching, packing, sampler.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "data/batch.h"
+#include "data/dataset.h"
+#include "tests/test_util.h"
+
+using namespace qlora::data;
+namespace fs = std::filesystem;
+
+namespace {
+Tokenizer llama(const fs::path& p) { return Tokenizer(p.string()); }
+}  // namespace
+
+TEST(Templates, MatchTransformersIdsWithOneBos) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_FIXTURE(refs, "data/template_refs.json");
+  const Tokenizer tok = llama(model);
+  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  for (const auto& c : j["cases"]) {
+    Record r;
+    for (const auto& t : c["turns"]) r.turns.push_back({t["role"], t["content"]});
+    const auto segs = render(r, c["template"], tok, true);
+    EXPECT_EQ(render_string(segs, tok), c["rendered"].get<std::string>());
+    const Example ex = tokenize(segs, tok, false);
+    EXPECT_EQ(ex.input_ids, c["ids"].get<TokenIds>()) << c["template"] << ": " << c["rendered"];
+    EXPECT_EQ(std::count(ex.input_ids.begin(), ex.input_ids.end(), tok.bos_id()), 1);
+    EXPECT_EQ(ex.input_ids.front(), tok.bos_id());
+  }
+}
+
+TEST(Labels, OnlyAssistantTokensAndTheirEos) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  Record r;
+  r.turns = {{"system", "Be nice."}, {"user", "Hi"}, {"assistant", "Hello there"}, {"tool", "{}"},
+             {"user", "Bye"}, {"assistant", "Goodbye"}};
+  for (const std::string tpl : {"chatml", "llama2", "alpaca", "mistral", "vicuna", "none"}) {
+    const Example ex = tokenize(render(r, tpl, tok, true), tok, false);
+    std::string trained;
+    int eos_trained = 0;
+    for (size_t i = 0; i < ex.labels.size(); ++i) {
+      if (ex.labels[i] == kIgnoreIndex) continue;
+      EXPECT_EQ(ex.labels[i], ex.input_ids[i]);
+      if (ex.input_ids[i] == tok.eos_id()) ++eos_trained;
+      else trained += tok.id_to_piece(ex.input_ids[i]);
+    }
+    EXPECT_EQ(eos_trained, 2) << tpl;  // every assistant turn's EOS keeps its label
+    // trained text = the two assistant contents (plus the template's assistant suffix)
+    EXPECT_NE(trained.find("Hello"), std::string::npos) << tpl << ": " << trained;
+    EXPECT_NE(trained.find("Good"), std::string::npos) << tpl << ": " << trained;
+    EXPECT_EQ(trained.find("Hi"), std::string::npos) << tpl;
+    EXPECT_EQ(trained.find("Bye"), std::string::npos) << tpl;
+    EXPECT_EQ(trained.find("nice"), std::string::npos) << tpl;
+    std::cout << tpl << ": " << render_masked(ex, tok) << "\n";
+  }
+  // pad == eos: padding gets -100, the real EOS keeps its label
+  const Example ex = tokenize(render(r, "chatml", tok, true), tok, false);
+  std::vector<Example> v{ex};
+  v[0].id = 0;
+  Example shorter = ex;
+  shorter.input_ids.resize(5);
+  shorter.labels.resize(5);
+  const Batch b = collate({{&v[0]}, {&shorter}}, tok.eos_id(), false);
+  const int64_t eos_labels = std::count(b.labels.begin(), b.labels.end(), tok.eos_id());
+  EXPECT_EQ(eos_labels, 2);
+  for (int64_t c = 5; c < b.seq_len; ++c) EXPECT_EQ(b.labels[b.at(1, c)], kIgnoreIndex);
+}
+
+TEST(Readers, SharedFilesWithLlamaTokenizer) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  struct F { const char* file; const char* format; const char* tpl; };
+  for (const F f : {F{"alpaca_en_demo.json", "alpaca", "alpaca"}, F{"identity.json", "alpaca", "chatml"},
+                    F{"glaive_toolcall_en_demo.json", "sharegpt", "chatml"}, F{"c4_demo.jsonl", "completion", "none"}}) {
+    QLORA_REQUIRE_SHARED(path, std::string("data/") + f.file);
+    DataOptions o;
+    o.train = path.string();
+    o.template_name = f.tpl;
+    o.sequence_len = 1024;
+    const Datasets d = load_datasets(o, tok);
+    EXPECT_EQ(d.stats.read.format, f.format);
+    EXPECT_GT(d.train.size(), 0u);
+    std::cout << "== " << f.file << " (template " << f.tpl << ")\n" << d.stats.summary();
+  }
+}
+
+TEST(Readers, MessagesFormatAndMaps) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  const fs::path p = fs::temp_directory_path() / ("qlora_msgs_" + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(p) << R"({"msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}, {"role": "bot", "content": "A"}]})"
+                   << "\n\n"
+                   << R"({"msgs": [{"role": "user", "content": "Q2"}, {"role": "bot", "content": "A2"}, {"role": "tool", "content": "T"}]})"
+                   << "\n";
+  DataOptions o;
+  o.field_map = {{"messages", "msgs"}};
+  o.role_map = {{"bot", "assistant"}};
+  ReadStats st;
+  const auto recs = read_records(p.string(), o, &st);
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(st.format, "messages");
+  EXPECT_EQ(recs[1].line, 3);
+  EXPECT_EQ(recs[0].turns[2].role, "assistant");
+  o.role_map.clear();
+  try {
+    read_records(p.string(), o, &st);
+    FAIL();
+  } catch (const qlora::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(p.string() + ":1: unknown role 'bot'"), std::string::npos) << e.what();
+  }
+  fs::remove(p);
+}
+
+TEST(Length, DropTruncateAndNoTrainable) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  Record longr, noassist;
+  longr.turns = {{"user", "hi"}, {"assistant", std::string(400, 'a') + " end"}};
+  noassist.turns = {{"user", "nobody answers"}};
+  DataOptions o;
+  o.template_name = "chatml";
+  o.sequence_len = 32;
+  DataStats st;
+  auto v = build_examples({longr, noassist}, o, tok, &st);
+  EXPECT_EQ(v.size(), 0u);
+  EXPECT_EQ(st.dropped_too_long, 1);
+  EXPECT_EQ(st.dropped_no_trainable, 1);
+  o.truncation = "truncate";
+  DataStats st2;
+  v = build_examples({longr}, o, tok, &st2);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].input_ids.size(), 32u);
+  EXPECT_EQ(st2.truncated, 1);
+  o.sequence_len = 8;  // the prompt alone fills the row: nothing trainable left
+  DataStats st3;
+  EXPECT_EQ(build_examples({longr}, o, tok, &st3).size(), 0u);
+  EXPECT_EQ(st3.dropped_no_trainable, 1);
+}
+
+namespace {
+std::vector<Example> synthetic(int n) {
+  std::vector<Example> v;
+  for (int i = 0; i < n; ++i) {
+    Example e;
+    const int len = 3 + (i * 7) % 11;
+    for (int t = 0; t < len; ++t) {
+      e.input_ids.push_back(100 + i);
+      e.labels.push_back(t == 0 ? kIgnoreIndex : 100 + i);
+    }
+    e.id = i;
+    v.push_back(e);
+  }
+  return v;
+}
+std::vector<int64_t> run(DataLoader& dl, int steps) {
+  std::vector<int64_t> ids;
+  for (int s = 0; s < steps; ++s) {
+    const Batch b = dl.next();
+    ids.insert(ids.end(), b.example_ids.begin(), b.example_ids.end());
+    ids.push_back(-1);  // batch separator
+  }
+  return ids;
+}
+}  // namespace
+
+TEST(Sampler, ResumeAnywhereGivesTheSameSequence) {
+  const auto ex = synthetic(23);
+  for (bool packing : {false, true}) {
+    DataOptions o;
+    o.sample_packing = packing;
+    o.sequence_len = 24;
+    o.seed = 7;
+    DataLoader ref(&ex, 4, o, 0, SamplerState{0, 0, 7});
+    const int64_t per_epoch = ref.batches_in_epoch(0);
+    const int total = int(per_epoch * 3);
+    const auto full = run(ref, total);
+    for (int k : {1, int(per_epoch / 2), int(per_epoch), int(per_epoch + 2), int(per_epoch * 2)}) {
+      DataLoader a(&ex, 4, o, 0, SamplerState{0, 0, 7});
+      const auto head = run(a, k);
+      const nlohmann::json saved = a.state();
+      DataLoader b(&ex, 4, o, 0, saved.get<SamplerState>());
+      auto tail = run(b, total - k);
+      auto joined = head;
+      joined.insert(joined.end(), tail.begin(), tail.end());
+      EXPECT_EQ(joined, full) << "packing " << packing << " stop after " << k;
+      if (k == per_epoch) EXPECT_EQ(saved.dump(), R"({"cursor":0,"epoch":1,"seed":7})");
+    }
+    // each epoch is a permutation, different epochs differ
+    const auto p0 = epoch_permutation(23, 7, 0, true), p1 = epoch_permutation(23, 7, 1, true);
+    EXPECT_NE(p0, p1);
+    auto s = p0;
+    std::sort(s.begin(), s.end());
+    for (int i = 0; i < 23; ++i) EXPECT_EQ(s[i], i);
+  }
+  EXPECT_EQ(epoch_permutation(5, 1, 0, false), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  // fully specified PRNG: pinned values
+  EXPECT_EQ(epoch_permutation(8, 42, 0, true), epoch_permutation(8, 42, 0, true));
+}
+
+TEST(Batch, PaddingAndPacking) {
+  const auto ex = synthetic(4);  // lengths 3, 10, 6, 13
+  Batch r = collate({{&ex[0]}, {&ex[1]}}, 0, false);
+  EXPECT_EQ(r.seq_len, 10);
+  EXPECT_EQ(r.attention_mask[r.at(0, 2)], 1);
+  EXPECT_EQ(r.attention_mask[r.at(0, 3)], 0);
+  EXPECT_EQ(r.labels[r.at(0, 5)], kIgnoreIndex);
+  Batch l = collate({{&ex[0]}, {&ex[1]}}, 0, true);
+  EXPECT_EQ(l.attention_mask[l.at(0, 6)], 0);
+  EXPECT_EQ(l.attention_mask[l.at(0, 7)], 1);
+  EXPECT_EQ(l.position_ids[l.at(0, 7)], 0);
+  EXPECT_EQ(l.input_ids[l.at(0, 9)], 100);
+  Batch p = collate({{&ex[0], &ex[2]}, {&ex[1]}}, 0, false);
+  EXPECT_EQ(p.seq_len, 10);
+  EXPECT_EQ(p.segment_ids[p.at(0, 2)], 1);
+  EXPECT_EQ(p.segment_ids[p.at(0, 3)], 2);
+  EXPECT_EQ(p.position_ids[p.at(0, 3)], 0);
+  EXPECT_EQ(p.position_ids[p.at(0, 8)], 5);
+  EXPECT_EQ(p.segment_ids[p.at(1, 9)], 1);
+  EXPECT_EQ(p.example_ids, (std::vector<int64_t>{0, 2, 1}));
+}
+
+TEST(Split, ValSetSizeAndPreview) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_SHARED(path, "data/alpaca_en_demo.json");
+  const Tokenizer tok = llama(model);
+  DataOptions o;
+  o.train = path.string();
+  o.template_name = "alpaca";
+  o.val_set_size = 0.1;
+  const Datasets d = load_datasets(o, tok);
+  EXPECT_EQ(d.eval.size() + d.train.size(), size_t(d.stats.read.records_read - d.stats.dropped_too_long));
+  EXPECT_NEAR(double(d.eval.size()), 0.1 * double(d.eval.size() + d.train.size()), 1.0);
+  o.val_set_size = 5;
+  EXPECT_EQ(load_datasets(o, tok).eval.size(), 5u);
+  o.val_set_size = 0;
+  const std::string prev = render_preview(o, tok, 2);
+  EXPECT_NE(prev.find("[[<s>"), std::string::npos);
+  EXPECT_NE(prev.find("length histogram"), std::string::npos);
+  std::cout << prev;
+}

@@ -1,0 +1,138 @@
+// kernels/quant_tensor: the quantized-weight type on tensors — views, errors, CUDA vs reference.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "common/error.h"
+#include "kernels/quant4.h"
+#include "kernels/quant_tensor.h"
+
+namespace {
+
+using qlora::QuantType;
+
+bool same_bytes(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  const auto ac = a.cpu().contiguous(), bc = b.cpu().contiguous();
+  return ac.scalar_type() == bc.scalar_type() && ac.sizes() == bc.sizes() &&
+         std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.numel() * ac.element_size()) == 0;
+}
+
+void expect_same_quant(const qlora::QuantizedWeight& a, const qlora::QuantizedWeight& b,
+                       const std::string& what) {
+  EXPECT_TRUE(same_bytes(a.packed, b.packed)) << what << ": packed";
+  EXPECT_TRUE(same_bytes(a.absmax, b.absmax)) << what << ": absmax";
+  EXPECT_TRUE(same_bytes(a.absmax_q, b.absmax_q)) << what << ": absmax_q";
+  EXPECT_TRUE(same_bytes(a.nested_absmax, b.nested_absmax)) << what << ": nested_absmax";
+  EXPECT_EQ(a.offset, b.offset) << what;
+  EXPECT_EQ(a.shape, b.shape) << what;
+}
+
+template <typename F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    FAIL() << "no error; expected one mentioning '" << needle << "'";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(QuantTensor, ParseQuantType) {
+  EXPECT_EQ(qlora::parse_quant_type("nf4"), QuantType::NF4);
+  EXPECT_EQ(qlora::parse_quant_type("fp4"), QuantType::FP4);
+  expect_error([] { qlora::parse_quant_type("int4"); }, "int4");
+  EXPECT_THROW(qlora::parse_quant_type("NF4 "), qlora::Error);
+}
+
+TEST(QuantTensor, StridedTransposedSlicedViewsQuantizeLikeTheirCopies) {
+  torch::manual_seed(3);
+  const auto base = torch::randn({96, 130});
+  const std::vector<std::pair<std::string, torch::Tensor>> views = {
+      {"transposed", base.t()},
+      {"sliced rows", base.slice(0, 5, 77)},
+      {"sliced cols", base.slice(1, 3, 101)},
+      {"strided", base.slice(1, 0, 130, 3)},
+      {"expanded", torch::randn({1, 130}).expand({40, 130})},
+      {"bf16 transposed", base.to(torch::kBFloat16).t()},
+      {"fp16 sliced", base.to(torch::kHalf).slice(0, 1, 50, 2)},
+  };
+  for (const auto& [name, v] : views)
+    for (bool dq : {false, true}) {
+      const auto a = qlora::quantize(v, QuantType::NF4, 64, dq);
+      const auto b = qlora::quantize(v.contiguous(), QuantType::NF4, 64, dq);
+      expect_same_quant(a, b, name);
+      EXPECT_TRUE(torch::equal(a.dequantize(torch::kFloat), b.dequantize(torch::kFloat))) << name;
+    }
+}
+
+TEST(QuantTensor, DequantizeShapeDtypeBytesAndError) {
+  torch::manual_seed(4);
+  const auto w = torch::randn({33, 71});  // 2343 elements: odd, ragged for every blocksize
+  for (auto t : {QuantType::NF4, QuantType::FP4})
+    for (bool dq : {false, true}) {
+      const auto q = qlora::quantize(w, t, 64, dq);
+      EXPECT_EQ(q.numel(), 2343);
+      EXPECT_EQ(q.packed.numel(), 1172);
+      const int64_t nb = 37;
+      EXPECT_EQ(q.bytes(), dq ? 1172 + nb + 4 + 256 * 4 + 4 : 1172 + nb * 4);
+      for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+        const auto y = q.dequantize(dt);
+        EXPECT_EQ(y.sizes(), w.sizes());
+        EXPECT_EQ(y.scalar_type(), dt);
+        // normalised MSE of 4-bit blockwise quantization of N(0,1): well under 2%
+        const double nmse = ((y.to(torch::kFloat) - w).pow(2).sum() / w.pow(2).sum()).item<double>();
+        EXPECT_LT(nmse, 0.02) << qlora::quant_type_name(t) << " dq=" << dq;
+      }
+    }
+}
+
+TEST(QuantTensor, BadInputsGiveClearErrors) {
+  const auto w = torch::randn({8, 64});
+  expect_error([&] { qlora::quantize(w, QuantType::NF4, 48); }, "blocksize");
+  expect_error([&] { qlora::quantize(w, QuantType::NF4, 8192); }, "got 8192");
+  expect_error([&] { qlora::quantize(w, QuantType::NF4, 16); }, "32..4096");
+  expect_error([&] { qlora::quantize(w.to(torch::kDouble), QuantType::NF4); }, "got Double");
+  expect_error([&] { qlora::quantize(w.to(torch::kInt), QuantType::FP4); }, "expected dtype");
+  expect_error([&] { qlora::quantize(torch::empty({0, 64}), QuantType::NF4); }, "non-empty");
+  expect_error([&] { qlora::quantize(torch::Tensor(), QuantType::NF4); }, "undefined");
+  const auto q = qlora::quantize(w, QuantType::NF4);
+  expect_error([&] { q.dequantize(torch::kDouble); }, "expected dtype");
+  auto broken = q;
+  broken.packed = broken.packed.slice(0, 0, 10);
+  expect_error([&] { broken.dequantize(torch::kFloat); }, "expected packed uint8");
+}
+
+TEST(QuantTensor, CudaMatchesCpuReference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+  torch::manual_seed(5);
+  for (auto t : {QuantType::NF4, QuantType::FP4})
+    for (bool dq : {false, true})
+      for (int64_t bs : {32, 64, 128, 256, 512, 1024, 2048, 4096})
+        for (int64_t n : {int64_t{1}, int64_t{77}, 257 * bs + 3, 300 * bs})
+          for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+            const auto w = (torch::randn({n}) * torch::rand({n}).mul(4).exp()).to(dt);
+            const std::string what = std::string(qlora::quant_type_name(t)) + " dq=" +
+                                     std::to_string(dq) + " bs=" + std::to_string(bs) +
+                                     " n=" + std::to_string(n) + " " + c10::toString(dt);
+            const auto cpu = qlora::quantize(w, t, bs, dq);
+            const auto gpu = qlora::quantize(w.cuda(), t, bs, dq);
+            expect_same_quant(gpu, cpu, what);
+            for (auto od : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+              const auto a = cpu.dequantize(od);
+              const auto b = cpu.to(torch::Device(torch::kCUDA)).dequantize(od);
+              EXPECT_TRUE(b.is_cuda());
+              EXPECT_TRUE(same_bytes(a, b)) << what << " -> " << c10::toString(od);
+            }
+            if (HasFailure()) return;
+          }
+  // a misaligned output/packed pointer takes the scalar path and still matches
+  const auto w = torch::randn({4096 * 3 + 64});
+  const auto q = qlora::quantize(w, QuantType::NF4, 64, true);
+  auto qs = q.to(torch::Device(torch::kCUDA));
+  qs.packed = torch::cat({torch::zeros({1}, qs.packed.options()), qs.packed}).slice(0, 1);
+  EXPECT_TRUE(same_bytes(q.dequantize(torch::kBFloat16), qs.dequantize(torch::kBFloat16)));
+}

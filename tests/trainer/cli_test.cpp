@@ -1,0 +1,109 @@
+// The `qlora` binary end to end: init-model → inspect → generate, and bad input giving one line,
+// naming the path, with a non-zero exit and no stack trace.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.h"
+
+namespace {
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int status;
+  std::string out;  // stdout + stderr
+};
+
+CliRun run(const std::string& args) {
+  const std::string cmd = std::string(QLORA_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("qlora_cli_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void write(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+// One line, "error: " + the path, exit 1, nothing like a backtrace.
+void expect_clean_error(const CliRun& r, const std::string& fragment) {
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(fragment), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_EQ(r.out.find("Exception raised from"), std::string::npos) << r.out;
+}
+
+TEST(Cli, InitInspectGenerateOnTinyPreset) {
+  fs::path d = temp_dir("tiny");
+  fs::path corpus = d / "corpus.txt";
+  {
+    std::ofstream c(corpus);
+    for (int i = 0; i < 400; ++i)
+      c << "ticket " << i << ": my printer number " << i % 17 << " is broken, please help quickly\n"
+        << "the invoice for order " << i * 7 << " was charged twice\n";
+  }
+  CliRun r = run("init-model --preset tiny --out " + (d / "m").string() + " --train-tokenizer " +
+              corpus.string() + " --vocab-size 300 --seed 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json"})
+    EXPECT_TRUE(fs::exists(d / "m" / f)) << f;
+  r = run("inspect " + (d / "m").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("LlamaForCausalLM"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("total"), std::string::npos) << r.out;
+  r = run("inspect --json " + (d / "m").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\"parameters\""), std::string::npos);
+  r = run("generate " + (d / "m").string() + " --prompt 'my printer' --max-new-tokens 5 --ids");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // refuses to overwrite a non-empty directory
+  expect_clean_error(run("init-model --preset tiny --out " + (d / "m").string() + " --train-tokenizer " +
+                         corpus.string()),
+                     "refusing to overwrite");
+  fs::remove_all(d);
+}
+
+TEST(Cli, MissingDirectory) { expect_clean_error(run("inspect /nonexistent/model"), "/nonexistent/model"); }
+
+TEST(Cli, ConfigMissingAndBroken) {
+  fs::path d = temp_dir("cfg");
+  expect_clean_error(run("inspect " + d.string()), "config.json: not found");
+  write(d / "config.json", "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 8}");
+  expect_clean_error(run("inspect " + d.string()), "missing required field 'hidden_size'");
+  write(d / "config.json", "{not json");
+  expect_clean_error(run("inspect " + d.string()), "config.json: not valid JSON");
+  write(d / "config.json", "{\"architectures\": [\"BertModel\"]}");
+  expect_clean_error(run("inspect " + d.string()), "'BertModel' is not supported");
+  fs::remove_all(d);
+}
+
+TEST(Cli, CorruptSafetensorsAndMissingTokenizer) {
+  QLORA_REQUIRE_FIXTURE(src, "models/qwen2_bias");
+  fs::path d = temp_dir("corrupt");
+  fs::copy_file(src / "config.json", d / "config.json");
+  // generate without a tokenizer: names the missing file
+  fs::copy_file(src / "model.safetensors", d / "model.safetensors");
+  expect_clean_error(run("generate " + d.string() + " --prompt hi"), "tokenizer.model");
+  // truncated file
+  fs::resize_file(d / "model.safetensors", fs::file_size(d / "model.safetensors") / 2);
+  expect_clean_error(run("inspect " + d.string()), "model.safetensors");
+  fs::remove_all(d);
+}
+
+}  // namespace

@@ -1,0 +1,180 @@
+// `qlora inspect`, `qlora generate`, `qlora init-model`.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "common/safetensors.h"
+#include "common/tensor_io.h"
+#include "data/tokenizer.h"
+#include "trainer/commands.h"
+#include "trainer/model.h"
+
+namespace qlora {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+/// Component of an HF weight name: embed_tokens | attention | mlp | norms | lm_head | other.
+std::string component_of(const std::string& name) {
+  if (name.find("embed_tokens") != std::string::npos) return "embed_tokens";
+  if (name.find(".self_attn.") != std::string::npos) return "attention";
+  if (name.find(".mlp.") != std::string::npos) return "mlp";
+  if (name.find("norm") != std::string::npos) return "norms";
+  if (name.rfind("lm_head", 0) == 0) return "lm_head";
+  return "other";
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(u == 0 ? 0 : 2) << b << " " << units[u];
+  return os.str();
+}
+
+}  // namespace
+
+std::string cmd_inspect(const InspectOptions& o) {
+  const ModelConfig cfg = load_model_config(o.model_dir);
+  st::SafetensorsCheckpoint ckpt(o.model_dir);
+  struct Comp {
+    int64_t params = 0, bytes = 0, tensors = 0;
+    std::set<std::string> dtypes;
+  };
+  std::map<std::string, Comp> comps;
+  Comp total;
+  for (const std::string& name : ckpt.names()) {
+    const st::TensorInfo& t = ckpt.info(name);
+    Comp& c = comps[component_of(name)];
+    for (Comp* x : {&c, &total}) {
+      x->params += t.numel();
+      x->bytes += static_cast<int64_t>(t.nbytes());
+      x->tensors += 1;
+      x->dtypes.insert(st::dtype_name(t.dtype));
+    }
+  }
+  json j;
+  j["model_dir"] = o.model_dir;
+  j["architecture"] = cfg.architecture;
+  j["config"] = cfg.to_hf_json();
+  j["shards"] = ckpt.num_shards();
+  j["parameters"] = total.params;
+  j["parameters_expected"] = cfg.num_parameters();
+  j["bytes"] = total.bytes;
+  for (const auto& [name, c] : comps)
+    j["components"][name] = {{"parameters", c.params}, {"bytes", c.bytes}, {"tensors", c.tensors},
+                             {"dtypes", std::vector<std::string>(c.dtypes.begin(), c.dtypes.end())}};
+  std::ostringstream os;
+  if (o.json) {
+    os << j.dump(2) << "\n";
+  } else {
+    os << o.model_dir << ": " << cfg.architecture << ", " << cfg.num_hidden_layers << " layers, hidden "
+       << cfg.hidden_size << ", intermediate " << cfg.intermediate_size << ", heads "
+       << cfg.num_attention_heads << " (kv " << cfg.num_key_value_heads << ", head_dim " << cfg.head_dim
+       << "), vocab " << cfg.vocab_size << ", rope " << cfg.rope.type << " theta " << cfg.rope.theta
+       << (cfg.tie_word_embeddings ? ", tied embeddings" : "") << ", " << ckpt.num_shards()
+       << " shard(s)\n";
+    os << std::left << std::setw(14) << "component" << std::right << std::setw(16) << "parameters"
+       << std::setw(14) << "bytes" << "  dtypes\n";
+    auto row = [&](const std::string& name, const Comp& c) {
+      std::string d;
+      for (const auto& x : c.dtypes) d += (d.empty() ? "" : ",") + x;
+      os << std::left << std::setw(14) << name << std::right << std::setw(16) << c.params << std::setw(14)
+         << human_bytes(static_cast<double>(c.bytes)) << "  " << d << "\n";
+    };
+    for (const auto& [name, c] : comps) row(name, c);
+    row("total", total);
+  }
+  return os.str();
+}
+
+std::string cmd_generate(const GenerateCliOptions& o) {
+  const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  LlamaModel model = LlamaModel::load(o.model_dir, parse_compute_dtype(o.dtype, device), device);
+  data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
+  std::vector<int64_t> prompt;
+  for (int32_t id : tok.encode(o.prompt, /*add_bos=*/true, /*add_eos=*/false)) prompt.push_back(id);
+  GenerateOptions g = o.gen;
+  if (g.eos_token_id < 0) g.eos_token_id = tok.eos_id();
+  const std::vector<int64_t> ids = generate_tokens(model, prompt, g);
+  std::ostringstream os;
+  if (o.print_ids) {
+    for (size_t i = 0; i < ids.size(); ++i) os << (i ? " " : "") << ids[i];
+    os << "\n";
+  } else {
+    data::TokenIds t;
+    for (int64_t id : ids)
+      if (id != g.eos_token_id) t.push_back(static_cast<int32_t>(id));
+    os << tok.decode(t) << "\n";
+  }
+  return os.str();
+}
+
+void cmd_init_model(const InitModelOptions& o) {
+  QLORA_CHECK(!o.out_dir.empty(), "init-model: --out is required");
+  QLORA_CHECK(o.tokenizer.empty() || o.train_tokenizer.empty(),
+              "init-model: give --tokenizer or --train-tokenizer, not both");
+  QLORA_CHECK(!fs::exists(o.out_dir) || fs::is_empty(o.out_dir), o.out_dir,
+              ": exists and is not empty; refusing to overwrite it");
+  ModelConfig cfg = preset_config(o.preset);
+  const fs::path tmp = o.out_dir + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  try {
+    std::string tok_model;
+    if (!o.tokenizer.empty()) {
+      QLORA_CHECK(fs::is_regular_file(o.tokenizer), o.tokenizer, ": tokenizer model not found");
+      fs::copy_file(o.tokenizer, tmp / "tokenizer.model");
+    } else if (!o.train_tokenizer.empty()) {
+      QLORA_CHECK(fs::is_regular_file(o.train_tokenizer), o.train_tokenizer, ": corpus not found");
+      const std::string prefix = (tmp / "tokenizer").string();
+      data::Tokenizer::train({o.train_tokenizer}, o.vocab_size > 0 ? o.vocab_size : 2000, prefix);
+      fs::remove(prefix + ".vocab");
+    }
+    if (fs::exists(tmp / "tokenizer.model")) {
+      data::Tokenizer tok((tmp / "tokenizer.model").string());
+      cfg.vocab_size = tok.vocab_size();
+      cfg.bos_token_id = tok.bos_id();
+      cfg.eos_token_id = tok.eos_id();
+      json tc = {{"tokenizer_class", "LlamaTokenizer"}, {"bos_token", tok.id_to_piece(tok.bos_id())},
+                 {"eos_token", tok.id_to_piece(tok.eos_id())}, {"unk_token", tok.id_to_piece(tok.unk_id())},
+                 {"add_bos_token", true}, {"add_eos_token", false}, {"legacy", true}};
+      atomic_write_string((tmp / "tokenizer_config.json").string(), tc.dump(2) + "\n");
+    }
+    if (!o.dtype.empty())
+      cfg.torch_dtype = o.dtype == "fp32" ? "float32" : o.dtype == "bf16" ? "bfloat16" : o.dtype == "fp16" ? "float16" : "";
+    QLORA_CHECK(!cfg.torch_dtype.empty(), "init-model: --dtype must be fp32, bf16 or fp16, got '", o.dtype, "'");
+    const torch::Dtype dtype = cfg.torch_dtype == "float32" ? torch::kFloat32
+                               : cfg.torch_dtype == "float16" ? torch::kFloat16 : torch::kBFloat16;
+    log::info("init-model: preset ", o.preset, " (", cfg.num_parameters(), " parameters), ",
+              cfg.torch_dtype, ", seed ", o.seed);
+    LlamaModel m = LlamaModel::random_init(cfg, o.seed, dtype, torch::kCPU);
+    save_tensors((tmp / "model.safetensors").string(), m.named_tensors(), {{"format", "pt"}});
+    atomic_write_string((tmp / "config.json").string(), cfg.to_hf_json().dump(2) + "\n");
+    json gc = {{"bos_token_id", cfg.bos_token_id}, {"eos_token_id", cfg.eos_token_id}};
+    atomic_write_string((tmp / "generation_config.json").string(), gc.dump(2) + "\n");
+    if (fs::exists(o.out_dir)) fs::remove(o.out_dir);  // empty, checked above
+    fs::rename(tmp, o.out_dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  log::info("init-model: wrote ", o.out_dir);
+}
+
+}  // namespace qlora

@@ -1,0 +1,134 @@
+// qlora-cpp training config: the YAML file (plus `--set key=value` overrides) parsed and validated
+// once, at the edge, into plain typed structs.
+//
+// Nothing below this header sees YAML: the trainer hands each module the plain values it needs
+// (LoraLinear gets r/alpha/dropout, the data pipeline gets data::DataOptions by value). Every key,
+// its type, default and meaning is documented in docs/config.md; keep the two in step.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/options.h"
+
+namespace qlora {
+
+/// Floating-point type the base model computes in (`model.dtype`). kAuto: the dtype named by the
+/// model's config.json (`torch_dtype`), bf16 when it names none.
+enum class DType { kBF16, kFP16, kFP32, kAuto };
+/// Storage format of the frozen base weights (`quantization.method`). kNone: 16-bit LoRA.
+enum class QuantMethod { kNF4, kFP4, kNone };
+/// Learning-rate schedule after warmup (`training.lr_scheduler`).
+enum class LrScheduler { kConstant, kLinear, kCosine };
+/// What `checkpoint.resume` asks for: the newest complete checkpoint, none, or the one at a path.
+enum class ResumeMode { kAuto, kNever, kPath };
+
+/// `model:` — where the base model comes from and what it computes in.
+struct ModelConfig {
+  std::string path;         ///< Hugging Face model directory ("" when `preset` is used)
+  std::string preset;       ///< built-in architecture (see known_model_presets()), "" = none
+  bool random_init = false; ///< YAML `init: random|pretrained`; a preset requires random
+  std::string tokenizer;    ///< tokenizer file or dir; "" = the one inside `path`
+  DType dtype = DType::kBF16;
+};
+
+/// `quantization:` — how the frozen base weights are stored.
+struct QuantConfig {
+  QuantMethod method = QuantMethod::kNF4;
+  bool double_quant = true;  ///< quantize the per-block absmax too (QLoRA "double quantization")
+  int64_t blocksize = 64;    ///< weights per absmax block: a power of two in [32, 4096]
+  /// HF module-name fragments kept in 16 bit (matched against each dotted name component).
+  std::vector<std::string> keep_16bit = {"embed_tokens", "norm", "lm_head"};
+};
+
+/// `lora:` — the adapters. y = W0·x + s·B·A·dropout(x), s = alpha/r (alpha/√r with use_rslora).
+struct LoraConfig {
+  int64_t r = 16;           ///< rank (> 0)
+  double alpha = 32.0;      ///< scale numerator (> 0)
+  double dropout = 0.05;    ///< on the adapter input, in [0, 1)
+  bool all_linear = true;   ///< YAML `target_modules: all-linear`
+  /// Projection names adapted; filled with every linear name (known_lora_targets()) when all_linear.
+  std::vector<std::string> target_modules;
+  bool use_rslora = false;  ///< rank-stabilised scale alpha/√r
+};
+
+/// `training:` — the optimisation loop.
+struct TrainingConfig {
+  int64_t micro_batch_size = 1;             ///< rows per forward/backward (> 0)
+  int64_t gradient_accumulation_steps = 8;  ///< micro-batches per optimizer step (> 0)
+  int64_t num_epochs = 1;                   ///< passes over the data (>= 0; used when max_steps <= 0)
+  int64_t max_steps = -1;                   ///< optimizer steps; -1 = run num_epochs
+  double learning_rate = 2.0e-4;            ///< peak LR (> 0)
+  LrScheduler lr_scheduler = LrScheduler::kCosine;
+  int64_t warmup_steps = 10;                ///< linear warmup steps (>= 0)
+  double warmup_ratio = 0.0;                ///< warmup as a fraction of total steps, in [0, 1)
+  double weight_decay = 0.0;                ///< AdamW decoupled decay (>= 0)
+  double adam_beta1 = 0.9;                  ///< in [0, 1)
+  double adam_beta2 = 0.999;                ///< in [0, 1)
+  double adam_epsilon = 1e-8;               ///< > 0
+  double max_grad_norm = 1.0;               ///< global-norm clip; 0 = no clipping
+  bool gradient_checkpointing = true;       ///< recompute decoder layers in backward
+  uint64_t seed = 42;                       ///< LoRA init and dropout RNG seed
+  int64_t logging_steps = 1;                ///< log every N optimizer steps (>= 1)
+  int64_t max_nonfinite_steps = 5;          ///< consecutive NaN/Inf-loss steps skipped before failing
+  int64_t eval_steps = 0;                   ///< evaluate every N steps; 0 = at the end of each epoch
+};
+
+/// `checkpoint:` — when to save, what to keep, where to resume from.
+struct CheckpointConfig {
+  int64_t save_steps = 100;    ///< save every N optimizer steps; 0 = off
+  double save_minutes = 30.0;  ///< also save every M minutes of wall time; 0 = off
+  int64_t keep_last = 3;       ///< complete checkpoints kept (>= 1)
+  ResumeMode resume = ResumeMode::kAuto;
+  std::string resume_path;     ///< the checkpoint dir when resume == kPath
+  std::string resume_from_dir; ///< dir searched by `resume: auto`; "" = <output_dir>/checkpoints
+  std::string sync_command;    ///< shell command run after each completed checkpoint; "" = none
+};
+
+/// `cost:` — used to print the run's cost estimate.
+struct CostConfig {
+  double gpu_hour_price = 0.0;  ///< price of one GPU hour; 0 = don't print cost
+};
+
+/// The whole training config. Plain data: copyable, comparable, no YAML types inside.
+struct Config {
+  std::string output_dir;  ///< run directory (required)
+  ModelConfig model;
+  QuantConfig quantization;
+  LoraConfig lora;
+  data::DataOptions data;
+  TrainingConfig training;
+  CheckpointConfig checkpoint;
+  CostConfig cost;
+};
+
+/// Field-by-field equality of two configs (including every data::DataOptions field).
+bool operator==(const Config& a, const Config& b);
+inline bool operator!=(const Config& a, const Config& b) { return !(a == b); }
+
+/// Reads the YAML file at `path`, applies `overrides` ("section.key=value", each value parsed as a
+/// YAML scalar or flow collection, e.g. "lora.target_modules=[q_proj, v_proj]") to the tree, and
+/// validates the result against the schema. Throws qlora::Error with one line naming `path:line:`
+/// (or the `--set` override) and the dotted key; on error nothing is returned.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// As load_config, on YAML text; `source_name` stands for the file name in error messages.
+Config parse_config_string(const std::string& yaml_text, const std::string& source_name,
+                           const std::vector<std::string>& overrides = {});
+
+/// The fully resolved config (every key, defaults included) as YAML, for config.resolved.yaml.
+/// parse_config_string(to_yaml(c), ...) == c for every valid c.
+std::string to_yaml(const Config& config);
+
+/// Canonical spellings, as written in YAML ("bf16", "nf4", "cosine", "auto").
+const char* to_string(DType v);
+const char* to_string(QuantMethod v);
+const char* to_string(LrScheduler v);
+const char* to_string(ResumeMode v);
+
+/// Names accepted by `model.preset`.
+const std::vector<std::string>& known_model_presets();
+/// Llama-family linear projection names accepted in `lora.target_modules` (= all-linear).
+const std::vector<std::string>& known_lora_targets();
+
+}  // namespace qlora

@@ -1,0 +1,25 @@
+// qlora-cpp: autoregressive generation with a KV cache (greedy or temperature / top-p sampling).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "trainer/model.h"
+
+namespace qlora {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 64;
+  double temperature = 0.0;  ///< 0 = greedy (argmax, ties to the lowest id as torch.argmax)
+  double top_p = 1.0;        ///< nucleus sampling mass in (0, 1]
+  uint64_t seed = 0;         ///< sampling seed (CPU generator)
+  int64_t eos_token_id = -1; ///< stop after emitting it (-1: never)
+};
+
+/// Generates up to max_new_tokens after `prompt` (token ids, BOS included by the caller) and
+/// returns only the new ids (the EOS included when it ended generation). Matches transformers'
+/// `generate(do_sample=False)` for temperature 0. Throws qlora::Error for an empty prompt, a
+/// negative temperature, or top_p outside (0, 1].
+std::vector<int64_t> generate_tokens(const LlamaModel& model, const std::vector<int64_t>& prompt,
+                                     const GenerateOptions& opts);
+
+}  // namespace qlora

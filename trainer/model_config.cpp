@@ -1,0 +1,278 @@
+#include "trainer/model_config.h"
+
+#include <filesystem>
+
+#include "common/error.h"
+#include "common/files.h"
+
+namespace qlora {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// Typed field access with errors that name the file and the field.
+struct Reader {
+  const json& j;
+  const std::string& src;
+
+  const json* find(const char* key) const {
+    auto it = j.find(key);
+    return (it == j.end() || it->is_null()) ? nullptr : &*it;
+  }
+  int64_t integer(const char* key) const {
+    const json* v = find(key);
+    QLORA_CHECK(v, src, ": missing required field '", key, "'");
+    QLORA_CHECK(v->is_number_integer(), src, ": field '", key, "': expected an integer, got ", v->dump());
+    return v->get<int64_t>();
+  }
+  int64_t integer(const char* key, int64_t dflt) const { return find(key) ? integer(key) : dflt; }
+  double number(const char* key, double dflt) const {
+    const json* v = find(key);
+    if (!v) return dflt;
+    QLORA_CHECK(v->is_number(), src, ": field '", key, "': expected a number, got ", v->dump());
+    return v->get<double>();
+  }
+  bool boolean(const char* key, bool dflt) const {
+    const json* v = find(key);
+    if (!v) return dflt;
+    QLORA_CHECK(v->is_boolean(), src, ": field '", key, "': expected true/false, got ", v->dump());
+    return v->get<bool>();
+  }
+  std::string string(const char* key, const std::string& dflt) const {
+    const json* v = find(key);
+    if (!v) return dflt;
+    QLORA_CHECK(v->is_string(), src, ": field '", key, "': expected a string, got ", v->dump());
+    return v->get<std::string>();
+  }
+  // Token ids may be an int or a list of ints (eos in Llama 3); the first is used.
+  int64_t token_id(const char* key, int64_t dflt) const {
+    const json* v = find(key);
+    if (!v) return dflt;
+    if (v->is_array() && !v->empty() && (*v)[0].is_number_integer()) return (*v)[0].get<int64_t>();
+    QLORA_CHECK(v->is_number_integer(), src, ": field '", key, "': expected a token id, got ", v->dump());
+    return v->get<int64_t>();
+  }
+};
+
+RopeConfig parse_rope(const Reader& r) {
+  RopeConfig rope;
+  // transformers 5.x: rope_parameters {rope_theta, rope_type, ...}; 4.x: rope_theta + rope_scaling.
+  const json* params = r.find("rope_parameters");
+  if (!params) params = r.find("rope_scaling");
+  rope.theta = r.number("rope_theta", 10000.0);
+  if (!params) return rope;
+  const char* field = r.find("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  QLORA_CHECK(params->is_object(), r.src, ": field '", field, "': expected an object, got ", params->dump());
+  const std::string key = std::string(field);
+  Reader p{*params, r.src};
+  rope.theta = p.number("rope_theta", rope.theta);
+  rope.type = p.string("rope_type", p.string("type", "default"));
+  if (rope.type == "default") return rope;
+  if (rope.type == "linear") {
+    rope.factor = p.number("factor", 1.0);
+  } else if (rope.type == "llama3") {
+    rope.factor = p.number("factor", 8.0);
+    rope.low_freq_factor = p.number("low_freq_factor", 1.0);
+    rope.high_freq_factor = p.number("high_freq_factor", 4.0);
+    rope.original_max_position_embeddings = p.integer("original_max_position_embeddings", 8192);
+    QLORA_CHECK(rope.high_freq_factor > rope.low_freq_factor, r.src, ": field '", key,
+                ".high_freq_factor' must exceed low_freq_factor");
+  } else {
+    fail(r.src, ": field '", key, ".rope_type': '", rope.type,
+         "' is not supported (supported: default, linear, llama3)");
+  }
+  QLORA_CHECK(rope.factor > 0, r.src, ": field '", key, ".factor' must be > 0");
+  return rope;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const json& j, const std::string& src) {
+  QLORA_CHECK(j.is_object(), src, ": expected a JSON object");
+  Reader r{j, src};
+  ModelConfig c;
+  const json* arch = r.find("architectures");
+  QLORA_CHECK(arch && arch->is_array() && !arch->empty() && (*arch)[0].is_string(), src,
+              ": missing required field 'architectures' (e.g. [\"LlamaForCausalLM\"])");
+  c.architecture = (*arch)[0].get<std::string>();
+  if (c.architecture == "LlamaForCausalLM") c.model_type = "llama";
+  else if (c.architecture == "MistralForCausalLM") c.model_type = "mistral";
+  else if (c.architecture == "Qwen2ForCausalLM") c.model_type = "qwen2";
+  else
+    fail(src, ": field 'architectures': '", c.architecture,
+         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+
+  c.vocab_size = r.integer("vocab_size");
+  c.hidden_size = r.integer("hidden_size");
+  c.intermediate_size = r.integer("intermediate_size");
+  c.num_hidden_layers = r.integer("num_hidden_layers");
+  c.num_attention_heads = r.integer("num_attention_heads");
+  c.num_key_value_heads = r.integer("num_key_value_heads", c.num_attention_heads);
+  QLORA_CHECK(c.num_attention_heads > 0, src, ": field 'num_attention_heads' must be > 0");
+  c.head_dim = r.integer("head_dim", c.hidden_size / c.num_attention_heads);
+  c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
+  c.max_position_embeddings = r.integer("max_position_embeddings", 2048);
+  c.rope = parse_rope(r);
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  c.mlp_bias = r.boolean("mlp_bias", false);
+  if (c.model_type == "qwen2") {
+    c.qkv_bias = true;
+    QLORA_CHECK(!r.boolean("use_sliding_window", false), src,
+                ": field 'use_sliding_window': true is not supported for Qwen2");
+  } else {
+    c.attention_bias = r.boolean("attention_bias", false);
+  }
+  if (c.model_type == "mistral") c.sliding_window = r.integer("sliding_window", 0);
+  const std::string act = r.string("hidden_act", "silu");
+  QLORA_CHECK(act == "silu", src, ": field 'hidden_act': '", act, "' is not supported (only silu)");
+  c.torch_dtype = r.string("dtype", r.string("torch_dtype", "float32"));
+  c.bos_token_id = r.token_id("bos_token_id", 1);
+  c.eos_token_id = r.token_id("eos_token_id", 2);
+  c.pad_token_id = r.token_id("pad_token_id", -1);
+  c.validate(src);
+  return c;
+}
+
+void ModelConfig::validate(const std::string& src) const {
+  auto positive = [&](int64_t v, const char* name) {
+    QLORA_CHECK(v > 0, src, ": field '", name, "' must be > 0, got ", v);
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(num_key_value_heads, "num_key_value_heads");
+  positive(head_dim, "head_dim");
+  positive(max_position_embeddings, "max_position_embeddings");
+  QLORA_CHECK(num_attention_heads % num_key_value_heads == 0, src,
+              ": field 'num_key_value_heads' (", num_key_value_heads,
+              ") must divide num_attention_heads (", num_attention_heads, ")");
+  QLORA_CHECK(head_dim % 2 == 0, src, ": field 'head_dim' must be even for RoPE, got ", head_dim);
+  QLORA_CHECK(rms_norm_eps > 0, src, ": field 'rms_norm_eps' must be > 0");
+  QLORA_CHECK(rope.theta > 0, src, ": field 'rope_theta' must be > 0");
+}
+
+int64_t ModelConfig::num_parameters() const {
+  const int64_t q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
+  int64_t attn = hidden_size * q + 2 * hidden_size * kv + q * hidden_size;
+  if (attention_bias) attn += q + 2 * kv + hidden_size;
+  if (qkv_bias) attn += q + 2 * kv;
+  int64_t mlp = 3 * hidden_size * intermediate_size;
+  if (mlp_bias) mlp += 2 * intermediate_size + hidden_size;
+  const int64_t layer = attn + mlp + 2 * hidden_size;
+  int64_t n = vocab_size * hidden_size + num_hidden_layers * layer + hidden_size;
+  if (!tie_word_embeddings) n += vocab_size * hidden_size;
+  return n;
+}
+
+json ModelConfig::to_hf_json() const {
+  json j;
+  j["architectures"] = {architecture};
+  j["model_type"] = model_type;
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["rope_theta"] = rope.theta;
+  if (rope.type == "linear") {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope.factor}};
+  } else if (rope.type == "llama3") {
+    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", rope.factor},
+                         {"low_freq_factor", rope.low_freq_factor},
+                         {"high_freq_factor", rope.high_freq_factor},
+                         {"original_max_position_embeddings", rope.original_max_position_embeddings}};
+  }
+  if (model_type == "qwen2") {
+    j["use_sliding_window"] = false;
+  } else {
+    j["attention_bias"] = attention_bias;
+    j["mlp_bias"] = mlp_bias;
+  }
+  if (model_type == "mistral") j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+  j["torch_dtype"] = torch_dtype;
+  j["bos_token_id"] = bos_token_id;
+  j["eos_token_id"] = eos_token_id;
+  if (pad_token_id >= 0) j["pad_token_id"] = pad_token_id;
+  return j;
+}
+
+ModelConfig load_model_config(const std::string& dir) {
+  QLORA_CHECK(fs::is_directory(dir), dir, ": model directory not found");
+  const std::string path = (fs::path(dir) / "config.json").string();
+  QLORA_CHECK(fs::exists(path), path, ": not found (an HF model directory needs config.json)");
+  json j;
+  try {
+    j = json::parse(read_file(path));
+  } catch (const json::exception& e) {
+    fail(path, ": not valid JSON: ", e.what());
+  }
+  return parse_model_config(j, path);
+}
+
+namespace {
+ModelConfig llama(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads,
+                  int64_t kv_heads, int64_t max_pos, double theta) {
+  ModelConfig c;
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.intermediate_size = inter;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = hidden / heads;
+  c.max_position_embeddings = max_pos;
+  c.rope.theta = theta;
+  c.torch_dtype = "bfloat16";
+  return c;
+}
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  return {"tiny", "small", "llama2-7b", "llama2-13b", "mistral-7b", "llama3-8b", "codellama-34b",
+          "llama2-70b"};
+}
+
+ModelConfig preset_config(const std::string& name) {
+  ModelConfig c;
+  if (name == "tiny") {
+    c = llama(32000, 64, 176, 2, 4, 2, 2048, 10000.0);
+    c.torch_dtype = "float32";
+  } else if (name == "small") {
+    c = llama(32000, 256, 688, 4, 8, 4, 2048, 10000.0);
+    c.torch_dtype = "float32";
+  } else if (name == "llama2-7b") {
+    c = llama(32000, 4096, 11008, 32, 32, 32, 4096, 10000.0);
+  } else if (name == "llama2-13b") {
+    c = llama(32000, 5120, 13824, 40, 40, 40, 4096, 10000.0);
+  } else if (name == "mistral-7b") {
+    c = llama(32000, 4096, 14336, 32, 32, 8, 32768, 10000.0);
+    c.architecture = "MistralForCausalLM";
+    c.model_type = "mistral";
+    c.sliding_window = 4096;
+  } else if (name == "llama3-8b") {
+    c = llama(128256, 4096, 14336, 32, 32, 8, 8192, 500000.0);
+    c.bos_token_id = 128000;
+    c.eos_token_id = 128001;
+  } else if (name == "codellama-34b") {
+    c = llama(32000, 8192, 22016, 48, 64, 8, 16384, 1000000.0);
+  } else if (name == "llama2-70b") {
+    c = llama(32000, 8192, 28672, 80, 64, 8, 4096, 10000.0);
+  } else {
+    std::string names;
+    for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+    fail("unknown preset '", name, "' (known: ", names, ")");
+  }
+  c.validate("preset " + name);
+  return c;
+}
+
+}  // namespace qlora

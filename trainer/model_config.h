@@ -1,0 +1,71 @@
+// qlora-cpp: the decoder's shape, read from a Hugging Face config.json.
+//
+// Supported architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (transformers
+// `configuration_llama.py` / `configuration_mistral.py` / `configuration_qwen2.py`). Both the
+// transformers 4.x spelling (rope_theta, rope_scaling, torch_dtype) and the 5.x one
+// (rope_parameters, dtype) are read.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace qlora {
+
+/// RoPE frequency scaling. `type` "default" | "linear" | "llama3".
+struct RopeConfig {
+  std::string type = "default";
+  double theta = 10000.0;
+  double factor = 1.0;                    // linear, llama3
+  double low_freq_factor = 1.0;           // llama3
+  double high_freq_factor = 4.0;          // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3
+};
+
+/// Everything the decoder needs to know about its shape. Names are config.json's.
+struct ModelConfig {
+  std::string architecture = "LlamaForCausalLM";  ///< HF class name
+  std::string model_type = "llama";               ///< llama | mistral | qwen2
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  int64_t num_key_value_heads = 32;
+  int64_t head_dim = 128;
+  double rms_norm_eps = 1e-5;
+  RopeConfig rope;
+  int64_t max_position_embeddings = 4096;
+  bool attention_bias = false;  ///< bias on q/k/v/o (Llama `attention_bias`)
+  bool qkv_bias = false;        ///< bias on q/k/v only (Qwen2)
+  bool mlp_bias = false;
+  bool tie_word_embeddings = false;
+  int64_t sliding_window = 0;   ///< 0 = none (Mistral's window, when set)
+  std::string torch_dtype = "float32";  ///< dtype the weights were saved in
+  int64_t bos_token_id = 1, eos_token_id = 2, pad_token_id = -1;  ///< -1 = unset
+
+  /// Parameters of the whole model (embeddings, all layers, final norm, untied lm_head).
+  int64_t num_parameters() const;
+  /// config.json object that transformers loads as this architecture (used by init-model and merge).
+  nlohmann::json to_hf_json() const;
+  /// Checks internal consistency (positive sizes, heads divide, ...). Throws qlora::Error naming
+  /// `source` and the field.
+  void validate(const std::string& source) const;
+};
+
+/// Parses an HF config.json object. `source` names the file in errors. Throws qlora::Error naming
+/// the file and field for a missing required field, a wrong type, an unsupported architecture,
+/// rope type, activation, or an unsupported feature (e.g. Qwen2 use_sliding_window: true).
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
+
+/// Reads MODEL_DIR/config.json. Throws qlora::Error for a missing directory or file, invalid JSON,
+/// or any parse_model_config error.
+ModelConfig load_model_config(const std::string& model_dir);
+
+/// Named shapes for init-model / estimate / bench: tiny, small, llama2-7b, llama2-13b, mistral-7b,
+/// llama3-8b, codellama-34b, llama2-70b. Throws qlora::Error listing the names for an unknown one.
+ModelConfig preset_config(const std::string& name);
+/// Names accepted by preset_config.
+std::vector<std::string> preset_names();
+
+}  // namespace qlora
