@@ -11,11 +11,12 @@ if [ "${QLORA_SANITIZE:-0}" = 1 ]; then
   extra+=(-DQLORA_SANITIZE=ON -DQLORA_CUDA=OFF -DQLORA_BUILD_BENCH=OFF)
 fi
 TORCH_PREFIX="$("$QLORA_VENV/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
+mkdir -p "$QLORA_BUILD"
 if [ ! -f "$QLORA_BUILD/Makefile" ]; then
   cmake -S "$QLORA_ROOT" -B "$QLORA_BUILD" -DCMAKE_BUILD_TYPE="${QLORA_BUILD_TYPE:-RelWithDebInfo}" \
     -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DPython3_EXECUTABLE="$QLORA_VENV/bin/python" \
     -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache \
-    -DQLORA_PYTHON="$QLORA_VENV/bin/python" "${extra[@]}" "$@" > "$QLORA_BUILD.configure.log" 2>&1 \
-    || { cat "$QLORA_BUILD.configure.log"; exit 1; }
+    -DQLORA_PYTHON="$QLORA_VENV/bin/python" "${extra[@]}" "$@" > "$QLORA_BUILD/configure.log" 2>&1 \
+    || { cat "$QLORA_BUILD/configure.log"; exit 1; }
 fi
 cmake --build "$QLORA_BUILD" -j"${QLORA_JOBS:-$(nproc)}" ${QLORA_TARGETS:+--target $QLORA_TARGETS}
