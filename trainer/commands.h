@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "trainer/generate.h"
 
@@ -11,9 +12,17 @@ namespace qlora {
 struct InspectOptions {
   std::string model_dir;
   bool json = false;
+  std::string quant;          ///< "" = headers only; "nf4" | "fp4" = really quantize on load
+  bool double_quant = false;  ///< with quant: quantize the absmax constants too
+  int64_t blocksize = 64;     ///< with quant: 32..4096, power of two
 };
 /// `qlora inspect MODEL_DIR [--json]`: architecture, parameters and bytes per component, dtypes.
 /// Reads only config.json and the safetensors headers. Returns the text it printed.
+/// With `--quant nf4|fp4 [--double-quant] [--blocksize N]`: loads the model on the CPU, quantizing
+/// the decoder linears as it streams them (LlamaModel::load with QuantOptions; a bitsandbytes
+/// checkpoint is read as stored), and reports bytes of the quantized weights, of the quantization
+/// constants and of the unquantized (stored-dtype) modules, bits per parameter, the rule of thumb
+/// params × 0.5 byte, and this process's peak RSS (VmHWM). Throws qlora::Error as load does.
 std::string cmd_inspect(const InspectOptions& o);
 
 struct GenerateCliOptions {
@@ -39,5 +48,15 @@ struct InitModelOptions {
 /// (config.json, model.safetensors, generation_config.json, tokenizer files). Refuses an existing
 /// non-empty DIR; builds in DIR.tmp-<pid> and renames, so DIR is complete or absent.
 void cmd_init_model(const InitModelOptions& o);
+
+struct DataPreviewOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;  ///< --set key=value
+  int n = 3;                           ///< examples to render
+};
+/// `qlora data preview CONFIG [--n N] [--set k=v]`: loads the config's data section with its
+/// tokenizer and returns rendered examples (masked spans marked) and dataset statistics.
+/// Throws qlora::Error for config, tokenizer or dataset errors (file:line / key named).
+std::string cmd_data_preview(const DataPreviewOptions& o);
 
 }  // namespace qlora

@@ -1,6 +1,7 @@
 // `qlora inspect`, `qlora generate`, `qlora init-model`.
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -46,9 +47,116 @@ std::string human_bytes(double b) {
   return os.str();
 }
 
+/// This process's peak resident set (VmHWM of /proc/self/status) in bytes; 0 when unavailable.
+int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:  123 kB"
+  return 0;
+}
+
+torch::Dtype stored_dtype(const ModelConfig& cfg) {
+  if (cfg.torch_dtype == "float32") return torch::kFloat32;
+  if (cfg.torch_dtype == "float16") return torch::kFloat16;
+  return torch::kBFloat16;
+}
+
+/// `inspect --quant`: loads (quantizing while streaming) and accounts bytes per component.
+std::string inspect_quantized(const InspectOptions& o) {
+  QuantOptions q;
+  q.method = parse_quant_method(o.quant);
+  QLORA_CHECK(q.enabled(), "inspect: --quant must be nf4 or fp4, got '", o.quant, "'");
+  q.blocksize = o.blocksize;
+  q.double_quant = o.double_quant;
+  const ModelConfig cfg = load_model_config(o.model_dir);
+  const torch::Dtype dtype = stored_dtype(cfg);
+  const auto t0 = std::chrono::steady_clock::now();
+  const LlamaModel m = LlamaModel::load(o.model_dir, dtype, torch::kCPU, q);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  int64_t q_params = 0, q_packed = 0, q_consts = 0, f_params = 0, f_bytes = 0, n_quantized = 0;
+  std::set<std::string> qtypes;
+  auto add_plain = [&](const torch::Tensor& t) {
+    if (!t.defined()) return;
+    f_params += t.numel();
+    f_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  for (const FrozenLinear* l : m.linears()) {
+    add_plain(l->bias);
+    if (!l->quantized()) {
+      add_plain(l->weight);
+      continue;
+    }
+    const QuantizedWeight& w = *l->qweight;
+    q_params += w.numel();
+    q_packed += w.packed.numel();
+    q_consts += w.bytes() - w.packed.numel();
+    ++n_quantized;
+    qtypes.insert(std::string(quant_type_name(w.type)) + " bs" + std::to_string(w.blocksize) +
+                  (w.double_quant ? " dq" : ""));
+  }
+  add_plain(m.embed_tokens);
+  add_plain(m.norm);
+  if (!cfg.tie_word_embeddings) add_plain(m.lm_head);
+  for (const DecoderLayer& l : m.layers) {
+    add_plain(l.input_layernorm);
+    add_plain(l.post_attention_layernorm);
+  }
+  const int64_t params = q_params + f_params, total = q_packed + q_consts + f_bytes;
+  const double bits_q = q_params ? 8.0 * static_cast<double>(q_packed + q_consts) / q_params : 0.0;
+  const double bits_all = params ? 8.0 * static_cast<double>(total) / params : 0.0;
+  const double rule = 0.5 * static_cast<double>(params);
+  const int64_t rss = peak_rss_bytes();
+
+  json j;
+  j["model_dir"] = o.model_dir;
+  j["quant"] = {{"method", o.quant}, {"blocksize", o.blocksize}, {"double_quant", o.double_quant},
+                {"stored", std::vector<std::string>(qtypes.begin(), qtypes.end())}};
+  j["unquantized_dtype"] = cfg.torch_dtype;
+  j["parameters"] = params;
+  j["components"]["quantized_weights"] = {{"parameters", q_params}, {"bytes", q_packed}, {"tensors", n_quantized}};
+  j["components"]["quantization_constants"] = {{"bytes", q_consts}};
+  j["components"]["unquantized_modules"] = {{"parameters", f_params}, {"bytes", f_bytes}};
+  j["bytes"] = total;
+  j["bits_per_param"] = bits_all;
+  j["bits_per_quantized_param"] = bits_q;
+  j["rule_of_thumb_bytes"] = static_cast<int64_t>(rule);
+  j["ratio_to_rule_of_thumb"] = rule > 0 ? static_cast<double>(total) / rule : 0.0;
+  j["peak_rss_bytes"] = rss;
+  j["load_seconds"] = load_s;
+  std::ostringstream os;
+  if (o.json) {
+    os << j.dump(2) << "\n";
+    return os.str();
+  }
+  std::string stored;
+  for (const auto& s : qtypes) stored += (stored.empty() ? "" : ", ") + s;
+  os << o.model_dir << ": " << n_quantized << " linear weights in 4 bits (" << stored
+     << "), the rest " << cfg.torch_dtype << "; loaded in " << std::fixed << std::setprecision(1)
+     << load_s << " s\n";
+  os << std::left << std::setw(26) << "component" << std::right << std::setw(16) << "parameters"
+     << std::setw(14) << "bytes" << "\n";
+  auto row = [&](const std::string& name, const std::string& p, int64_t b) {
+    os << std::left << std::setw(26) << name << std::right << std::setw(16) << p << std::setw(14)
+       << human_bytes(static_cast<double>(b)) << "\n";
+  };
+  row("quantized weights", std::to_string(q_params), q_packed);
+  row("quantization constants", "", q_consts);
+  row("unquantized modules", std::to_string(f_params), f_bytes);
+  row("total", std::to_string(params), total);
+  os << std::setprecision(3) << "bits/param: " << bits_all << " overall, " << bits_q
+     << " for the quantized weights\n";
+  os << "rule of thumb (params x 0.5 byte): " << human_bytes(rule) << "; actual is "
+     << std::setprecision(3) << (rule > 0 ? total / rule : 0.0) << "x\n";
+  os << "peak RSS of this process: " << human_bytes(static_cast<double>(rss)) << "\n";
+  return os.str();
+}
+
 }  // namespace
 
 std::string cmd_inspect(const InspectOptions& o) {
+  if (!o.quant.empty()) return inspect_quantized(o);
   const ModelConfig cfg = load_model_config(o.model_dir);
   st::SafetensorsCheckpoint ckpt(o.model_dir);
   struct Comp {

@@ -24,6 +24,12 @@ int run(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "architecture, parameters and bytes per component");
   inspect->add_option("model_dir", ins.model_dir, "Hugging Face model directory")->required();
   inspect->add_flag("--json", ins.json, "machine-readable output");
+  auto* ins_quant = inspect->add_option("--quant", ins.quant, "really quantize on load: nf4|fp4")
+                        ->check(CLI::IsMember({"nf4", "fp4"}));
+  inspect->add_flag("--double-quant", ins.double_quant, "with --quant: quantize the absmax constants")
+      ->needs(ins_quant);
+  inspect->add_option("--blocksize", ins.blocksize, "with --quant: 32..4096, power of two")
+      ->capture_default_str()->needs(ins_quant);
 
   qlora::GenerateCliOptions gen;
   auto* generate = app.add_subcommand("generate", "generate text from a prompt");
@@ -47,6 +53,14 @@ int run(int argc, char** argv) {
   init_model->add_option("--seed", init.seed, "weight seed")->capture_default_str();
   init_model->add_option("--dtype", init.dtype, "stored dtype fp32|bf16|fp16 (default: the preset's)");
 
+  qlora::DataPreviewOptions preview;
+  auto* data_cmd = app.add_subcommand("data", "inspect a dataset as training will see it");
+  data_cmd->require_subcommand(1);
+  auto* data_preview = data_cmd->add_subcommand("preview", "rendered examples, masked spans, statistics");
+  data_preview->add_option("config", preview.config_path, "training config (YAML)")->required();
+  data_preview->add_option("--n", preview.n, "examples to show")->capture_default_str();
+  data_preview->add_option("--set", preview.overrides, "override a config key: section.key=value");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -57,6 +71,7 @@ int run(int argc, char** argv) {
   if (*inspect) std::cout << qlora::cmd_inspect(ins);
   if (*generate) std::cout << qlora::cmd_generate(gen);
   if (*init_model) qlora::cmd_init_model(init);
+  if (*data_preview) std::cout << qlora::cmd_data_preview(preview);
   return 0;
 }
 

@@ -1,18 +1,96 @@
 #include "trainer/model.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "common/tensor_io.h"
+#include "kernels/quant4.h"
 
 namespace qlora {
 namespace F = torch::nn::functional;
 using torch::indexing::Slice;
+using json = nlohmann::json;
+
+namespace {
+
+/// Carries the quantized weight through autograd's saved_data (an IValue capsule).
+struct QuantWeightHolder : torch::CustomClassHolder {
+  std::shared_ptr<const QuantizedWeight> q;
+};
+
+/// y = x·dequant(W)ᵀ (+ b) with a frozen 4-bit W: forward and backward each dequantize into a
+/// temporary in x's dtype; only the 4-bit weight is kept for backward. grad wrt x only.
+struct Dequant4Linear : torch::autograd::Function<Dequant4Linear> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               torch::Tensor bias, c10::intrusive_ptr<QuantWeightHolder> h) {
+    ctx->saved_data["q"] = c10::IValue::make_capsule(h);
+    const torch::Tensor w = h->q->dequantize(x.scalar_type());  // [out, in], scratch
+    return bias.defined() ? F::linear(x, w, bias) : F::linear(x, w);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto h = c10::static_intrusive_pointer_cast<QuantWeightHolder>(ctx->saved_data["q"].toCapsule());
+    const torch::Tensor w = h->q->dequantize(grad[0].scalar_type());
+    return {grad[0].matmul(w), torch::Tensor(), torch::Tensor()};  // [..., out]·[out, in]
+  }
+};
+
+int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+}  // namespace
 
 torch::Tensor FrozenLinear::forward(const torch::Tensor& x) const {
+  if (qweight) {
+    if (torch::GradMode::is_enabled() && x.requires_grad()) {
+      auto h = c10::make_intrusive<QuantWeightHolder>();
+      h->q = qweight;
+      return Dequant4Linear::apply(x, bias, h);
+    }
+    const torch::Tensor w = qweight->dequantize(x.scalar_type());  // freed on return
+    return bias.defined() ? F::linear(x, w, bias) : F::linear(x, w);
+  }
   return bias.defined() ? torch::nn::functional::linear(x, weight, bias)
                         : torch::nn::functional::linear(x, weight);
+}
+
+int64_t FrozenLinear::bytes() const {
+  return nbytes(weight) + nbytes(bias) + (qweight ? qweight->bytes() : 0);
+}
+
+QuantType QuantOptions::type() const {
+  QLORA_CHECK(method != Method::None, "QuantOptions: no quant type when method is none");
+  return method == Method::NF4 ? QuantType::NF4 : QuantType::FP4;
+}
+
+bool QuantOptions::quantizes(const std::string& module) const {
+  if (!enabled()) return false;
+  const std::string m = "." + module + ".";
+  for (const std::string& k : keep_16bit)
+    if (m.find("." + k + ".") != std::string::npos) return false;
+  return true;
+}
+
+QuantOptions::Method parse_quant_method(const std::string& s) {
+  if (s == "none") return QuantOptions::Method::None;
+  if (s == "nf4") return QuantOptions::Method::NF4;
+  if (s == "fp4") return QuantOptions::Method::FP4;
+  fail("quant method '", s, "' is not one of none, nf4, fp4");
+}
+
+int64_t quantized_weight_bytes(int64_t numel, int64_t blocksize, bool double_quant) {
+  const int64_t nblocks = kernels::quant4_num_blocks(numel, blocksize);
+  const int64_t packed = kernels::quant4_packed_bytes(numel);
+  if (!double_quant) return packed + nblocks * 4;
+  return packed + nblocks + kernels::quant4_num_blocks(nblocks, kernels::kNestedBlocksize) * 4 +
+         256 * 4 + 4;
 }
 
 torch::Dtype parse_compute_dtype(const std::string& s, const torch::Device& device) {
@@ -83,6 +161,7 @@ struct Shape {
   std::string name;
   std::vector<int64_t> shape;
   torch::Tensor* slot;
+  FrozenLinear* linear = nullptr;  ///< set for a decoder linear's ".weight"
 };
 
 // Every weight the config implies, with its HF name, expected shape, and where it lives.
@@ -103,7 +182,7 @@ std::vector<Shape> expected_weights(LlamaModel& m) {
     for (const auto& [suffix, shape] : lin) {
       FrozenLinear* f = linear_by_suffix(l, suffix);
       f->name = p + suffix;
-      out.push_back({f->name + ".weight", shape, &f->weight});
+      out.push_back({f->name + ".weight", shape, &f->weight, f});
       const bool is_qkv = suffix != "self_attn.o_proj" && suffix.rfind("self_attn", 0) == 0;
       const bool is_attn = suffix.rfind("self_attn", 0) == 0;
       const bool has_bias = (is_attn && c.attention_bias) || (is_qkv && c.qkv_bias) || (!is_attn && c.mlp_bias);
@@ -124,25 +203,257 @@ LlamaModel::LlamaModel(ModelConfig cfg, torch::Dtype dtype, torch::Device device
   expected_weights(*this);  // assigns module names
 }
 
+namespace {
+
+/// Drops this process's pages of tensor `t` in its mapping (madvise DONTNEED, rounded out to whole
+/// pages). The mapping is private and never written during load, so a dropped page is simply read
+/// from the file again if touched; this keeps the file's pages out of RSS once a tensor is done.
+void release_pages(const st::SafetensorsFile& f, const st::TensorInfo& t) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(f.mapping()->data());
+  const uintptr_t hi = (lo + f.mapping()->size() + page - 1) & ~(page - 1);
+  uintptr_t b = reinterpret_cast<uintptr_t>(f.data(t)) & ~(page - 1);
+  uintptr_t e = (reinterpret_cast<uintptr_t>(f.data(t)) + t.nbytes() + page - 1) & ~(page - 1);
+  b = std::max(b, lo);
+  e = std::min(e, hi);
+  if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
+void release_pages(const st::SafetensorsCheckpoint& ck, const std::string& name) {
+  release_pages(ck.file_of(name), ck.info(name));
+}
+
+void check_quant_options(const QuantOptions& q) {
+  if (!q.enabled()) return;
+  QLORA_CHECK(kernels::quant4_valid_blocksize(q.blocksize),
+              "quantization blocksize must be a power of two in 32..4096 (bitsandbytes), got ",
+              q.blocksize);
+  for (const char* m : {"embed_tokens", "norm", "lm_head"})
+    QLORA_CHECK(std::find(q.keep_16bit.begin(), q.keep_16bit.end(), m) != q.keep_16bit.end(),
+                "quantization: '", m, "' must stay in keep_16bit (only the decoder linears "
+                "q/k/v/o/gate/up/down_proj can be quantized)");
+}
+
+/// config.json's quantization_config, when it is bitsandbytes'.
+struct BnbConfig {
+  bool present = false;
+  bool load_in_8bit = false;
+  std::string quant_type;  ///< bnb_4bit_quant_type
+  bool double_quant = false;
+};
+
+BnbConfig read_bnb_config(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  std::ifstream in(path);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    fail(path, ": invalid JSON: ", e.what());
+  }
+  BnbConfig c;
+  if (!j.is_object() || !j.contains("quantization_config")) return c;
+  const json& qc = j["quantization_config"];
+  QLORA_CHECK(qc.is_object(), path, ": quantization_config: expected an object");
+  const std::string method = qc.value("quant_method", std::string("bitsandbytes"));
+  QLORA_CHECK(method == "bitsandbytes", path, ": quantization_config.quant_method '", method,
+              "' is not supported (only bitsandbytes 4-bit checkpoints are)");
+  c.present = true;
+  c.load_in_8bit = qc.value("load_in_8bit", false) || qc.value("_load_in_8bit", false);
+  c.quant_type = qc.value("bnb_4bit_quant_type", std::string("fp4"));  // transformers' default
+  c.double_quant = qc.value("bnb_4bit_use_double_quant", false);
+  QLORA_CHECK(c.load_in_8bit || qc.value("load_in_4bit", false) || qc.value("_load_in_4bit", false),
+              path, ": quantization_config asks for neither load_in_4bit nor load_in_8bit");
+  return c;
+}
+
+/// A small tensor of the checkpoint, copied out of the mapping (and its pages released); checks
+/// dtype and element count, naming the tensor.
+torch::Tensor read_small(const st::SafetensorsCheckpoint& ck, const std::string& name, st::DType dtype,
+                         int64_t numel, const std::string& why) {
+  QLORA_CHECK(ck.contains(name), "tensor '", name, "' is missing from the checkpoint (", why, ")");
+  const st::TensorInfo& t = ck.info(name);
+  QLORA_CHECK(t.dtype == dtype && t.numel() == numel, ck.file_of(name).path(), ": tensor '", name,
+              "': expected ", st::dtype_name(dtype), " with ", numel, " elements (", why, "), got ",
+              st::dtype_name(t.dtype), " ", c10::IntArrayRef(t.shape));
+  torch::Tensor out = load_tensor(ck, name).reshape({numel}).clone();
+  release_pages(ck, name);
+  return out;
+}
+
+/// The quant_state key of a bnb 4-bit weight ("<w>.quant_state.bitsandbytes__nf4" / "__fp4"),
+/// or "" when there is none.
+std::string bnb_state_key(const st::SafetensorsCheckpoint& ck, const std::string& wname) {
+  std::string found;
+  for (const char* t : {"nf4", "fp4"}) {
+    const std::string k = wname + ".quant_state.bitsandbytes__" + t;
+    if (!ck.contains(k)) continue;
+    QLORA_CHECK(found.empty(), ck.file_of(k).path(), ": tensor '", wname,
+                "' has both an nf4 and an fp4 quant_state");
+    found = k;
+  }
+  return found;
+}
+
+/// Reads one bitsandbytes 4-bit weight as stored by Linear4bit._save_to_state_dict
+/// (bnb functional.QuantState.as_dict(packed=True)): "<w>" packed bytes (U8 [ceil(n/2), 1], or any
+/// storage dtype of that many bytes), "<w>.absmax" (F32 [nblocks], or U8 with double quant),
+/// "<w>.quant_map" F32 [16], double quant: "<w>.nested_absmax" F32 [ceil(nblocks/256)],
+/// "<w>.nested_quant_map" F32 [256]; "<state_key>" U8 = UTF-8 JSON {quant_type, blocksize, dtype,
+/// shape[, nested_blocksize, nested_dtype, nested_offset]}.
+QuantizedWeight read_bnb_weight(const st::SafetensorsCheckpoint& ck, const std::string& wname,
+                                const std::string& state_key, const std::vector<int64_t>& shape) {
+  const std::string where = ck.file_of(state_key).path() + ": tensor '" + state_key + "'";
+  const st::TensorInfo& si = ck.info(state_key);
+  QLORA_CHECK(si.dtype == st::DType::U8, where, ": expected U8 (packed JSON), got ", st::dtype_name(si.dtype));
+  const std::string text(reinterpret_cast<const char*>(ck.file_of(state_key).data(si)), si.nbytes());
+  release_pages(ck, state_key);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(where, ": malformed quant_state JSON: ", e.what());
+  }
+  QuantizedWeight q;
+  try {
+    QLORA_CHECK(j.is_object(), where, ": malformed quant_state JSON: expected an object");
+    const std::string qt = j.at("quant_type").get<std::string>();
+    const std::string key_type = state_key.substr(state_key.size() - 3);
+    QLORA_CHECK(qt == key_type, where, ": quant_state says quant_type '", qt, "' but the key says '",
+                key_type, "'");
+    q.type = parse_quant_type(qt);
+    q.blocksize = j.at("blocksize").get<int64_t>();
+    q.shape = j.at("shape").get<std::vector<int64_t>>();
+    const std::string dt = j.at("dtype").get<std::string>();
+    q.dtype = dt == "float32" ? at::kFloat : dt == "bfloat16" ? at::kBFloat16 : dt == "float16" ? at::kHalf
+                                                                                              : at::kByte;
+    QLORA_CHECK(q.dtype != at::kByte, where, ": quant_state dtype '", dt, "' is not float32/bfloat16/float16");
+    q.double_quant = j.contains("nested_offset") || j.contains("nested_blocksize");
+    if (q.double_quant) {
+      QLORA_CHECK(j.at("nested_blocksize").get<int64_t>() == kernels::kNestedBlocksize, where,
+                  ": nested_blocksize must be 256, got ", j.at("nested_blocksize"));
+      QLORA_CHECK(j.value("nested_dtype", std::string("float32")) == "float32", where,
+                  ": nested_dtype must be float32, got ", j.at("nested_dtype"));
+      q.offset = static_cast<float>(j.at("nested_offset").get<double>());
+    }
+  } catch (const json::exception& e) {
+    fail(where, ": malformed quant_state JSON: ", e.what());
+  }
+  QLORA_CHECK(kernels::quant4_valid_blocksize(q.blocksize), where, ": blocksize ", q.blocksize,
+              " is not a power of two in 32..4096");
+  QLORA_CHECK(q.shape == shape, where, ": quant_state shape ", c10::IntArrayRef(q.shape),
+              " differs from the expected ", c10::IntArrayRef(shape));
+  const int64_t n = q.numel(), nblocks = kernels::quant4_num_blocks(n, q.blocksize);
+
+  const st::TensorInfo& wi = ck.info(wname);
+  QLORA_CHECK(static_cast<int64_t>(wi.nbytes()) == kernels::quant4_packed_bytes(n), ck.file_of(wname).path(),
+              ": tensor '", wname, "': expected ", kernels::quant4_packed_bytes(n),
+              " bytes of packed 4-bit data for shape ", c10::IntArrayRef(shape), ", got ", wi.nbytes(), " (",
+              st::dtype_name(wi.dtype), " ", c10::IntArrayRef(wi.shape), ")");
+  q.packed = torch::empty({static_cast<int64_t>(wi.nbytes())}, torch::kUInt8);
+  std::memcpy(q.packed.data_ptr<uint8_t>(), ck.file_of(wname).data(wi), wi.nbytes());
+  release_pages(ck, wname);
+
+  const torch::Tensor code = read_small(ck, wname + ".quant_map", st::DType::F32, 16, "4-bit code map");
+  QLORA_CHECK(std::memcmp(code.data_ptr<float>(), kernels::quant4_code(q.type == QuantType::NF4
+                                                                           ? kernels::Quant4Type::NF4
+                                                                           : kernels::Quant4Type::FP4),
+                          16 * sizeof(float)) == 0,
+              ck.file_of(wname + ".quant_map").path(), ": tensor '", wname,
+              ".quant_map' is not bitsandbytes' ", quant_type_name(q.type), " code (custom maps are unsupported)");
+  if (q.double_quant) {
+    q.absmax_q = read_small(ck, wname + ".absmax", st::DType::U8, nblocks, "double-quantized absmax");
+    q.nested_absmax = read_small(ck, wname + ".nested_absmax", st::DType::F32,
+                                 kernels::quant4_num_blocks(nblocks, kernels::kNestedBlocksize),
+                                 "the quant_state says double quant");
+    q.nested_code = read_small(ck, wname + ".nested_quant_map", st::DType::F32, 256,
+                               "the quant_state says double quant");
+  } else {
+    QLORA_CHECK(!ck.contains(wname + ".nested_absmax"), ck.file_of(wname + ".nested_absmax").path(),
+                ": tensor '", wname, ".nested_absmax' present but quant_state '", state_key,
+                "' has no nested_offset / nested_blocksize");
+    q.absmax = read_small(ck, wname + ".absmax", st::DType::F32, nblocks, "absmax");
+  }
+  return q;
+}
+
+}  // namespace
+
 LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::Device device) {
+  return load(dir, dtype, device, QuantOptions{});
+}
+
+LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::Device device,
+                            const QuantOptions& q) {
+  check_quant_options(q);
   LlamaModel m(load_model_config(dir), dtype, device);
+  const BnbConfig bnb = read_bnb_config(dir);
+  const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
+  QLORA_CHECK(!bnb.load_in_8bit, cfg_path, ": quantization_config asks for 8-bit bitsandbytes weights "
+              "(load_in_8bit); only 4-bit (nf4/fp4) checkpoints are supported");
+  if (bnb.present && q.enabled())
+    QLORA_CHECK(bnb.quant_type == quant_type_name(q.type()), cfg_path,
+                ": the checkpoint is stored as bitsandbytes ", bnb.quant_type, " but ",
+                quant_type_name(q.type()), " was requested");
   st::SafetensorsCheckpoint ckpt(dir);
+  int64_t n_quantized = 0, n_prequantized = 0;
   for (const Shape& w : expected_weights(m)) {
     QLORA_CHECK(ckpt.contains(w.name), dir, ": tensor '", w.name, "' is missing from the checkpoint");
     const st::TensorInfo& info = ckpt.info(w.name);
-    QLORA_CHECK(info.shape == w.shape, ckpt.file_of(w.name).path(), ": tensor '", w.name,
-                "': expected shape ", c10::IntArrayRef(w.shape), ", got ", c10::IntArrayRef(info.shape));
+    const std::string& path = ckpt.file_of(w.name).path();
+    if (w.linear) {
+      const std::string state_key = bnb_state_key(ckpt, w.name);
+      if (!state_key.empty()) {
+        QuantizedWeight qw = read_bnb_weight(ckpt, w.name, state_key, w.shape);
+        const char* stored = quant_type_name(qw.type);
+        QLORA_CHECK(!bnb.present || bnb.quant_type == stored, path, ": tensor '", w.name,
+                    "' is stored as ", stored, " but config.json's quantization_config asks for ",
+                    bnb.quant_type);
+        QLORA_CHECK(!q.enabled() || q.type() == qw.type, path, ": tensor '", w.name,
+                    "' is stored as ", stored, " but ", quant_type_name(q.type()), " was requested");
+        w.linear->qweight = std::make_shared<const QuantizedWeight>(device.is_cpu() ? std::move(qw) : qw.to(device));
+        ++n_prequantized;
+        continue;
+      }
+      QLORA_CHECK(!ckpt.contains(w.name + ".SCB") && info.dtype != st::DType::I8, path, ": tensor '",
+                  w.name, "' is stored as 8-bit bitsandbytes (int8 + SCB) but ",
+                  bnb.present ? "config.json asks for 4-bit " + bnb.quant_type
+                              : std::string("config.json has no quantization_config"),
+                  "; 8-bit weights are not supported");
+      QLORA_CHECK(!(bnb.present && info.dtype == st::DType::U8), path, ": tensor '", w.name,
+                  "' is U8 (4-bit packed?) but its quant_state tensor '", w.name,
+                  ".quant_state.bitsandbytes__", bnb.quant_type, "' is missing");
+    }
+    QLORA_CHECK(info.shape == w.shape, path, ": tensor '", w.name, "': expected shape ",
+                c10::IntArrayRef(w.shape), ", got ", c10::IntArrayRef(info.shape));
     QLORA_CHECK(info.dtype == st::DType::F32 || info.dtype == st::DType::F16 || info.dtype == st::DType::BF16,
-                ckpt.file_of(w.name).path(), ": tensor '", w.name, "': expected a float dtype, got ",
-                st::dtype_name(info.dtype));
-    *w.slot = load_tensor(ckpt, w.name).to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
+                path, ": tensor '", w.name, "': expected a float dtype, got ", st::dtype_name(info.dtype));
+    torch::Tensor src = load_tensor(ckpt, w.name);  // zero-copy view of the mapping (when aligned)
+    if (w.linear && !bnb.present && q.quantizes(w.linear->name)) {
+      // Quantize the stored values (no rounding to `dtype` first) where the model will live.
+      w.linear->qweight = std::make_shared<const QuantizedWeight>(
+          quantize(device.is_cpu() ? src : src.to(device), q.type(), q.blocksize, q.double_quant));
+      ++n_quantized;
+    } else {
+      *w.slot = src.to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
+    }
+    src = torch::Tensor();
+    release_pages(ckpt, w.name);
   }
   if (m.cfg_.tie_word_embeddings) m.lm_head = m.embed_tokens;
+  if (n_quantized) log::debug(dir, ": quantized ", n_quantized, " linear weights to ", quant_type_name(q.type()));
+  if (n_prequantized) log::debug(dir, ": read ", n_prequantized, " bitsandbytes 4-bit linear weights");
   return m;
 }
 
 LlamaModel LlamaModel::random_init(const ModelConfig& cfg, uint64_t seed, torch::Dtype dtype,
                                    torch::Device device, double std) {
+  return random_init(cfg, seed, dtype, device, QuantOptions{}, std);
+}
+
+LlamaModel LlamaModel::random_init(const ModelConfig& cfg, uint64_t seed, torch::Dtype dtype,
+                                   torch::Device device, const QuantOptions& q, double std) {
+  check_quant_options(q);
   LlamaModel m(cfg, dtype, device);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   for (const Shape& w : expected_weights(m)) {
@@ -152,7 +463,11 @@ LlamaModel LlamaModel::random_init(const ModelConfig& cfg, uint64_t seed, torch:
     if (is_norm) t = torch::ones(w.shape);
     else if (is_bias) t = torch::zeros(w.shape);
     else t = at::normal(0.0, std, w.shape, gen);
-    *w.slot = t.to(device, dtype);
+    if (w.linear && q.quantizes(w.linear->name))
+      w.linear->qweight = std::make_shared<const QuantizedWeight>(
+          quantize(t.to(device, dtype), q.type(), q.blocksize, q.double_quant));
+    else
+      *w.slot = t.to(device, dtype);
   }
   if (cfg.tie_word_embeddings) m.lm_head = m.embed_tokens;
   return m;
@@ -160,7 +475,16 @@ LlamaModel LlamaModel::random_init(const ModelConfig& cfg, uint64_t seed, torch:
 
 std::vector<std::pair<std::string, torch::Tensor>> LlamaModel::named_tensors() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const Shape& w : expected_weights(const_cast<LlamaModel&>(*this))) out.emplace_back(w.name, *w.slot);
+  for (const Shape& w : expected_weights(const_cast<LlamaModel&>(*this)))
+    if (w.slot->defined()) out.emplace_back(w.name, *w.slot);
+  return out;
+}
+
+std::vector<const FrozenLinear*> LlamaModel::linears() const {
+  std::vector<const FrozenLinear*> out;
+  for (const DecoderLayer& l : layers)
+    for (const FrozenLinear* f : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
+      out.push_back(f);
   return out;
 }
 

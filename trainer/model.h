@@ -5,24 +5,62 @@
 // PEFT-compatible with no permutation), grouped-query attention through
 // at::scaled_dot_product_attention, SwiGLU MLP, tied or untied lm_head. Weights are plain tensors
 // named exactly as in the HF checkpoint ("model.layers.3.self_attn.q_proj.weight").
+//
+// The seven decoder linears may hold a 4-bit (NF4/FP4, bitsandbytes layout) weight instead of a
+// 16-bit one: quantized on load (QuantOptions), or read as stored by a bitsandbytes checkpoint
+// (config.json "quantization_config"). docs/quantization.md, "In the model".
 #pragma once
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kernels/quant_tensor.h"
 #include "trainer/model_config.h"
 
 namespace qlora {
 
-/// A frozen linear layer y = x·Wᵀ + b, addressed by its HF module path.
+/// Which weights are quantized to 4 bits on load / random init, and how.
+struct QuantOptions {
+  enum class Method { None, NF4, FP4 };
+  Method method = Method::None;
+  int64_t blocksize = 64;     ///< power of two in 32..4096 (bitsandbytes' set)
+  bool double_quant = true;   ///< quantize the absmax constants too (bnb compress_statistics)
+  /// Modules that stay in the compute dtype, matched against the dotted components of the HF module
+  /// path ("norm" matches "model.norm"; "down_proj" keeps every layer's mlp.down_proj 16-bit).
+  /// embed_tokens, norm and lm_head must stay listed: only the decoder linears are quantizable.
+  std::vector<std::string> keep_16bit = {"embed_tokens", "norm", "lm_head"};
+
+  bool enabled() const { return method != Method::None; }
+  /// The kernel's type; throws qlora::Error when method is None.
+  QuantType type() const;
+  /// True when the linear module `module` (HF path, no ".weight") is quantized under these options.
+  bool quantizes(const std::string& module) const;
+};
+/// "none" | "nf4" | "fp4" → QuantOptions::Method. Throws qlora::Error naming the value.
+QuantOptions::Method parse_quant_method(const std::string& s);
+
+/// Exact bytes a 4-bit weight of `numel` elements occupies (what QuantizedWeight::bytes() returns):
+/// ceil(n/2) packed + nblocks·4 absmax, or with double quant nblocks·1 + ceil(nblocks/256)·4 +
+/// 256·4 (nested code) + 4 (offset); nblocks = ceil(n / blocksize).
+int64_t quantized_weight_bytes(int64_t numel, int64_t blocksize, bool double_quant);
+
+/// A frozen linear layer y = x·Wᵀ + b, addressed by its HF module path. Holds either `weight`
+/// (compute dtype) or `qweight` (4-bit), never both.
 struct FrozenLinear {
   std::string name;       ///< HF module path, e.g. "model.layers.0.self_attn.q_proj"
-  torch::Tensor weight;   ///< [out_features, in_features], compute dtype
-  torch::Tensor bias;     ///< [out_features] or undefined
-  /// x: [..., in_features] → [..., out_features], same dtype as x.
+  torch::Tensor weight;   ///< [out_features, in_features], compute dtype; undefined when quantized
+  std::shared_ptr<const QuantizedWeight> qweight;  ///< 4-bit weight of shape [out, in], or null
+  torch::Tensor bias;     ///< [out_features] or undefined (always compute dtype)
+  /// x: [..., in_features] → [..., out_features], same dtype as x. A quantized weight is
+  /// dequantized into a temporary of x's dtype for the matmul and dropped after it; backward
+  /// (grad wrt x only, the weight is frozen) dequantizes again instead of keeping the copy.
   torch::Tensor forward(const torch::Tensor& x) const;
+  bool quantized() const { return qweight != nullptr; }
+  /// Bytes held: weight (or the quantized weight's packed data + constants) + bias.
+  int64_t bytes() const;
 };
 
 struct DecoderLayer {
@@ -61,10 +99,28 @@ class LlamaModel {
   /// a shape mismatch, or any config / safetensors error.
   static LlamaModel load(const std::string& dir, torch::Dtype dtype, torch::Device device);
 
+  /// As load(dir, dtype, device), quantizing the decoder linears that `q` selects. Streaming:
+  /// tensors are read one at a time from the mmap'd safetensors (zero-copy), quantized (on `device`)
+  /// and their mapped pages released (madvise DONTNEED) before the next, so peak host memory is
+  /// about the loaded model + the largest single tensor. A bitsandbytes 4-bit checkpoint
+  /// (config.json quantization_config, quant_method "bitsandbytes") is read as stored, with no
+  /// re-quantization; `q` (when enabled) must then ask for the stored quant type.
+  /// Throws qlora::Error naming the file / tensor: a missing tensor, a shape mismatch, an 8-bit
+  /// bitsandbytes checkpoint, a stored quant type that differs from the config's or `q`'s (both
+  /// named), malformed quant_state JSON, a missing absmax / quant_map / nested tensor, or a
+  /// module in q that cannot be quantized.
+  static LlamaModel load(const std::string& dir, torch::Dtype dtype, torch::Device device,
+                         const QuantOptions& q);
+
   /// Random weights as transformers initialises them: N(0, 0.02) for linear and embedding
   /// weights, ones for norms, zeros for biases; deterministic for a seed.
   static LlamaModel random_init(const ModelConfig& cfg, uint64_t seed, torch::Dtype dtype,
                                 torch::Device device, double std = 0.02);
+  /// As above, quantizing the selected linears layer by layer as they are drawn (the same random
+  /// values as the unquantized model, rounded to `dtype`, then quantized), so a 7B random model
+  /// never exists in 16 bits.
+  static LlamaModel random_init(const ModelConfig& cfg, uint64_t seed, torch::Dtype dtype,
+                                torch::Device device, const QuantOptions& q, double std = 0.02);
 
   /// Final hidden states [B, T, hidden] (after the last RMSNorm). With `cache`, appends this
   /// chunk's keys/values and attends to everything cached before it.
@@ -76,8 +132,11 @@ class LlamaModel {
     return lm_head_forward(hidden_states(in, cache));
   }
 
-  /// Every weight under its HF name (lm_head omitted when tied), in checkpoint order.
+  /// Every weight under its HF name (lm_head omitted when tied), in checkpoint order. Quantized
+  /// linears' weights are omitted (see linears()).
   std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
+  /// Every decoder linear, layer by layer in checkpoint order.
+  std::vector<const FrozenLinear*> linears() const;
 
   const ModelConfig& config() const { return cfg_; }
   torch::Dtype dtype() const { return dtype_; }

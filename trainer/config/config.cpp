@@ -471,9 +471,9 @@ E enum_from(const std::string& s, const std::vector<std::string>& names) {
 
 // ---- sections ----
 
-ModelConfig read_model(const Section& top) {
+ModelSource read_model(const Section& top) {
   const Section s = top.sub("model", kModelKeys, /*required=*/true);
-  ModelConfig m;
+  ModelSource m;
   m.path = s.get_string("path", "", true);
   if (s.has("preset")) m.preset = s.get_choice("preset", "", known_model_presets());
   m.random_init = s.get_choice("init", "pretrained", kInits) == "random";
@@ -906,7 +906,7 @@ std::string to_yaml(const Config& c) {
 }
 
 bool operator==(const Config& a, const Config& b) {
-  auto model = [](const ModelConfig& m) { return std::tie(m.path, m.preset, m.random_init, m.tokenizer, m.dtype); };
+  auto model = [](const ModelSource& m) { return std::tie(m.path, m.preset, m.random_init, m.tokenizer, m.dtype); };
   auto quant = [](const QuantConfig& q) { return std::tie(q.method, q.double_quant, q.blocksize, q.keep_16bit); };
   auto lora = [](const LoraConfig& l) {
     return std::tie(l.r, l.alpha, l.dropout, l.all_linear, l.target_modules, l.use_rslora);

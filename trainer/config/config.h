@@ -24,7 +24,7 @@ enum class LrScheduler { kConstant, kLinear, kCosine };
 enum class ResumeMode { kAuto, kNever, kPath };
 
 /// `model:` — where the base model comes from and what it computes in.
-struct ModelConfig {
+struct ModelSource {
   std::string path;         ///< Hugging Face model directory ("" when `preset` is used)
   std::string preset;       ///< built-in architecture (see known_model_presets()), "" = none
   bool random_init = false; ///< YAML `init: random|pretrained`; a preset requires random
@@ -93,7 +93,7 @@ struct CostConfig {
 /// The whole training config. Plain data: copyable, comparable, no YAML types inside.
 struct Config {
   std::string output_dir;  ///< run directory (required)
-  ModelConfig model;
+  ModelSource model;
   QuantConfig quantization;
   LoraConfig lora;
   data::DataOptions data;

@@ -1,0 +1,22 @@
+// `qlora data preview CONFIG`: rendered examples with masked spans, token counts, statistics.
+#include <filesystem>
+
+#include "common/error.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "trainer/commands.h"
+#include "trainer/config/config.h"
+
+namespace qlora {
+
+std::string cmd_data_preview(const DataPreviewOptions& o) {
+  const Config cfg = load_config(o.config_path, o.overrides);
+  const std::string tok_src = !cfg.model.tokenizer.empty() ? cfg.model.tokenizer : cfg.model.path;
+  QLORA_CHECK(!tok_src.empty(), o.config_path,
+              ": model.tokenizer: a preset model needs a tokenizer (a tokenizer.model file or a model dir)");
+  const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
+  QLORA_CHECK(o.n >= 0, "data preview: --n must be >= 0, got ", o.n);
+  return data::render_preview(cfg.data, tok, o.n);
+}
+
+}  // namespace qlora
