@@ -355,10 +355,11 @@ QuantizedWeight read_bnb_weight(const st::SafetensorsCheckpoint& ck, const std::
   release_pages(ck, wname);
 
   const torch::Tensor code = read_small(ck, wname + ".quant_map", st::DType::F32, 16, "4-bit code map");
-  QLORA_CHECK(std::memcmp(code.data_ptr<float>(), kernels::quant4_code(q.type == QuantType::NF4
-                                                                           ? kernels::Quant4Type::NF4
-                                                                           : kernels::Quant4Type::FP4),
-                          16 * sizeof(float)) == 0,
+  const float* ours = kernels::quant4_code(q.type == QuantType::NF4 ? kernels::Quant4Type::NF4
+                                                                     : kernels::Quant4Type::FP4);
+  bool same_code = true;  // by value: bnb stores FP4 code 8 as +0.0, our table has −0.0 (same decode)
+  for (int i = 0; i < 16; ++i) same_code = same_code && code.data_ptr<float>()[i] == ours[i];
+  QLORA_CHECK(same_code,
               ck.file_of(wname + ".quant_map").path(), ": tensor '", wname,
               ".quant_map' is not bitsandbytes' ", quant_type_name(q.type), " code (custom maps are unsupported)");
   if (q.double_quant) {

@@ -1,0 +1,157 @@
+#include "adapters/peft.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/tensor_io.h"
+
+namespace qlora {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+const std::string kPrefix = "base_model.model.";
+const std::string kSuffixA = ".lora_A.weight";
+const std::string kSuffixB = ".lora_B.weight";
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+}  // namespace
+
+std::string peft_key(const std::string& module, bool is_a) {
+  return kPrefix + module + (is_a ? kSuffixA : kSuffixB);
+}
+
+void save_peft_adapter(const std::string& dir, const PeftConfig& cfg, const LoraWeights& weights) {
+  QLORA_CHECK(!weights.empty(), dir, ": refusing to save an adapter with no tensors");
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& [module, ab] : weights) {
+    const auto& [A, B] = ab;
+    QLORA_CHECK(A.dim() == 2 && B.dim() == 2 && A.size(0) == cfg.r && B.size(1) == cfg.r, dir,
+                ": module '", module, "': expected lora_A [", cfg.r, ", in] and lora_B [out, ", cfg.r,
+                "], got ", A.sizes(), " and ", B.sizes());
+    tensors.emplace_back(peft_key(module, true), A.detach());
+    tensors.emplace_back(peft_key(module, false), B.detach());
+  }
+  fs::create_directories(dir);
+  json j = {{"peft_type", "LORA"},
+            {"task_type", "CAUSAL_LM"},
+            {"r", cfg.r},
+            {"lora_alpha", cfg.lora_alpha},
+            {"lora_dropout", cfg.lora_dropout},
+            {"target_modules", cfg.target_modules},
+            {"use_rslora", cfg.use_rslora},
+            {"bias", "none"},
+            {"base_model_name_or_path", cfg.base_model_name_or_path},
+            {"fan_in_fan_out", false},
+            {"init_lora_weights", true},
+            {"inference_mode", true},
+            {"modules_to_save", nullptr}};
+  save_tensors((fs::path(dir) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+  atomic_write_string((fs::path(dir) / "adapter_config.json").string(), j.dump(2) + "\n");
+}
+
+PeftConfig read_peft_config(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "adapter_config.json").string();
+  QLORA_CHECK(fs::is_directory(dir), dir, ": adapter directory not found");
+  QLORA_CHECK(fs::exists(path), path, ": not found (a PEFT adapter directory needs adapter_config.json)");
+  json j;
+  try {
+    j = json::parse(read_file(path));
+  } catch (const json::exception& e) {
+    fail(path, ": not valid JSON: ", e.what());
+  }
+  QLORA_CHECK(j.is_object(), path, ": expected a JSON object");
+  auto str = [&](const char* k, const std::string& d) {
+    auto it = j.find(k);
+    if (it == j.end() || it->is_null()) return d;
+    QLORA_CHECK(it->is_string(), path, ": field '", k, "': expected a string, got ", it->dump());
+    return it->get<std::string>();
+  };
+  auto num = [&](const char* k, double d) {
+    auto it = j.find(k);
+    if (it == j.end() || it->is_null()) return d;
+    QLORA_CHECK(it->is_number(), path, ": field '", k, "': expected a number, got ", it->dump());
+    return it->get<double>();
+  };
+  const std::string type = str("peft_type", "");
+  QLORA_CHECK(type == "LORA", path, ": field 'peft_type': expected \"LORA\", got \"", type, "\"");
+  const std::string bias = str("bias", "none");
+  QLORA_CHECK(bias == "none", path, ": field 'bias': only \"none\" is supported, got \"", bias, "\"");
+  PeftConfig c;
+  auto r = j.find("r");
+  QLORA_CHECK(r != j.end() && r->is_number_integer() && r->get<int64_t>() > 0, path,
+              ": field 'r': expected a positive integer");
+  c.r = r->get<int64_t>();
+  c.lora_alpha = num("lora_alpha", 8);
+  c.lora_dropout = num("lora_dropout", 0);
+  c.base_model_name_or_path = str("base_model_name_or_path", "");
+  auto rs = j.find("use_rslora");
+  if (rs != j.end() && !rs->is_null()) {
+    QLORA_CHECK(rs->is_boolean(), path, ": field 'use_rslora': expected true/false");
+    c.use_rslora = rs->get<bool>();
+  }
+  auto tm = j.find("target_modules");
+  if (tm != j.end() && tm->is_string()) c.target_modules = {tm->get<std::string>()};
+  else if (tm != j.end() && tm->is_array())
+    for (const json& t : *tm) {
+      QLORA_CHECK(t.is_string(), path, ": field 'target_modules': expected strings");
+      c.target_modules.push_back(t.get<std::string>());
+    }
+  return c;
+}
+
+LoraWeights load_peft_adapter(const std::string& dir, PeftConfig* cfg,
+                              const std::map<std::string, std::pair<int64_t, int64_t>>& expected) {
+  const PeftConfig c = read_peft_config(dir);
+  const std::string path = (fs::path(dir) / "adapter_model.safetensors").string();
+  QLORA_CHECK(fs::exists(path), path, ": not found");
+  st::SafetensorsFile f(path);
+  QLORA_CHECK(!f.tensors().empty(), path, ": the adapter has no tensors");
+  std::vector<std::string> problems;
+  std::set<std::string> seen_modules;
+  LoraWeights out;
+  for (const st::TensorInfo& t : f.tensors()) {
+    const bool a = ends_with(t.name, kSuffixA), b = ends_with(t.name, kSuffixB);
+    if (t.name.rfind(kPrefix, 0) != 0 || !(a || b)) {
+      problems.push_back("unexpected key '" + t.name + "'");
+      continue;
+    }
+    const std::string module = t.name.substr(kPrefix.size(), t.name.size() - kPrefix.size() - kSuffixA.size());
+    auto it = expected.find(module);
+    if (it == expected.end()) {
+      problems.push_back("unexpected key '" + t.name + "' (no such target module in the model)");
+      continue;
+    }
+    const auto [in, out_f] = it->second;
+    const std::vector<int64_t> want = a ? std::vector<int64_t>{c.r, in} : std::vector<int64_t>{out_f, c.r};
+    if (t.shape != want) {
+      problems.push_back("'" + t.name + "' has shape " + c10::str(c10::IntArrayRef(t.shape)) + ", expected " +
+                         c10::str(c10::IntArrayRef(want)));
+      continue;
+    }
+    torch::Tensor v = load_tensor(f, t).to(torch::kFloat32).clone();
+    (a ? out[module].first : out[module].second) = v;
+    seen_modules.insert(module);
+  }
+  for (const auto& [module, ab] : out)
+    if (!ab.first.defined() || !ab.second.defined())
+      problems.push_back("module '" + module + "' lacks lora_" + (ab.first.defined() ? "B" : "A"));
+  for (const auto& [module, shape] : expected)
+    if (!seen_modules.count(module)) problems.push_back("missing key '" + peft_key(module, true) + "'");
+  if (!problems.empty()) {
+    std::string msg;
+    const size_t show = std::min<size_t>(problems.size(), 5);
+    for (size_t i = 0; i < show; ++i) msg += (i ? "; " : "") + problems[i];
+    if (problems.size() > show) msg += "; and " + std::to_string(problems.size() - show) + " more";
+    fail(path, ": adapter does not fit the model: ", msg);
+  }
+  if (cfg) *cfg = c;
+  return out;
+}
+
+}  // namespace qlora

@@ -1,0 +1,47 @@
+// qlora-cpp: the PEFT LoRA adapter directory (peft/utils/save_and_load.py, peft/config.py):
+//   adapter_config.json       {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r", "lora_alpha",
+//                              "lora_dropout", "target_modules", "use_rslora", "bias": "none",
+//                              "base_model_name_or_path", ...}
+//   adapter_model.safetensors base_model.model.<HF module path>.lora_A.weight  [r, in]
+//                             base_model.model.<HF module path>.lora_B.weight  [out, r]
+#pragma once
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace qlora {
+
+/// The adapter_config.json fields qlora-cpp writes and reads.
+struct PeftConfig {
+  int64_t r = 8;
+  double lora_alpha = 16;
+  double lora_dropout = 0.0;
+  std::vector<std::string> target_modules;  ///< as configured (e.g. ["q_proj", "v_proj"] or ["all-linear"])
+  bool use_rslora = false;
+  std::string base_model_name_or_path;
+};
+
+/// LoRA weights by HF module path ("model.layers.0.self_attn.q_proj"): {A [r, in], B [out, r]}.
+using LoraWeights = std::map<std::string, std::pair<torch::Tensor, torch::Tensor>>;
+
+/// PEFT's tensor key for a module's A or B: "base_model.model.<module>.lora_A.weight".
+std::string peft_key(const std::string& module, bool is_a);
+
+/// Writes `dir`/adapter_config.json and `dir`/adapter_model.safetensors (fp32 unless the tensors
+/// are another float dtype), each atomically; creates `dir`. Throws qlora::Error when `weights`
+/// is empty, when a pair's shapes disagree with r, or on an I/O error.
+void save_peft_adapter(const std::string& dir, const PeftConfig& cfg, const LoraWeights& weights);
+
+/// Reads a PEFT LoRA directory. `expected`: module path → {in_features, out_features}. Every key
+/// is checked before anything is returned: a missing module, an unexpected key, a wrong shape, a
+/// non-LORA peft_type, bias other than "none", or an adapter with no tensors throws one
+/// qlora::Error listing the problems (never a partial load). Tensors come back fp32 on CPU.
+LoraWeights load_peft_adapter(const std::string& dir, PeftConfig* cfg,
+                              const std::map<std::string, std::pair<int64_t, int64_t>>& expected);
+
+/// Parses adapter_config.json alone. Throws qlora::Error naming the file and field.
+PeftConfig read_peft_config(const std::string& dir);
+
+}  // namespace qlora

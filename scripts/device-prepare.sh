@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Runs HERE (x86-64 Debian bookworm with apt): prepares what the GPU machine lacks for
+# scripts/device-check.sh, under the git-ignored folder .device/:
+#   .device/debs/                the Debian packages, `apt-get download`ed (nothing is installed); NOT carried
+#   .device/prefix/usr/...       those packages `dpkg -x`ed: headers, .so, CMake configs, .pc files and the
+#                                pkgconf binary; docs, man pages and unused static libraries dropped. Carried.
+#   .device/fixtures/quant.tar.gz  tests/fixtures/make_quant_refs.py's output (bitsandbytes is not on the
+#                                device, so its reference files travel) + fixtures/hash. Carried.
+# The run tool's argument is then  carry: [".device/prefix", ".device/fixtures"]  (docs/gpu.md).
+# Idempotent: packages already downloaded are not fetched again; the prefix is re-extracted only when
+# the set of .deb files (or this script) changed; the fixtures only when make_quant_refs.py changed.
+# The device machine has no -dev packages, no registry and no network: everything the build needs
+# beyond python3's torch, nvcc, g++ and CMake must be carried.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEV="$ROOT/.device"
+DEBS="$DEV/debs"
+PREFIX="$DEV/prefix"
+FIXT="$DEV/fixtures"
+
+# -dev packages, their runtime libraries (no apt dependency resolution: the device has libc, libstdc++,
+# libgcc; everything else is named here), and pkgconf for pkg_check_modules(sentencepiece).
+PKGS=(
+  nlohmann-json3-dev
+  libyaml-cpp-dev libyaml-cpp0.7
+  libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
+  libcli11-dev
+  libsentencepiece-dev libsentencepiece0
+  libssl-dev libssl3
+  libgtest-dev
+  libbenchmark-dev libbenchmark1debian
+  pkgconf-bin libpkgconf3
+)
+
+if [ "$(uname -m)" != x86_64 ]; then
+  echo "[device-prepare] this machine is $(uname -m); the device is x86-64: run this on an x86-64 host" >&2
+  exit 1
+fi
+grep -qx '/.device/' "$ROOT/.gitignore" || grep -qx '/.device/' "$ROOT/.git/info/exclude" 2>/dev/null || {
+  echo "[device-prepare] .device/ is not git-ignored; add '/.device/' to .gitignore first" >&2; exit 1; }
+
+# ---- 1. download ----
+mkdir -p "$DEBS"
+need=()
+for p in "${PKGS[@]}"; do
+  compgen -G "$DEBS/${p}_*.deb" >/dev/null || need+=("$p")
+done
+if ((${#need[@]})); then
+  echo "[device-prepare] apt-get download: ${need[*]}"
+  # (apt warns that root downloads unsandboxed into a folder its _apt user cannot write: harmless)
+  dl() { (cd "$DEBS" && apt-get download -q "$@" >/dev/null 2> >(grep -v 'unsandboxed as root' >&2)); }
+  if ! dl "${need[@]}"; then
+    echo "[device-prepare] download failed; refreshing apt's lists once and retrying"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    dl "${need[@]}"
+  fi
+fi
+# keep one version per package (the newest by dpkg's ordering) when an old one lingers
+for p in "${PKGS[@]}"; do
+  mapfile -t vs < <(ls "$DEBS/${p}"_*.deb)
+  if ((${#vs[@]} > 1)); then
+    newest="${vs[0]}"
+    for f in "${vs[@]:1}"; do
+      if dpkg --compare-versions "$(dpkg-deb -f "$f" Version)" gt "$(dpkg-deb -f "$newest" Version)"; then
+        newest="$f"; fi
+    done
+    for f in "${vs[@]}"; do [ "$f" = "$newest" ] || rm -f "$f"; done
+  fi
+done
+
+# ---- 2. extract into the prefix ----
+stamp="$( (for p in "${PKGS[@]}"; do basename "$DEBS/${p}"_*.deb; done; sha256sum "${BASH_SOURCE[0]}") | sha256sum | cut -c1-16)"
+if [ "$(cat "$PREFIX/.stamp" 2>/dev/null)" != "$stamp" ]; then
+  echo "[device-prepare] extracting ${#PKGS[@]} packages into .device/prefix"
+  rm -rf "$PREFIX"
+  mkdir -p "$PREFIX"
+  for p in "${PKGS[@]}"; do dpkg -x "$DEBS/${p}"_*.deb "$PREFIX"; done
+  # drop what no build needs
+  rm -rf "$PREFIX"/usr/share/{doc,man,info,lintian,bug,doc-base,aclocal} "$PREFIX"/usr/lib/ssl/misc \
+         "$PREFIX"/usr/share/pkgconfig/personality.d "$PREFIX"/etc "$PREFIX"/usr/src
+  # Debian's multiarch headers (openssl/configuration.h, opensslconf.h) live in include/<triplet>/, which
+  # g++ searches only under /usr: merge them into include/ so -I<prefix>/usr/include finds them
+  if [ -d "$PREFIX/usr/include/x86_64-linux-gnu" ]; then
+    cp -a "$PREFIX/usr/include/x86_64-linux-gnu/." "$PREFIX/usr/include/"
+    rm -rf "$PREFIX/usr/include/x86_64-linux-gnu"
+  fi
+  # static archives: only GoogleTest's (libgtest-dev ships nothing else); the rest link the .so
+  find "$PREFIX" -name '*.a' ! -name 'libgtest*.a' ! -name 'libgmock*.a' -delete
+  # absolute links (e.g. /usr/lib/... targets) would point outside the prefix on the device: make relative
+  while IFS= read -r -d '' l; do
+    t="$(readlink "$l")"
+    case "$t" in
+      /*) ln -sfn "$(realpath -m --relative-to="$(dirname "$l")" "$PREFIX$t")" "$l" ;;
+    esac
+  done < <(find "$PREFIX" -type l -print0)
+  # every link must resolve inside the prefix
+  bad=0
+  while IFS= read -r -d '' l; do
+    [ -e "$l" ] || { echo "[device-prepare] dangling link: ${l#"$ROOT"/} -> $(readlink "$l")" >&2; bad=1; }
+  done < <(find "$PREFIX" -type l -print0)
+  ((bad == 0)) || exit 1
+  echo "$stamp" > "$PREFIX/.stamp"
+fi
+
+# ---- 3. quant fixtures (bitsandbytes references; the device has no bitsandbytes) ----
+src="$ROOT/tests/fixtures/make_quant_refs.py"
+hash="$(sha256sum "$src" | cut -c1-12)"
+if [ "$(cat "$FIXT/hash" 2>/dev/null)" != "$hash" ] || [ ! -f "$FIXT/quant.tar.gz" ]; then
+  # reuse fixtures scripts/test.sh made (its stamp names the generator's hash), else make them
+  # shellcheck source=env.sh
+  source "$ROOT/scripts/env.sh"
+  from=""
+  for d in "${QLORA_BUILD:-$ROOT/build}/fixtures" "$ROOT"/build*/fixtures; do
+    if [ -f "$d/.make_quant_refs.py.$hash" ] && [ -f "$d/quant/manifest.json" ]; then from="$d"; break; fi
+  done
+  if [ -z "$from" ]; then
+    if [ -x "$QLORA_VENV/bin/python" ]; then
+      echo "[device-prepare] making quant fixtures with $QLORA_VENV/bin/python"
+      from="$DEV/fixtures-tmp"
+      rm -rf "$from"; mkdir -p "$from"
+      "$QLORA_VENV/bin/python" "$src" --out "$from"
+    else
+      echo "[device-prepare] WARNING: no venv ($QLORA_VENV; run scripts/setup.sh) and no fixtures made" \
+           "for make_quant_refs.py $hash: the device run will skip the bitsandbytes parity tests" >&2
+    fi
+  fi
+  if [ -n "$from" ]; then
+    echo "[device-prepare] packing quant fixtures from ${from#"$ROOT"/}"
+    mkdir -p "$FIXT"
+    tar -C "$from" -czf "$FIXT/quant.tar.gz.tmp" quant
+    mv "$FIXT/quant.tar.gz.tmp" "$FIXT/quant.tar.gz"
+    echo "$hash" > "$FIXT/hash"
+    rm -rf "$DEV/fixtures-tmp"
+  fi
+fi
+
+# ---- 4. report ----
+carried=("$PREFIX"); [ -d "$FIXT" ] && carried+=("$FIXT")
+bytes="$(du -scb "${carried[@]}" | tail -1 | cut -f1)"
+tree_bytes="$( (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1) || echo 0)"
+mib() { awk -v b="$1" 'BEGIN{printf "%.1f MiB", b/1048576}'; }
+echo "[device-prepare] carried: .device/prefix $(mib "$(du -sb "$PREFIX" | cut -f1)")," \
+     ".device/fixtures $( [ -d "$FIXT" ] && mib "$(du -sb "$FIXT" | cut -f1)" || echo none)," \
+     "together $(mib "$bytes"); rest of the working tree $(mib "$tree_bytes"); limit 64 MiB in all"
+if ((bytes + tree_bytes > 48 * 1048576)); then
+  echo "[device-prepare] WARNING: over 48 MiB together; the working-tree limit is 64 MiB" >&2
+fi
+echo "[device-prepare] run: carry [\".device/prefix\", \".device/fixtures\"]," \
+     "command \"bash scripts/device-check.sh\", timeout_s 540 (docs/gpu.md)"

@@ -1,0 +1,131 @@
+// LoRA init/scale/targeting as PEFT does it, and the PEFT directory round trip with its errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "adapters/lora.h"
+#include "adapters/peft.h"
+#include "common/error.h"
+#include "common/tensor_io.h"
+
+namespace qlora {
+namespace {
+namespace fs = std::filesystem;
+
+fs::path tmp(const std::string& n) {
+  fs::path d = fs::temp_directory_path() / ("qlora_lora_" + n + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+TEST(Lora, InitIsPeftKaimingUniformAndZeroB) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  LoraAdapter a = LoraAdapter::create(400, 300, 8, 16, 0.0, false, gen, torch::kCPU);
+  EXPECT_EQ(a.A.sizes(), (std::vector<int64_t>{8, 400}));
+  EXPECT_EQ(a.B.sizes(), (std::vector<int64_t>{300, 8}));
+  EXPECT_TRUE(a.A.requires_grad() && a.B.requires_grad());
+  EXPECT_EQ(a.B.abs().max().item<float>(), 0.f);
+  const double bound = 1.0 / std::sqrt(400.0);
+  EXPECT_LE(a.A.abs().max().item<double>(), bound);
+  EXPECT_GT(a.A.abs().max().item<double>(), 0.95 * bound);  // 3200 draws reach near the bound
+  EXPECT_NEAR(a.A.mean().item<double>(), 0.0, 0.05 * bound);
+  EXPECT_DOUBLE_EQ(a.scale, 2.0);
+  // same seed, same weights
+  auto gen2 = at::make_generator<at::CPUGeneratorImpl>(3);
+  EXPECT_TRUE(torch::equal(LoraAdapter::create(400, 300, 8, 16, 0.0, false, gen2, torch::kCPU).A, a.A));
+}
+
+TEST(Lora, ScaleAndRslora) {
+  EXPECT_DOUBLE_EQ(lora_scale(16, 32, false), 2.0);
+  EXPECT_DOUBLE_EQ(lora_scale(16, 32, true), 8.0);
+}
+
+TEST(Lora, DeltaIsScaledBA) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  LoraAdapter a = LoraAdapter::create(6, 5, 2, 4, 0.0, false, gen, torch::kCPU);
+  torch::NoGradGuard ng;
+  a.B.normal_();
+  torch::Tensor x = torch::randn({3, 6});
+  torch::Tensor want = 2.0 * x.matmul(a.A.t()).matmul(a.B.t());
+  EXPECT_TRUE(torch::allclose(a.delta(x, false), want, 1e-6, 1e-6));
+}
+
+TEST(Lora, BadArgumentsThrow) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  EXPECT_THROW(LoraAdapter::create(4, 4, 0, 1, 0, false, gen, torch::kCPU), Error);
+  EXPECT_THROW(LoraAdapter::create(4, 4, 2, -1, 0, false, gen, torch::kCPU), Error);
+  EXPECT_THROW(LoraAdapter::create(4, 4, 2, 1, 1.0, false, gen, torch::kCPU), Error);
+}
+
+TEST(Lora, TargetMatchingFollowsPeft) {
+  const std::string q = "model.layers.3.self_attn.q_proj";
+  EXPECT_TRUE(lora_targets_module(q, {"q_proj"}));
+  EXPECT_TRUE(lora_targets_module(q, {"self_attn.q_proj"}));
+  EXPECT_TRUE(lora_targets_module(q, {"all-linear"}));
+  EXPECT_FALSE(lora_targets_module(q, {"v_proj"}));
+  EXPECT_FALSE(lora_targets_module(q, {"_proj"}));
+  EXPECT_FALSE(lora_targets_module("lm_head", {"all-linear"}));
+  EXPECT_TRUE(lora_targets_module("model.layers.0.mlp.down_proj", {"all-linear"}));
+}
+
+LoraWeights sample(int64_t r) {
+  LoraWeights w;
+  w["model.layers.0.self_attn.q_proj"] = {torch::randn({r, 8}), torch::randn({8, r})};
+  w["model.layers.0.self_attn.v_proj"] = {torch::randn({r, 8}), torch::randn({4, r})};
+  return w;
+}
+const std::map<std::string, std::pair<int64_t, int64_t>> kExpected = {
+    {"model.layers.0.self_attn.q_proj", {8, 8}}, {"model.layers.0.self_attn.v_proj", {8, 4}}};
+
+TEST(Peft, RoundTrip) {
+  fs::path d = tmp("rt");
+  PeftConfig c;
+  c.r = 2;
+  c.lora_alpha = 4;
+  c.target_modules = {"q_proj", "v_proj"};
+  LoraWeights w = sample(2);
+  save_peft_adapter(d.string(), c, w);
+  st::SafetensorsFile f((d / "adapter_model.safetensors").string());
+  EXPECT_TRUE(f.contains("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
+  PeftConfig back;
+  LoraWeights got = load_peft_adapter(d.string(), &back, kExpected);
+  EXPECT_EQ(back.r, 2);
+  EXPECT_EQ(back.target_modules, c.target_modules);
+  for (const auto& [m, ab] : w) {
+    EXPECT_TRUE(torch::equal(got.at(m).first, ab.first)) << m;
+    EXPECT_TRUE(torch::equal(got.at(m).second, ab.second)) << m;
+  }
+  fs::remove_all(d);
+}
+
+TEST(Peft, RefusesEmptyAndListsMismatches) {
+  fs::path d = tmp("bad");
+  PeftConfig c;
+  c.r = 2;
+  EXPECT_THROW(save_peft_adapter(d.string(), c, {}), Error);
+  EXPECT_FALSE(fs::exists(d / "adapter_config.json"));
+  save_peft_adapter(d.string(), c, sample(2));
+  // the model expects a module the adapter lacks, and the adapter has one the model lacks
+  std::map<std::string, std::pair<int64_t, int64_t>> other = {{"model.layers.0.self_attn.q_proj", {8, 8}},
+                                                              {"model.layers.1.self_attn.q_proj", {8, 8}}};
+  try {
+    load_peft_adapter(d.string(), nullptr, other);
+    FAIL();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("missing key 'base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight'"), std::string::npos) << m;
+    EXPECT_NE(m.find("unexpected key"), std::string::npos) << m;
+  }
+  // wrong shape
+  std::map<std::string, std::pair<int64_t, int64_t>> wide = kExpected;
+  wide["model.layers.0.self_attn.q_proj"] = {16, 8};
+  EXPECT_THROW(load_peft_adapter(d.string(), nullptr, wide), Error);
+  // not LoRA
+  std::ofstream(d / "adapter_config.json") << R"({"peft_type": "IA3", "r": 2})";
+  EXPECT_THROW(load_peft_adapter(d.string(), nullptr, kExpected), Error);
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace qlora
