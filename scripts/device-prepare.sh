@@ -85,8 +85,11 @@ if [ "$(cat "$PREFIX/.stamp" 2>/dev/null)" != "$stamp" ]; then
     cp -a "$PREFIX/usr/include/x86_64-linux-gnu/." "$PREFIX/usr/include/"
     rm -rf "$PREFIX/usr/include/x86_64-linux-gnu"
   fi
-  # static archives: only GoogleTest's (libgtest-dev ships nothing else); the rest link the .so
-  find "$PREFIX" -name '*.a' ! -name 'libgtest*.a' ! -name 'libgmock*.a' -delete
+  # static archives: keep those a CMake config imports (GoogleTest's, benchmark_main), drop the rest
+  # (libcrypto.a, libssl.a, libyaml-cpp.a: ~11 MB; the build links the .so)
+  while IFS= read -r -d '' a; do
+    grep -rqF "$(basename "$a")" "$PREFIX/usr/lib/x86_64-linux-gnu/cmake" "$PREFIX/usr/share/cmake" 2>/dev/null || rm -f "$a"
+  done < <(find "$PREFIX" -name '*.a' -print0)
   # absolute links (e.g. /usr/lib/... targets) would point outside the prefix on the device: make relative
   while IFS= read -r -d '' l; do
     t="$(readlink "$l")"

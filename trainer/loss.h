@@ -1,0 +1,24 @@
+// qlora-cpp: next-token cross-entropy over the vocabulary in chunks of tokens, so the fp32 logits
+// of a whole batch ([tokens, vocab], 4 bytes each) never exist at once: each chunk's logits live
+// only inside forward, which also computes that chunk's gradient wrt the hidden states
+// (the lm_head is frozen), the approach of fused linear-cross-entropy kernels (Liger Kernel's
+// FusedLinearCrossEntropy). Peak extra memory: one chunk of logits + the [tokens, hidden] gradient.
+#pragma once
+#include <torch/torch.h>
+
+namespace qlora {
+
+/// Sum over rows of CE(hidden[i] · lm_headᵀ, targets[i]), logits formed in hidden's dtype and
+/// upcast to fp32 for the softmax (as transformers' ForCausalLMLoss). hidden [N, H] (float, may
+/// require grad); lm_head [V, H] same dtype, frozen; targets long [N] in [0, V). chunk_tokens > 0.
+/// Returns a fp32 scalar (fp64 for fp64 inputs); backward gives d/d hidden only. Throws c10::Error on shape mismatch.
+torch::Tensor chunked_cross_entropy_sum(const torch::Tensor& hidden, const torch::Tensor& lm_head,
+                                        const torch::Tensor& targets, int64_t chunk_tokens = 1024);
+
+/// Selects the rows that carry a next-token target: from hidden [B, T, H] and labels long [B, T]
+/// (-100 = ignored; packed segment boundaries excluded when segment_ids [B, T] is defined) returns
+/// {hidden rows [N, H], targets [N]}, N = number of counted targets.
+std::pair<torch::Tensor, torch::Tensor> next_token_rows(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                                        const torch::Tensor& segment_ids);
+
+}  // namespace qlora
