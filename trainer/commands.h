@@ -59,4 +59,12 @@ struct DataPreviewOptions {
 /// Throws qlora::Error for config, tokenizer or dataset errors (file:line / key named).
 std::string cmd_data_preview(const DataPreviewOptions& o);
 
+struct TrainCliOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;  ///< --set key=value
+};
+/// `qlora train CONFIG [--set k=v]`: validates the config, trains, writes the adapter and reports
+/// into output_dir. Bad config or data: qlora::Error before anything is written to output_dir.
+void cmd_train(const TrainCliOptions& o);
+
 }  // namespace qlora

@@ -53,6 +53,11 @@ int run(int argc, char** argv) {
   init_model->add_option("--seed", init.seed, "weight seed")->capture_default_str();
   init_model->add_option("--dtype", init.dtype, "stored dtype fp32|bf16|fp16 (default: the preset's)");
 
+  qlora::TrainCliOptions train;
+  auto* train_cmd = app.add_subcommand("train", "train a LoRA / QLoRA adapter from a YAML config");
+  train_cmd->add_option("config", train.config_path, "training config (YAML)")->required();
+  train_cmd->add_option("--set", train.overrides, "override a config key: section.key=value");
+
   qlora::DataPreviewOptions preview;
   auto* data_cmd = app.add_subcommand("data", "inspect a dataset as training will see it");
   data_cmd->require_subcommand(1);
@@ -72,6 +77,7 @@ int run(int argc, char** argv) {
   if (*generate) std::cout << qlora::cmd_generate(gen);
   if (*init_model) qlora::cmd_init_model(init);
   if (*data_preview) std::cout << qlora::cmd_data_preview(preview);
+  if (*train_cmd) qlora::cmd_train(train);
   return 0;
 }
 

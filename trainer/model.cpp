@@ -29,17 +29,18 @@ struct QuantWeightHolder : torch::CustomClassHolder {
 /// y = x·dequant(W)ᵀ (+ b) with a frozen 4-bit W: forward and backward each dequantize into a
 /// temporary in x's dtype; only the 4-bit weight is kept for backward. grad wrt x only.
 struct Dequant4Linear : torch::autograd::Function<Dequant4Linear> {
+  // The (frozen) bias is added outside: an undefined tensor cannot be a Function input.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
-                               torch::Tensor bias, c10::intrusive_ptr<QuantWeightHolder> h) {
+                               c10::intrusive_ptr<QuantWeightHolder> h) {
     ctx->saved_data["q"] = c10::IValue::make_capsule(h);
     const torch::Tensor w = h->q->dequantize(x.scalar_type());  // [out, in], scratch
-    return bias.defined() ? F::linear(x, w, bias) : F::linear(x, w);
+    return F::linear(x, w);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
     auto h = c10::static_intrusive_pointer_cast<QuantWeightHolder>(ctx->saved_data["q"].toCapsule());
     const torch::Tensor w = h->q->dequantize(grad[0].scalar_type());
-    return {grad[0].matmul(w), torch::Tensor(), torch::Tensor()};  // [..., out]·[out, in]
+    return {grad[0].matmul(w), torch::Tensor()};  // [..., out]·[out, in]
   }
 };
 
@@ -47,12 +48,21 @@ int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.elem
 
 }  // namespace
 
-torch::Tensor FrozenLinear::forward(const torch::Tensor& x) const {
+torch::Tensor FrozenLinear::forward(const torch::Tensor& x, bool train) const {
+  torch::Tensor y = base_forward(x);
+  return lora ? y + lora->delta(x, train) : y;
+}
+
+int64_t FrozenLinear::in_features() const { return qweight ? qweight->shape.at(1) : weight.size(1); }
+int64_t FrozenLinear::out_features() const { return qweight ? qweight->shape.at(0) : weight.size(0); }
+
+torch::Tensor FrozenLinear::base_forward(const torch::Tensor& x) const {
   if (qweight) {
     if (torch::GradMode::is_enabled() && x.requires_grad()) {
       auto h = c10::make_intrusive<QuantWeightHolder>();
       h->q = qweight;
-      return Dequant4Linear::apply(x, bias, h);
+      torch::Tensor y = Dequant4Linear::apply(x, h);
+      return bias.defined() ? y + bias : y;
     }
     const torch::Tensor w = qweight->dequantize(x.scalar_type());  // freed on return
     return bias.defined() ? F::linear(x, w, bias) : F::linear(x, w);
@@ -518,6 +528,176 @@ torch::Tensor LlamaModel::build_mask(const ForwardInputs& in, const torch::Tenso
   return allowed.logical_or(self);
 }
 
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+/// RNG states that LoRA dropout draws from (the default CPU generator, and CUDA's when used).
+struct RngState {
+  torch::Tensor cpu, cuda;
+  static RngState capture(bool with_cuda) {
+    RngState r;
+    r.cpu = at::detail::getDefaultCPUGenerator().get_state();
+    if (with_cuda) r.cuda = at::globalContext().defaultGenerator(c10::DeviceType::CUDA).get_state();
+    return r;
+  }
+  void restore() const {
+    at::Generator g = at::detail::getDefaultCPUGenerator();
+    g.set_state(cpu);
+    if (cuda.defined()) {
+      at::Generator gc = at::globalContext().defaultGenerator(c10::DeviceType::CUDA);
+      gc.set_state(cuda);
+    }
+  }
+};
+
+struct ModelHolder : torch::CustomClassHolder {
+  const LlamaModel* model = nullptr;
+  size_t layer = 0;
+  RngState rng;
+};
+
+/// Gradient checkpointing of one decoder layer (the reentrant scheme of
+/// torch.utils.checkpoint): forward runs without a graph and keeps only the layer input (plus the
+/// shared rope/mask tensors); backward restores the RNG state (so dropout masks match), reruns the
+/// layer with grad and backpropagates through it, which accumulates the LoRA gradients.
+struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& cos,
+                               const torch::Tensor& sin, const torch::Tensor& mask,
+                               c10::intrusive_ptr<ModelHolder> m) {
+    m->rng = RngState::capture(h.is_cuda());
+    ctx->saved_data["m"] = m;
+    ctx->save_for_backward({h, cos, sin, mask});
+    torch::NoGradGuard ng;
+    return m->model->layer_forward(m->layer, h, cos, sin, mask, nullptr);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto m = ctx->saved_data["m"].toCustomClass<ModelHolder>();
+    auto saved = ctx->get_saved_variables();
+    torch::Tensor h = saved[0].detach().requires_grad_(true);
+    const RngState now = RngState::capture(h.is_cuda());
+    m->rng.restore();
+    torch::Tensor out;
+    {
+      torch::AutoGradMode on(true);
+      out = m->model->layer_forward(m->layer, h, saved[1], saved[2], saved[3], nullptr);
+    }
+    now.restore();
+    torch::autograd::backward({out}, {grad_out[0]});
+    return {h.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+torch::Tensor checkpointed_layer(const LlamaModel& model, size_t li, const torch::Tensor& h, const torch::Tensor& cos,
+                                 const torch::Tensor& sin, const torch::Tensor& mask) {
+  auto m = c10::make_intrusive<ModelHolder>();
+  m->model = &model;
+  m->layer = li;
+  return LayerCheckpoint::apply(h, cos, sin, mask, m);
+}
+}  // namespace
+
+std::vector<FrozenLinear*> LlamaModel::linears() {
+  std::vector<FrozenLinear*> out;
+  for (DecoderLayer& l : layers)
+    for (FrozenLinear* f : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
+      out.push_back(f);
+  return out;
+}
+
+std::map<std::string, int64_t> LlamaModel::add_lora(int64_t r, double alpha, double dropout,
+                                                    const std::vector<std::string>& targets, bool use_rslora,
+                                                    uint64_t seed) {
+  QLORA_CHECK(!targets.empty(), "lora.target_modules: no target given");
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::map<std::string, int64_t> counts;
+  for (FrozenLinear* f : linears()) {
+    if (!lora_targets_module(f->name, targets)) continue;
+    f->lora = std::make_shared<LoraAdapter>(
+        LoraAdapter::create(f->in_features(), f->out_features(), r, alpha, dropout, use_rslora, gen, device_));
+    counts[f->name.substr(f->name.rfind('.') + 1)] += 1;
+  }
+  for (const std::string& t : targets) {
+    bool hit = false;
+    for (const FrozenLinear* f : const_cast<const LlamaModel*>(this)->linears())
+      hit = hit || lora_targets_module(f->name, {t});
+    QLORA_CHECK(hit, "lora.target_modules: '", t, "' matches no module of this model (linear modules: ",
+                "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; or all-linear)");
+  }
+  return counts;
+}
+
+std::map<std::string, std::pair<int64_t, int64_t>> LlamaModel::lora_shapes(const std::vector<std::string>& targets) const {
+  std::map<std::string, std::pair<int64_t, int64_t>> out;
+  for (const FrozenLinear* f : linears())
+    if (lora_targets_module(f->name, targets)) out[f->name] = {f->in_features(), f->out_features()};
+  return out;
+}
+
+void LlamaModel::set_lora(const LoraWeights& w, double scale, double dropout) {
+  std::map<std::string, FrozenLinear*> by_name;
+  for (FrozenLinear* f : linears()) by_name[f->name] = f;
+  for (const auto& [module, ab] : w) {
+    auto it = by_name.find(module);
+    QLORA_CHECK(it != by_name.end(), "adapter module '", module, "' is not a decoder linear of this model");
+    auto a = std::make_shared<LoraAdapter>();
+    a->A = ab.first.to(device_, torch::kFloat32).detach().clone().requires_grad_(true);
+    a->B = ab.second.to(device_, torch::kFloat32).detach().clone().requires_grad_(true);
+    a->scale = scale;
+    a->dropout = dropout;
+    it->second->lora = a;
+  }
+}
+
+std::vector<torch::Tensor> LlamaModel::lora_parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const FrozenLinear* f : linears())
+    if (f->lora) {
+      out.push_back(f->lora->A);
+      out.push_back(f->lora->B);
+    }
+  return out;
+}
+
+LoraWeights LlamaModel::lora_weights() const {
+  LoraWeights out;
+  for (const FrozenLinear* f : linears())
+    if (f->lora) out[f->name] = {f->lora->A.detach().to(torch::kCPU), f->lora->B.detach().to(torch::kCPU)};
+  return out;
+}
+
+torch::Tensor LlamaModel::layer_forward(size_t li, const torch::Tensor& h_in, const torch::Tensor& cos,
+                                        const torch::Tensor& sin, const torch::Tensor& mask, KVCache* cache) const {
+  const int64_t B = h_in.size(0), T = h_in.size(1);
+  const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
+  const DecoderLayer& L = layers[li];
+  const bool tr = training;
+  torch::Tensor h = h_in;
+  torch::Tensor x = rms_norm(h, L.input_layernorm, cfg_.rms_norm_eps);
+  torch::Tensor q = L.q_proj.forward(x, tr).view({B, T, nh, hd}).transpose(1, 2);
+  torch::Tensor k = L.k_proj.forward(x, tr).view({B, T, nkv, hd}).transpose(1, 2);
+  torch::Tensor v = L.v_proj.forward(x, tr).view({B, T, nkv, hd}).transpose(1, 2);
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  if (cache) {
+    if (cache->k[li].defined()) {
+      k = torch::cat({cache->k[li], k}, 2);
+      v = torch::cat({cache->v[li], v}, 2);
+    }
+    cache->k[li] = k;
+    cache->v[li] = v;
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  torch::Tensor a = at::scaled_dot_product_attention(
+      q, repeat_kv(k, nh / nkv), repeat_kv(v, nh / nkv),
+      mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt, 0.0, /*is_causal=*/!mask.defined(), scale);
+  a = a.transpose(1, 2).reshape({B, T, nh * hd});
+  h = h + L.o_proj.forward(a, tr);
+  x = rms_norm(h, L.post_attention_layernorm, cfg_.rms_norm_eps);
+  return h + L.down_proj.forward(torch::silu(L.gate_proj.forward(x, tr)) * L.up_proj.forward(x, tr), tr);
+}
+
 torch::Tensor LlamaModel::hidden_states(const ForwardInputs& in, KVCache* cache) const {
   TORCH_CHECK(in.input_ids.dim() == 2, "input_ids: expected [B, T], got ", in.input_ids.sizes());
   const int64_t B = in.input_ids.size(0), T = in.input_ids.size(1);
@@ -551,37 +731,15 @@ torch::Tensor LlamaModel::hidden_states(const ForwardInputs& in, KVCache* cache)
   cos = cos.unsqueeze(1);  // [B, 1, T, D]
   sin = sin.unsqueeze(1);
 
-  const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
   if (cache && cache->k.empty()) {
     cache->k.resize(layers.size());
     cache->v.resize(layers.size());
   }
   torch::Tensor h = F::embedding(ids, embed_tokens);
-  for (size_t li = 0; li < layers.size(); ++li) {
-    const DecoderLayer& L = layers[li];
-    torch::Tensor x = rms_norm(h, L.input_layernorm, cfg_.rms_norm_eps);
-    torch::Tensor q = L.q_proj.forward(x).view({B, T, nh, hd}).transpose(1, 2);
-    torch::Tensor k = L.k_proj.forward(x).view({B, T, nkv, hd}).transpose(1, 2);
-    torch::Tensor v = L.v_proj.forward(x).view({B, T, nkv, hd}).transpose(1, 2);
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
-    if (cache) {
-      if (cache->k[li].defined()) {
-        k = torch::cat({cache->k[li], k}, 2);
-        v = torch::cat({cache->v[li], v}, 2);
-      }
-      cache->k[li] = k;
-      cache->v[li] = v;
-    }
-    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    torch::Tensor a = at::scaled_dot_product_attention(
-        q, repeat_kv(k, nh / nkv), repeat_kv(v, nh / nkv), mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt,
-        0.0, /*is_causal=*/!mask.defined(), scale);
-    a = a.transpose(1, 2).reshape({B, T, nh * hd});
-    h = h + L.o_proj.forward(a);
-    x = rms_norm(h, L.post_attention_layernorm, cfg_.rms_norm_eps);
-    h = h + L.down_proj.forward(torch::silu(L.gate_proj.forward(x)) * L.up_proj.forward(x));
-  }
+  const bool checkpoint = gradient_checkpointing && !cache && torch::GradMode::is_enabled();
+  if (checkpoint && !h.requires_grad()) h = h.detach().requires_grad_(true);  // frozen embeddings
+  for (size_t li = 0; li < layers.size(); ++li)
+    h = checkpoint ? checkpointed_layer(*this, li, h, cos, sin, mask) : layer_forward(li, h, cos, sin, mask, cache);
   return rms_norm(h, norm, cfg_.rms_norm_eps);
 }
 

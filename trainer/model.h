@@ -12,11 +12,14 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "adapters/lora.h"
+#include "adapters/peft.h"
 #include "kernels/quant_tensor.h"
 #include "trainer/model_config.h"
 
@@ -57,8 +60,14 @@ struct FrozenLinear {
   /// x: [..., in_features] → [..., out_features], same dtype as x. A quantized weight is
   /// dequantized into a temporary of x's dtype for the matmul and dropped after it; backward
   /// (grad wrt x only, the weight is frozen) dequantizes again instead of keeping the copy.
-  torch::Tensor forward(const torch::Tensor& x) const;
+  /// With a LoRA adapter attached, adds s·B·A·dropout(x) (dropout only when `train`).
+  torch::Tensor forward(const torch::Tensor& x, bool train = false) const;
   bool quantized() const { return qweight != nullptr; }
+  std::shared_ptr<LoraAdapter> lora;  ///< trainable low-rank update, or null
+  /// x·Wᵀ + b without the adapter.
+  torch::Tensor base_forward(const torch::Tensor& x) const;
+  int64_t in_features() const;
+  int64_t out_features() const;
   /// Bytes held: weight (or the quantized weight's packed data + constants) + bias.
   int64_t bytes() const;
 };
@@ -137,6 +146,29 @@ class LlamaModel {
   std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
   /// Every decoder linear, layer by layer in checkpoint order.
   std::vector<const FrozenLinear*> linears() const;
+  std::vector<FrozenLinear*> linears();
+
+  /// Attaches fresh LoRA adapters (PEFT init, from `seed`) to every decoder linear that
+  /// `targets` selects (lora_targets_module). Returns matched-module counts per target name
+  /// (e.g. {"q_proj": 32}). Throws qlora::Error when a target matches nothing or the LoRA
+  /// arguments are invalid. lm_head is never a target.
+  std::map<std::string, int64_t> add_lora(int64_t r, double alpha, double dropout,
+                                          const std::vector<std::string>& targets, bool use_rslora,
+                                          uint64_t seed);
+  /// Attaches adapters with the given weights (e.g. loaded from PEFT); every module in `w` must be
+  /// a decoder linear of matching shape (checked by load_peft_adapter against lora_shapes()).
+  void set_lora(const LoraWeights& w, double scale, double dropout);
+  /// Module path → {in, out} for the linears a PEFT config with these targets would adapt.
+  std::map<std::string, std::pair<int64_t, int64_t>> lora_shapes(const std::vector<std::string>& targets) const;
+  /// Trainable parameters: every adapter's A then B, in module order.
+  std::vector<torch::Tensor> lora_parameters() const;
+  /// Current adapter weights (fp32, detached) by module path.
+  LoraWeights lora_weights() const;
+
+  /// Training mode: LoRA dropout active.
+  bool training = false;
+  /// Recompute each decoder layer in backward, keeping only its input (when grad mode is on).
+  bool gradient_checkpointing = false;
 
   const ModelConfig& config() const { return cfg_; }
   torch::Dtype dtype() const { return dtype_; }
@@ -152,6 +184,14 @@ class LlamaModel {
   torch::Tensor build_mask(const ForwardInputs& in, const torch::Tensor& key_mask, int64_t past) const;
   /// cos, sin: [B, T, head_dim] in the compute dtype, for position_ids [B, T].
   std::pair<torch::Tensor, torch::Tensor> rope(const torch::Tensor& position_ids) const;
+
+ public:
+  /// One decoder layer: h [B, T, hidden] → [B, T, hidden]. cos/sin [B, 1, T, D]; mask [B, 1, T, S]
+  /// or undefined (causal). Used directly and by the checkpointing Function's recompute.
+  torch::Tensor layer_forward(size_t li, const torch::Tensor& h, const torch::Tensor& cos, const torch::Tensor& sin,
+                              const torch::Tensor& mask, KVCache* cache) const;
+
+ private:
 
   ModelConfig cfg_;
   torch::Dtype dtype_;

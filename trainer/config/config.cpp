@@ -5,6 +5,7 @@
 // scalars are always strings, unknown keys are errors with a did-you-mean, and every message is one
 // line that starts with `file:line:` (or the `--set` override that supplied the value).
 #include "trainer/config/config.h"
+#include "trainer/model_config.h"
 
 #include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
@@ -764,7 +765,7 @@ const char* to_string(ResumeMode v) {
 }
 
 const std::vector<std::string>& known_model_presets() {
-  static const std::vector<std::string> presets = {"tiny", "llama2-7b", "llama2-13b", "mistral-7b"};
+  static const std::vector<std::string> presets = preset_names();  // trainer/model_config.h
   return presets;
 }
 

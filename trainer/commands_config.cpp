@@ -1,4 +1,4 @@
-// `qlora data preview CONFIG`: rendered examples with masked spans, token counts, statistics.
+// `qlora data preview CONFIG` (rendered examples, masked spans, statistics) and `qlora train CONFIG`.
 #include <filesystem>
 
 #include "common/error.h"
@@ -6,6 +6,7 @@
 #include "data/tokenizer.h"
 #include "trainer/commands.h"
 #include "trainer/config/config.h"
+#include "trainer/train.h"
 
 namespace qlora {
 
@@ -17,6 +18,12 @@ std::string cmd_data_preview(const DataPreviewOptions& o) {
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   QLORA_CHECK(o.n >= 0, "data preview: --n must be >= 0, got ", o.n);
   return data::render_preview(cfg.data, tok, o.n);
+}
+
+void cmd_train(const TrainCliOptions& o) {
+  Trainer trainer(load_config(o.config_path, o.overrides));
+  trainer.setup();
+  trainer.train();
 }
 
 }  // namespace qlora

@@ -1,0 +1,254 @@
+#include "trainer/train.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "adapters/peft.h"
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "trainer/batch_tensors.h"
+#include "trainer/loss.h"
+#include "trainer/memory.h"
+
+namespace qlora {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+int64_t count_targets(const data::Batch& b) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < b.batch_size; ++r)
+    for (int64_t t = 0; t + 1 < b.seq_len; ++t)
+      n += b.labels[b.at(r, t + 1)] != -100 && b.segment_ids[b.at(r, t)] == b.segment_ids[b.at(r, t + 1)];
+  return n;
+}
+
+std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params, const TrainingConfig& t) {
+  QLORA_CHECK(!params.empty(), "training: no trainable parameters (no LoRA adapter attached)");
+  return std::make_unique<torch::optim::AdamW>(
+      params, torch::optim::AdamWOptions(t.learning_rate)
+                  .betas({t.adam_beta1, t.adam_beta2})
+                  .eps(t.adam_epsilon)
+                  .weight_decay(t.weight_decay));
+}
+
+StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std::vector<data::Batch>& micro_batches,
+                      double lr, double max_grad_norm, int64_t ce_chunk_tokens) {
+  StepResult r;
+  for (const data::Batch& b : micro_batches) r.targets += count_targets(b);
+  QLORA_CHECK(r.targets > 0, "training: an accumulated batch has no label tokens");
+  opt.zero_grad();
+  double loss_sum = 0;
+  for (const data::Batch& b : micro_batches) {
+    ForwardInputs in = batch_inputs(b, model.device());
+    torch::Tensor hidden = model.hidden_states(in);
+    auto [rows, targets] = next_token_rows(hidden, batch_labels(b, model.device()), in.segment_ids);
+    if (targets.numel() == 0) continue;
+    torch::Tensor loss = chunked_cross_entropy_sum(rows, model.lm_head, targets, ce_chunk_tokens);
+    (loss / static_cast<double>(r.targets)).backward();
+    loss_sum += loss.item<double>();
+    for (int32_t m : b.attention_mask) r.tokens += m;
+  }
+  r.loss = loss_sum / static_cast<double>(r.targets);
+  std::vector<torch::Tensor> params = model.lora_parameters();
+  r.grad_norm = max_grad_norm > 0 ? torch::nn::utils::clip_grad_norm_(params, max_grad_norm)
+                                  : torch::nn::utils::clip_grad_norm_(params, std::numeric_limits<double>::infinity());
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    opt.zero_grad();
+    r.skipped = true;
+    return r;
+  }
+  for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+  opt.step();
+  return r;
+}
+
+std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
+                                         int64_t batch_size, const data::DataOptions& opts, int32_t pad_id) {
+  if (examples.empty()) return {std::nan(""), 0};
+  torch::NoGradGuard ng;
+  double sum = 0;
+  int64_t count = 0;
+  for (size_t i = 0; i < examples.size(); i += batch_size) {
+    std::vector<std::vector<const data::Example*>> rows;
+    for (size_t j = i; j < std::min(examples.size(), i + batch_size); ++j) rows.push_back({&examples[j]});
+    data::Batch b = data::collate(rows, pad_id, opts.padding_side == "left");
+    ForwardInputs in = batch_inputs(b, model.device());
+    auto [rws, targets] = next_token_rows(model.hidden_states(in), batch_labels(b, model.device()), in.segment_ids);
+    if (targets.numel() == 0) continue;
+    sum += chunked_cross_entropy_sum(rws, model.lm_head, targets).item<double>();
+    count += targets.numel();
+  }
+  return {count ? sum / count : std::nan(""), count};
+}
+
+// ---------------------------------------------------------------------------------------------
+namespace {
+torch::Dtype compute_dtype(DType d, const torch::Device& dev) {
+  switch (d) {
+    case DType::kFP32: return torch::kFloat32;
+    case DType::kBF16: return torch::kBFloat16;
+    case DType::kFP16: return torch::kFloat16;
+    case DType::kAuto: return dev.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
+  }
+  return torch::kFloat32;
+}
+
+QuantOptions quant_options(const QuantConfig& q) {
+  QuantOptions o;
+  o.method = q.method == QuantMethod::kNF4   ? QuantOptions::Method::NF4
+             : q.method == QuantMethod::kFP4 ? QuantOptions::Method::FP4
+                                             : QuantOptions::Method::None;
+  o.blocksize = q.blocksize;
+  o.double_quant = q.double_quant;
+  o.keep_16bit = q.keep_16bit;
+  return o;
+}
+
+Schedule schedule_of(LrScheduler s) {
+  switch (s) {
+    case LrScheduler::kConstant: return Schedule::constant;
+    case LrScheduler::kLinear: return Schedule::linear;
+    case LrScheduler::kCosine: return Schedule::cosine;
+  }
+  return Schedule::cosine;
+}
+}  // namespace
+
+Trainer::Trainer(Config cfg) : cfg_(std::move(cfg)) {}
+
+void Trainer::setup() {
+  const TrainingConfig& t = cfg_.training;
+  device_ = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  torch::manual_seed(t.seed);
+
+  // Everything that can fail on bad input happens before output_dir is touched.
+  const std::string tok_src = !cfg_.model.tokenizer.empty() ? cfg_.model.tokenizer : cfg_.model.path;
+  QLORA_CHECK(!tok_src.empty(), "model.tokenizer: a preset model needs a tokenizer (tokenizer.model or a model dir)");
+  tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::from_pretrained(tok_src));
+  data_ = data::load_datasets(cfg_.data, *tok_);
+  log::info("data: ", data_.stats.train_examples, " train / ", data_.stats.eval_examples, " eval examples, ",
+            data_.stats.tokens_trainable, " trainable tokens");
+
+  const torch::Dtype dtype = compute_dtype(cfg_.model.dtype, device_);
+  const QuantOptions q = quant_options(cfg_.quantization);
+  if (!cfg_.model.path.empty()) {
+    model_ = std::make_unique<LlamaModel>(LlamaModel::load(cfg_.model.path, dtype, device_, q));
+  } else {
+    ModelConfig mc = preset_config(cfg_.model.preset);
+    mc.vocab_size = tok_->vocab_size();
+    model_ = std::make_unique<LlamaModel>(LlamaModel::random_init(mc, t.seed, dtype, device_, q));
+  }
+  QLORA_CHECK(model_->config().vocab_size >= tok_->vocab_size(), "model.tokenizer: the tokenizer has ",
+              tok_->vocab_size(), " pieces but the model's vocab_size is ", model_->config().vocab_size);
+  const LoraConfig& l = cfg_.lora;
+  const std::vector<std::string> targets = l.all_linear ? std::vector<std::string>{"all-linear"} : l.target_modules;
+  auto counts = model_->add_lora(l.r, l.alpha, l.dropout, targets, l.use_rslora, t.seed);
+  std::string matched;
+  int64_t n_params = 0;
+  for (const auto& [name, n] : counts) matched += (matched.empty() ? "" : ", ") + name + " ×" + std::to_string(n);
+  for (const torch::Tensor& p : model_->lora_parameters()) n_params += p.numel();
+  log::info("lora: r=", l.r, " alpha=", l.alpha, " on ", matched, " (", n_params, " trainable parameters)");
+  model_->gradient_checkpointing = t.gradient_checkpointing;
+
+  pad_id_ = tok_->pad_id() >= 0 ? tok_->pad_id() : tok_->eos_id();
+  loader_ = std::make_unique<data::DataLoader>(&data_.train, t.micro_batch_size, cfg_.data, pad_id_, data::SamplerState{0, 0, cfg_.data.seed});
+  int64_t per_epoch = 0;
+  for (int64_t e = 0; e < std::max<int64_t>(1, t.num_epochs); ++e)
+    per_epoch += (loader_->batches_in_epoch(e) + t.gradient_accumulation_steps - 1) / t.gradient_accumulation_steps;
+  total_steps_ = t.max_steps > 0 ? t.max_steps : per_epoch;
+  warmup_steps_ = t.warmup_ratio > 0 ? static_cast<int64_t>(std::ceil(t.warmup_ratio * total_steps_)) : t.warmup_steps;
+  schedule_ = schedule_of(t.lr_scheduler);
+  opt_ = make_adamw(model_->lora_parameters(), t);
+
+  fs::create_directories(cfg_.output_dir);
+  atomic_write_string((fs::path(cfg_.output_dir) / "config.resolved.yaml").string(), to_yaml(cfg_));
+  std::ofstream(fs::path(cfg_.output_dir) / "metrics.jsonl", std::ios::trunc);
+  log::info("train: ", total_steps_, " steps of ", t.micro_batch_size, " x ", t.gradient_accumulation_steps,
+            " rows, warmup ", warmup_steps_, ", device ", device_.str());
+}
+
+void Trainer::train() {
+  const TrainingConfig& t = cfg_.training;
+  const auto t0 = std::chrono::steady_clock::now();
+  model_->training = true;
+  int64_t nonfinite_in_a_row = 0;
+  for (int64_t step = 0; step < total_steps_; ++step) {
+    const auto ts = std::chrono::steady_clock::now();
+    std::vector<data::Batch> group;
+    for (int64_t i = 0; i < t.gradient_accumulation_steps; ++i) {
+      const uint64_t epoch = loader_->state().epoch;
+      group.push_back(loader_->next());
+      if (loader_->state().epoch != epoch) break;  // an accumulation group never spans two epochs
+    }
+    const double lr = lr_at(schedule_, t.learning_rate, step, warmup_steps_, total_steps_);
+    StepResult r = train_step(*model_, *opt_, group, lr, t.max_grad_norm);
+    if (r.skipped) {
+      ++skipped_steps_;
+      log::warn("step ", step + 1, ": non-finite loss or gradient (loss ", r.loss, ", grad_norm ", r.grad_norm,
+                "); update skipped");
+      QLORA_CHECK(++nonfinite_in_a_row < t.max_nonfinite_steps, "training stopped: ", nonfinite_in_a_row,
+                  " consecutive steps had a non-finite loss or gradient (training.max_nonfinite_steps); "
+                  "lower training.learning_rate or check the data");
+    } else {
+      nonfinite_in_a_row = 0;
+    }
+    losses_.push_back(r.loss);
+    tokens_trained_ += r.tokens;
+    double eval_loss = std::nan("");
+    const bool last = step + 1 == total_steps_;
+    if ((t.eval_steps > 0 && (step + 1) % t.eval_steps == 0) || last) {
+      model_->training = false;
+      eval_loss = evaluate_loss(*model_, data_.eval, t.micro_batch_size, cfg_.data, pad_id_).first;
+      model_->training = true;
+    }
+    log_step(step + 1, r, lr, std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count(), eval_loss);
+  }
+  model_->training = false;
+  save_outputs(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seconds, double eval_loss) {
+  json j = {{"step", step},
+            {"epoch", loader_->state().epoch + static_cast<double>(loader_->state().cursor) /
+                                                    std::max<size_t>(1, data_.train.size())},
+            {"loss", r.loss},
+            {"lr", lr},
+            {"grad_norm", r.grad_norm},
+            {"tokens", r.tokens},
+            {"tokens_per_s", seconds > 0 ? r.tokens / seconds : 0.0},
+            {"skipped", r.skipped},
+            {"memory", memory_snapshot(device_)}};
+  if (!std::isnan(eval_loss)) j["eval_loss"] = eval_loss;
+  std::ofstream(fs::path(cfg_.output_dir) / "metrics.jsonl", std::ios::app) << j.dump() << "\n";
+  if (step % cfg_.training.logging_steps == 0 || !std::isnan(eval_loss))
+    log::info("step ", step, "/", total_steps_, "  loss ", r.loss, "  lr ", lr, "  grad_norm ", r.grad_norm, "  ",
+              static_cast<int64_t>(seconds > 0 ? r.tokens / seconds : 0), " tok/s",
+              std::isnan(eval_loss) ? std::string() : "  eval_loss " + std::to_string(eval_loss));
+}
+
+void Trainer::save_outputs(double seconds) {
+  PeftConfig pc;
+  pc.r = cfg_.lora.r;
+  pc.lora_alpha = cfg_.lora.alpha;
+  pc.lora_dropout = cfg_.lora.dropout;
+  // PEFT expands the string "all-linear" only in its string form; write the names explicitly.
+  pc.target_modules = cfg_.lora.all_linear ? llama_linear_names() : cfg_.lora.target_modules;
+  pc.use_rslora = cfg_.lora.use_rslora;
+  pc.base_model_name_or_path = cfg_.model.path.empty() ? cfg_.model.preset : cfg_.model.path;
+  save_peft_adapter(cfg_.output_dir, pc, model_->lora_weights());
+  json s = {{"steps", static_cast<int64_t>(losses_.size())},
+            {"skipped_steps", skipped_steps_},
+            {"tokens_trained", tokens_trained_},
+            {"wall_seconds", seconds},
+            {"tokens_per_s", seconds > 0 ? tokens_trained_ / seconds : 0.0},
+            {"final_loss", losses_.empty() ? 0.0 : losses_.back()},
+            {"peak_memory", memory_snapshot(device_)}};
+  atomic_write_string((fs::path(cfg_.output_dir) / "summary.json").string(), s.dump(2) + "\n");
+  log::info("done: ", losses_.size(), " steps, ", tokens_trained_, " tokens in ", seconds, " s; adapter in ",
+            cfg_.output_dir);
+}
+
+}  // namespace qlora

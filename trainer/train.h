@@ -1,0 +1,88 @@
+// qlora-cpp: the training recipe. `Trainer` reads top to bottom: setup() loads the model (4-bit
+// base, LoRA), tokenizer, data and optimizer; train() runs the loop; each optimizer step is
+// train_step(): forward (checkpointed layers) → chunked CE → backward over the accumulated
+// micro-batches → clip → AdamW → schedule.
+#pragma once
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/batch.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "trainer/config/config.h"
+#include "trainer/model.h"
+#include "trainer/schedule.h"
+
+namespace qlora {
+
+/// Result of one optimizer step.
+struct StepResult {
+  double loss = 0;        ///< token-weighted mean CE over the accumulated batch (nats)
+  double grad_norm = 0;   ///< total L2 norm of the LoRA gradients before clipping
+  int64_t tokens = 0;     ///< input tokens processed (real, not padding)
+  int64_t targets = 0;    ///< label tokens the loss counted
+  bool skipped = false;   ///< non-finite loss or gradient: no update was applied
+};
+
+/// Counts the next-token targets of a batch (labels[t+1] != -100 within one packed segment):
+/// the normaliser of the loss over an accumulated batch.
+int64_t count_targets(const data::Batch& b);
+
+/// AdamW over `params` (fp32 LoRA master weights) with the config's betas, eps and weight decay
+/// (torch::optim::AdamW, decoupled weight decay as Loshchilov & Hutter 2019 / torch.optim.AdamW).
+std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params, const TrainingConfig& t);
+
+/// One optimizer step over `micro_batches` (the gradient-accumulation group). The loss of each
+/// micro-batch is its CE sum divided by the target count of the WHOLE group, so micro_batch 4 ×
+/// accumulation 1 and micro_batch 1 × accumulation 4 give the same update. Gradients are clipped to
+/// max_grad_norm (≤ 0: no clipping); the optimizer's lr is set to `lr` first. A non-finite loss or
+/// gradient skips the update (gradients zeroed) and sets `skipped`.
+StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std::vector<data::Batch>& micro_batches,
+                      double lr, double max_grad_norm, int64_t ce_chunk_tokens = 1024);
+
+/// Mean next-token CE (nats) over `examples` in batches of `batch_size`, no grad, dropout off.
+/// Returns {mean loss, targets counted}.
+std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
+                                         int64_t batch_size, const data::DataOptions& opts, int32_t pad_id);
+
+/// The `qlora train` recipe.
+class Trainer {
+ public:
+  explicit Trainer(Config cfg);
+  /// Validates paths, creates output_dir, loads tokenizer, data, model (quantized on load) and LoRA,
+  /// builds the optimizer; prints which modules LoRA matched. Throws qlora::Error on any bad input
+  /// before anything is written to output_dir.
+  void setup();
+  /// Runs to max_steps / num_epochs; writes metrics.jsonl as it goes, then the PEFT adapter,
+  /// config.resolved.yaml and summary.json into output_dir.
+  void train();
+
+  const LlamaModel& model() const { return *model_; }
+  /// Loss of each completed step, in order (for tests and the summary).
+  const std::vector<double>& losses() const { return losses_; }
+  int64_t total_steps() const { return total_steps_; }
+
+ private:
+  void log_step(int64_t step, const StepResult& r, double lr, double seconds, double eval_loss);
+  void save_outputs(double seconds);
+
+  Config cfg_;
+  torch::Device device_ = torch::kCPU;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<data::Tokenizer> tok_;
+  data::Datasets data_;
+  std::unique_ptr<data::DataLoader> loader_;
+  std::unique_ptr<torch::optim::AdamW> opt_;
+  Schedule schedule_ = Schedule::cosine;
+  int64_t total_steps_ = 0, warmup_steps_ = 0;
+  int32_t pad_id_ = 0;
+  std::vector<double> losses_;
+  int64_t tokens_trained_ = 0, skipped_steps_ = 0;
+};
+
+}  // namespace qlora
