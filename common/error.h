@@ -15,6 +15,15 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
+/// A run stopped cleanly (signal or time budget) after saving its state; not a failure of the
+/// input. `qlora` exits with kExitInterrupted.
+class Interrupted : public Error {
+ public:
+  using Error::Error;
+};
+/// Exit code after Interrupted (EX_TEMPFAIL from sysexits.h: run the same command again to resume).
+constexpr int kExitInterrupted = 75;
+
 namespace detail {
 inline void cat(std::ostringstream&) {}
 template <typename T, typename... Rest>

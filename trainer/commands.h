@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "adapters/peft.h"
 #include "trainer/generate.h"
 
 namespace qlora {
@@ -30,6 +31,7 @@ struct GenerateCliOptions {
   std::string prompt;
   std::string dtype = "auto";
   bool print_ids = false;  ///< print new token ids instead of text
+  std::string adapter;     ///< PEFT adapter directory to apply ("" = base model only)
   GenerateOptions gen;
 };
 /// `qlora generate MODEL_DIR --prompt TEXT [...]`: prints the continuation (or its ids).
@@ -62,9 +64,95 @@ std::string cmd_data_preview(const DataPreviewOptions& o);
 struct TrainCliOptions {
   std::string config_path;
   std::vector<std::string> overrides;  ///< --set key=value
+  bool force = false;                  ///< resume despite changed run-meaning settings
+  double max_time_s = 0;               ///< --max-time budget in seconds (0 = none)
 };
 /// `qlora train CONFIG [--set k=v]`: validates the config, trains, writes the adapter and reports
 /// into output_dir. Bad config or data: qlora::Error before anything is written to output_dir.
+/// Stopped by SIGTERM/SIGINT/SIGUSR1 or --max-time: checkpoint written, then qlora::Interrupted.
 void cmd_train(const TrainCliOptions& o);
+
+struct EvalOptions {
+  std::string config_path;             ///< training config ("" = none: then model_dir and data are required)
+  std::string model_dir;               ///< --model: base model dir (overrides model.path)
+  std::string data;                    ///< --data: use this file as the eval set
+  std::string adapter;                 ///< --adapter: PEFT adapter dir ("" = base model only)
+  std::string metric = "loss";         ///< loss | exact_match
+  std::string out;                     ///< eval.json path ("" = <adapter or output_dir>/eval.json)
+  int64_t max_examples = 0;            ///< evaluate the first N examples only (0 = all)
+  std::vector<std::string> overrides;  ///< --set key=value
+};
+/// `qlora eval CONFIG|--model DIR --data FILE [--adapter DIR] [--metric loss|exact_match]`:
+/// mean next-token CE (nats) and perplexity over the eval set (the config's data.eval or its
+/// val_set_size hold-out; with --data, that whole file), memory bounded by one batch. With
+/// exact_match also greedy-generates each example's last assistant answer from its prompt
+/// (stopping at EOS or after reference length + 8 tokens) and counts trimmed exact matches.
+/// Writes eval.json; returns the text it printed. Throws qlora::Error for bad input.
+std::string cmd_eval(const EvalOptions& o);
+
+/// Loads a PEFT LoRA adapter directory into `model` (strict: every module and shape checked
+/// first, nothing attached on error), dropout off. Returns the adapter's config.
+PeftConfig attach_peft_adapter(LlamaModel& model, const std::string& adapter_dir);
+
+struct MergeOptions {
+  std::string base_dir;     ///< HF model dir: 16-bit, or a bitsandbytes 4-bit checkpoint (dequantized)
+  std::string adapter_dir;  ///< PEFT LoRA adapter dir (adapter_config.json + adapter_model.safetensors)
+  std::string out_dir;      ///< must not exist or be empty
+  std::string dtype = "auto";  ///< bf16 | fp16 | fp32 | auto (the base's stored torch_dtype)
+  int64_t max_shard_bytes = 5'000'000'000;  ///< above this, shards + model.safetensors.index.json
+};
+/// `qlora merge --base DIR --adapter DIR --out DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]`:
+/// W' = W + s·B·A for every adapted decoder linear (s = alpha/r, or alpha/√r with rsLoRA), computed
+/// in fp32 from the base loaded in fp32 (a 4-bit base is dequantized, never re-quantized), then cast
+/// to the output dtype. Writes a standard HF dir (model.safetensors or shards + index, config.json
+/// without quantization_config, generation/tokenizer files copied) into <out>.tmp-<pid> and renames
+/// it, so <out> is complete or absent. Throws qlora::Error for a non-empty --out, a bad --dtype, an
+/// adapter that does not fit the base (load_peft_adapter's checks), DoRA / rank_pattern adapters,
+/// or a LoRA on lm_head (named: tied embeddings would change the input embeddings too).
+void cmd_merge(const MergeOptions& o);
+
+struct EstimateCliOptions {
+  std::string preset, model_dir, config_path;  ///< exactly one
+  std::string method = "qlora";                ///< inference | lora | qlora | full
+  int bits = 4;                                ///< 16 | 8 | 4
+  int64_t blocksize = 64;
+  bool double_quant = false;                   ///< --double-quant
+  int64_t lora_r = 16;
+  std::vector<std::string> lora_targets = {"all-linear"};
+  int64_t micro_batch_size = 1;
+  int64_t seq_len = 2048;
+  bool no_gradient_checkpointing = false;
+  std::string dtype = "bf16";                  ///< compute dtype: bf16 | fp16 | fp32
+  bool json = false;
+  double tokens = 0, gpu_hour_price = 0, tokens_per_s = 0, utilization = 1.0;  ///< cost (tokens > 0)
+};
+/// `qlora estimate (--preset NAME | --model DIR | --config YAML) [...]`: the memory estimate per
+/// component (trainer/estimate.h, docs/memory.md), the cards it fits, the rules of thumb; with
+/// --tokens and --tokens-per-s, GPU-hours and cost. A --config takes model, quantization, lora and
+/// training from the YAML (other flags are ignored then). Returns the text (or JSON) to print.
+/// Throws qlora::Error for bad input (unknown preset, non-positive sizes, r wider than a layer, a
+/// model dir without config.json).
+std::string cmd_estimate(const EstimateCliOptions& o);
+
+struct BenchOptions {
+  std::string preset, model_dir;  ///< exactly one; a model dir gives only its shape (config.json)
+  int64_t seq_len = 512;
+  int64_t micro_batch_size = 1;
+  int64_t lora_r = 16;
+  int64_t steps = 5;              ///< optimizer steps per point; the first is warm-up when steps > 1
+  bool sweep = false;             ///< grid seq_lens × batch_sizes
+  std::vector<int64_t> sweep_seq_lens = {512, 1024, 2048, 4096};
+  std::vector<int64_t> sweep_batch_sizes = {1, 2, 4};
+  bool no_gradient_checkpointing = false;
+  double gpu_hour_price = 0;      ///< > 0: cost per 1M tokens
+  double peak_tflops = 0;         ///< 0: from the device name (CUDA), none on CPU
+  std::string out_prefix = "bench";  ///< --sweep writes PREFIX.csv and PREFIX.svg
+  uint64_t seed = 0;
+};
+/// `qlora bench`: trains `steps` optimizer steps on random tokens with random NF4 (double quant,
+/// blocksize 64) weights made in memory, LoRA all-linear; prints tokens/s, step time, MFU/HFU and
+/// peak memory measured vs estimated. --sweep runs the grid, records "does not fit" on CUDA OOM,
+/// prints a table and writes CSV + SVG. Nothing is downloaded. Returns the printed text.
+std::string cmd_bench(const BenchOptions& o);
 
 }  // namespace qlora

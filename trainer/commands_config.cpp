@@ -21,7 +21,10 @@ std::string cmd_data_preview(const DataPreviewOptions& o) {
 }
 
 void cmd_train(const TrainCliOptions& o) {
-  Trainer trainer(load_config(o.config_path, o.overrides));
+  RunOptions run;
+  run.force = o.force;
+  run.max_time_s = o.max_time_s;
+  Trainer trainer(load_config(o.config_path, o.overrides), run);
   trainer.setup();
   trainer.train();
 }

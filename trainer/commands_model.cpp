@@ -213,6 +213,7 @@ std::string cmd_inspect(const InspectOptions& o) {
 std::string cmd_generate(const GenerateCliOptions& o) {
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   LlamaModel model = LlamaModel::load(o.model_dir, parse_compute_dtype(o.dtype, device), device);
+  if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);  // dropout off
   data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
   std::vector<int64_t> prompt;
   for (int32_t id : tok.encode(o.prompt, /*add_bos=*/true, /*add_eos=*/false)) prompt.push_back(id);

@@ -41,6 +41,7 @@ int run(int argc, char** argv) {
   generate->add_option("--seed", gen.gen.seed, "sampling seed")->capture_default_str();
   generate->add_option("--dtype", gen.dtype, "fp32|bf16|fp16|auto")->capture_default_str();
   generate->add_flag("--ids", gen.print_ids, "print the new token ids instead of text");
+  generate->add_option("--adapter", gen.adapter, "PEFT LoRA adapter directory to apply");
 
   qlora::InitModelOptions init;
   auto* init_model = app.add_subcommand("init-model", "write a random-init HF model directory");
@@ -57,6 +58,31 @@ int run(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "train a LoRA / QLoRA adapter from a YAML config");
   train_cmd->add_option("config", train.config_path, "training config (YAML)")->required();
   train_cmd->add_option("--set", train.overrides, "override a config key: section.key=value");
+  train_cmd->add_flag("--force", train.force, "resume even if run-meaning settings changed");
+  train_cmd->add_option("--max-time", train.max_time_s, "wall-clock budget in seconds: stop cleanly with a checkpoint");
+
+  qlora::EvalOptions ev;
+  auto* eval_cmd = app.add_subcommand("eval", "held-out loss / perplexity, or greedy exact-match accuracy");
+  eval_cmd->add_option("config", ev.config_path, "training config (YAML); or give --model and --data");
+  eval_cmd->add_option("--model", ev.model_dir, "base model directory (overrides model.path)");
+  eval_cmd->add_option("--data", ev.data, "evaluate on this whole file instead of the config's eval set");
+  eval_cmd->add_option("--adapter", ev.adapter, "PEFT LoRA adapter directory to apply");
+  eval_cmd->add_option("--metric", ev.metric, "loss | exact_match")->capture_default_str()
+      ->check(CLI::IsMember({"loss", "exact_match"}));
+  eval_cmd->add_option("--out", ev.out, "eval.json path (default: in the adapter dir, else output_dir)");
+  eval_cmd->add_option("--max-examples", ev.max_examples, "evaluate the first N examples only (0 = all)")
+      ->capture_default_str();
+  eval_cmd->add_option("--set", ev.overrides, "override a config key: section.key=value");
+
+  qlora::MergeOptions mrg;
+  auto* merge_cmd = app.add_subcommand("merge", "merge a LoRA adapter into its base: a plain HF model directory");
+  merge_cmd->add_option("--base", mrg.base_dir, "base model directory (16-bit or bitsandbytes 4-bit)")->required();
+  merge_cmd->add_option("--adapter", mrg.adapter_dir, "PEFT LoRA adapter directory")->required();
+  merge_cmd->add_option("--out", mrg.out_dir, "output directory (must not exist or be empty)")->required();
+  merge_cmd->add_option("--dtype", mrg.dtype, "bf16|fp16|fp32|auto (auto: the base's stored dtype)")
+      ->capture_default_str()->check(CLI::IsMember({"bf16", "fp16", "fp32", "auto"}));
+  merge_cmd->add_option("--max-shard-bytes", mrg.max_shard_bytes, "shard model.safetensors above this size")
+      ->capture_default_str();
 
   qlora::DataPreviewOptions preview;
   auto* data_cmd = app.add_subcommand("data", "inspect a dataset as training will see it");
@@ -65,6 +91,49 @@ int run(int argc, char** argv) {
   data_preview->add_option("config", preview.config_path, "training config (YAML)")->required();
   data_preview->add_option("--n", preview.n, "examples to show")->capture_default_str();
   data_preview->add_option("--set", preview.overrides, "override a config key: section.key=value");
+
+  qlora::EstimateCliOptions est;
+  auto* estimate = app.add_subcommand("estimate", "memory per component, cards that fit, cost (docs/memory.md)");
+  auto* est_src = estimate->add_option_group("source", "model shape");
+  est_src->add_option("--preset", est.preset, "tiny|small|llama2-7b|llama2-13b|mistral-7b|llama3-8b|...");
+  est_src->add_option("--model", est.model_dir, "Hugging Face model directory (reads config.json)");
+  est_src->add_option("--config", est.config_path, "training config (YAML)");
+  est_src->require_option(1);
+  estimate->add_option("--method", est.method, "inference|lora|qlora|full")->capture_default_str()
+      ->check(CLI::IsMember({"inference", "lora", "qlora", "full"}));
+  estimate->add_option("--bits", est.bits, "16|8|4 (base weights)")->capture_default_str();
+  estimate->add_option("--blocksize", est.blocksize, "4-bit blocksize")->capture_default_str();
+  estimate->add_flag("--double-quant", est.double_quant, "quantize the absmax constants too");
+  estimate->add_option("--lora-r", est.lora_r, "LoRA rank")->capture_default_str();
+  estimate->add_option("--lora-targets", est.lora_targets, "LoRA targets (all-linear, q_proj, ...)");
+  estimate->add_option("--micro-batch-size", est.micro_batch_size, "rows per step")->capture_default_str();
+  estimate->add_option("--seq-len", est.seq_len, "tokens per row")->capture_default_str();
+  estimate->add_flag("--no-gradient-checkpointing", est.no_gradient_checkpointing, "keep every layer's activations");
+  estimate->add_option("--dtype", est.dtype, "compute dtype bf16|fp16|fp32")->capture_default_str();
+  estimate->add_flag("--json", est.json, "machine-readable output");
+  estimate->add_option("--tokens", est.tokens, "planned training tokens (cost)");
+  estimate->add_option("--tokens-per-s", est.tokens_per_s, "throughput for the cost (e.g. from qlora bench)");
+  estimate->add_option("--gpu-hour-price", est.gpu_hour_price, "price of one GPU hour (any currency)");
+  estimate->add_option("--utilization", est.utilization, "fraction of time training, (0, 1]")->capture_default_str();
+
+  qlora::BenchOptions bench;
+  auto* bench_cmd = app.add_subcommand("bench", "synthetic-shape QLoRA training: tokens/s, MFU, peak memory");
+  auto* bench_src = bench_cmd->add_option_group("source", "model shape");
+  bench_src->add_option("--preset", bench.preset, "tiny|small|llama2-7b|...");
+  bench_src->add_option("--model", bench.model_dir, "model directory (only config.json is read)");
+  bench_src->require_option(1);
+  bench_cmd->add_option("--seq-len", bench.seq_len, "tokens per row")->capture_default_str();
+  bench_cmd->add_option("--micro-batch-size", bench.micro_batch_size, "rows per step")->capture_default_str();
+  bench_cmd->add_option("--lora-r", bench.lora_r, "LoRA rank")->capture_default_str();
+  bench_cmd->add_option("--steps", bench.steps, "optimizer steps per point (first untimed)")->capture_default_str();
+  bench_cmd->add_flag("--sweep", bench.sweep, "grid of --seq-lens × --batch-sizes; OOM points = does not fit");
+  bench_cmd->add_option("--seq-lens", bench.sweep_seq_lens, "sweep sequence lengths")->capture_default_str();
+  bench_cmd->add_option("--batch-sizes", bench.sweep_batch_sizes, "sweep micro-batch sizes")->capture_default_str();
+  bench_cmd->add_flag("--no-gradient-checkpointing", bench.no_gradient_checkpointing, "keep every layer's activations");
+  bench_cmd->add_option("--gpu-hour-price", bench.gpu_hour_price, "price of one GPU hour: cost per 1M tokens");
+  bench_cmd->add_option("--peak-tflops", bench.peak_tflops, "device peak for MFU (default: from the GPU name)");
+  bench_cmd->add_option("--out", bench.out_prefix, "--sweep writes OUT.csv and OUT.svg")->capture_default_str();
+  bench_cmd->add_option("--seed", bench.seed, "weights and tokens seed")->capture_default_str();
 
   try {
     app.parse(argc, argv);
@@ -76,8 +145,12 @@ int run(int argc, char** argv) {
   if (*inspect) std::cout << qlora::cmd_inspect(ins);
   if (*generate) std::cout << qlora::cmd_generate(gen);
   if (*init_model) qlora::cmd_init_model(init);
+  if (*merge_cmd) qlora::cmd_merge(mrg);
   if (*data_preview) std::cout << qlora::cmd_data_preview(preview);
   if (*train_cmd) qlora::cmd_train(train);
+  if (*estimate) std::cout << qlora::cmd_estimate(est);
+  if (*bench_cmd) std::cout << qlora::cmd_bench(bench);
+  if (*eval_cmd) std::cout << qlora::cmd_eval(ev);
   return 0;
 }
 
@@ -86,6 +159,9 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const qlora::Interrupted& e) {
+    std::cerr << "interrupted: " << first_line(e.what()) << "\n";
+    return qlora::kExitInterrupted;
   } catch (const qlora::Error& e) {
     std::cerr << "error: " << first_line(e.what()) << "\n";
   } catch (const c10::Error& e) {

@@ -7,6 +7,10 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #define QLORA_HAVE_C10_CUDA 1
 #endif
+#if __has_include(<ATen/cuda/CUDAContext.h>) && __has_include(<cuda_runtime_api.h>)
+#include <ATen/cuda/CUDAContext.h>
+#define QLORA_HAVE_ATEN_CUDA 1
+#endif
 
 namespace qlora {
 namespace {
@@ -34,6 +38,35 @@ nlohmann::json memory_snapshot(const torch::Device& device) {
   }
 #endif
   return j;
+}
+
+void reset_peak_memory(const torch::Device& device) {
+#ifdef QLORA_HAVE_C10_CUDA
+  if (device.is_cuda()) {
+    const c10::DeviceIndex i = device.has_index() ? device.index() : 0;
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(i);
+  }
+#endif
+  std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to the current RSS (Linux >= 4.0)
+}
+
+int64_t cuda_total_memory(const torch::Device& device) {
+#ifdef QLORA_HAVE_ATEN_CUDA
+  if (device.is_cuda() && torch::cuda::is_available())
+    return static_cast<int64_t>(at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->totalGlobalMem);
+#endif
+  (void)device;
+  return 0;
+}
+
+std::string device_name(const torch::Device& device) {
+  if (device.is_cpu()) return "cpu";
+#ifdef QLORA_HAVE_ATEN_CUDA
+  if (device.is_cuda() && torch::cuda::is_available())
+    return at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->name;
+#endif
+  return "";
 }
 
 }  // namespace qlora

@@ -15,8 +15,11 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "trainer/config/config.h"
+#include "trainer/estimate.h"
 #include "trainer/model.h"
 #include "trainer/schedule.h"
+#include "common/error.h"
+#include "adapters/peft.h"
 
 namespace qlora {
 
@@ -50,10 +53,17 @@ StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std
 std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
                                          int64_t batch_size, const data::DataOptions& opts, int32_t pad_id);
 
+/// Options of one invocation that are not part of the run's config.
+struct RunOptions {
+  bool force = false;       ///< resume even when run-meaning settings changed (stated in the log)
+  double max_time_s = 0;    ///< wall-clock budget in seconds; 0 = none. Stops cleanly with a checkpoint
+                            ///< when the next step would likely not finish inside it.
+};
+
 /// The `qlora train` recipe.
 class Trainer {
  public:
-  explicit Trainer(Config cfg);
+  explicit Trainer(Config cfg, RunOptions run = {});
   /// Validates paths, creates output_dir, loads tokenizer, data, model (quantized on load) and LoRA,
   /// builds the optimizer; prints which modules LoRA matched. Throws qlora::Error on any bad input
   /// before anything is written to output_dir.
@@ -70,8 +80,23 @@ class Trainer {
  private:
   void log_step(int64_t step, const StepResult& r, double lr, double seconds, double eval_loss);
   void save_outputs(double seconds);
+  /// resume: auto|PATH|never — restores adapter, AdamW state, sampler, RNG, counters, metrics.
+  void maybe_resume();
+  /// Writes checkpoint-<step_> under checkpoint_dir(), prunes, starts the sync command.
+  void save_checkpoint(const std::string& why);
+  std::string checkpoint_dir() const;
+  PeftConfig peft_config() const;
 
   Config cfg_;
+  RunOptions run_;
+  MemoryTracker memory_;  ///< estimate + measured memory → memory_report.json
+  int64_t step_ = 0;  ///< optimizer steps completed
+  int64_t nonfinite_in_a_row_ = 0;
+  double train_seconds_before_ = 0;  ///< training time of earlier (interrupted) invocations
+  nlohmann::json preemption_;        ///< interruptions, time lost, checkpoint writes
+  struct {
+    long step = -1, micro = -1;
+  } fault_;                          ///< QLORA_FAULT_SIGTERM_AT test hook
   torch::Device device_ = torch::kCPU;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<data::Tokenizer> tok_;

@@ -1,0 +1,223 @@
+// The memory estimator (trainer/estimate.h): components add up, the weight / quantization-constant /
+// LoRA / optimizer terms equal the bytes of an instantiated model to the byte, the 7B QLoRA weight
+// footprint is the one docs/quantization.md measures (4.127 bits/param), checkpointing shrinks the
+// activations, bad input is refused, and `qlora bench` / `qlora estimate` run end to end.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <regex>
+#include <sys/wait.h>
+
+#include "common/error.h"
+#include "trainer/estimate.h"
+#include "trainer/model.h"
+#include "trainer/train.h"
+
+namespace qlora {
+namespace {
+
+EstimateOptions qlora_opts(int64_t compute_bytes = 2) {
+  EstimateOptions o;
+  o.compute_bytes = compute_bytes;
+  return o;
+}
+
+TEST(Estimate, ComponentsSumToTotal) {
+  for (const std::string& preset : {"tiny", "llama2-7b", "mistral-7b", "llama3-8b", "llama2-70b"}) {
+    for (auto m : {EstimateOptions::Method::Inference, EstimateOptions::Method::Lora, EstimateOptions::Method::QLora,
+                   EstimateOptions::Method::Full}) {
+      for (bool ck : {true, false}) {
+        EstimateOptions o;
+        o.method = m;
+        o.bits = m == EstimateOptions::Method::QLora || m == EstimateOptions::Method::Inference ? 4 : 16;
+        o.gradient_checkpointing = ck;
+        const MemoryEstimate e = estimate_memory(preset_config(preset), o);
+        int64_t sum = 0;
+        for (const MemoryComponent& c : e.components) {
+          EXPECT_GE(c.bytes, 0) << c.name;
+          if (c.in_total) sum += c.bytes;
+        }
+        EXPECT_EQ(sum, e.total_bytes) << preset << " " << to_string(m);
+        EXPECT_EQ(estimate_to_json(e)["total_bytes"].get<int64_t>(), e.total_bytes);
+      }
+    }
+  }
+}
+
+TEST(Estimate, SevenBQLoraWeightsAreAbout4Point127BitsPlus16BitEmbeddings) {
+  const MemoryEstimate e = estimate_memory(preset_config("llama2-7b"), qlora_opts());
+  const int64_t q = e.component("quantized weights (4-bit packed)") + e.component("quantization constants");
+  EXPECT_NEAR(8.0 * q / e.quantizable_parameters, 4.127, 0.001);
+  const int64_t weights = q + e.component("16-bit modules (unquantized)");
+  EXPECT_GT(weights, 3.5e9);
+  EXPECT_LT(weights, 3.9e9);
+  // r=16 all-linear on Llama-2-7B: 39,976,960 trainable parameters (PEFT prints the same).
+  EXPECT_EQ(e.lora_parameters, 39976960);
+  EXPECT_EQ(e.component("AdamW states (exp_avg + exp_avg_sq, fp32)"), 8 * 39976960LL);
+}
+
+TEST(Estimate, CheckpointingReducesActivations) {
+  EstimateOptions on = qlora_opts(), off = qlora_opts();
+  off.gradient_checkpointing = false;
+  const ModelConfig c = preset_config("llama2-7b");
+  const MemoryEstimate a = estimate_memory(c, on), b = estimate_memory(c, off);
+  EXPECT_LT(a.component("activations saved for backward"), b.component("activations saved for backward") / 5);
+  EXPECT_LT(a.total_bytes, b.total_bytes);
+  EXPECT_EQ(a.activation_bytes_per_layer_checkpointed, 2048LL * 4096 * 2);
+  // Activations scale linearly in tokens: no [T, T] term (SDPA).
+  EstimateOptions longer = off;
+  longer.seq_len = 4096;
+  EXPECT_EQ(estimate_memory(c, longer).component("activations saved for backward") -
+                2 * 2 * 4096 * 128 * 2,  // RoPE cos/sin
+            2 * (b.component("activations saved for backward") - 2 * 2048 * 128 * 2));
+}
+
+TEST(Estimate, WeightConstantLoraAndOptimizerTermsMatchTheInstantiatedModel) {
+  ModelConfig cfg = preset_config("tiny");
+  cfg.vocab_size = 500;
+  for (bool dq : {true, false}) {
+    QuantOptions q;
+    q.method = QuantOptions::Method::NF4;
+    q.blocksize = 64;
+    q.double_quant = dq;
+    LlamaModel m = LlamaModel::random_init(cfg, 1, torch::kFloat32, torch::kCPU, q);
+    m.add_lora(8, 16, 0.0, {"all-linear"}, false, 1);
+    int64_t qbytes = 0, packed = 0, plain = 0, lora = 0;
+    for (const FrozenLinear* f : m.linears()) {
+      qbytes += f->qweight->bytes();
+      packed += f->qweight->packed.numel();
+    }
+    for (const auto& [name, t] : m.named_tensors()) plain += t.numel() * t.element_size();
+    for (const torch::Tensor& p : m.lora_parameters()) lora += p.numel() * p.element_size();
+    EstimateOptions o = qlora_opts(4);
+    o.double_quant = dq;
+    o.lora_r = 8;
+    const MemoryEstimate e = estimate_memory(cfg, o);
+    EXPECT_EQ(e.component("quantized weights (4-bit packed)"), packed);
+    EXPECT_EQ(e.component("quantization constants"), qbytes - packed);
+    EXPECT_EQ(e.component("16-bit modules (unquantized)"), plain);
+    EXPECT_EQ(e.component("LoRA parameters (fp32)"), lora);
+
+    // One optimizer step creates exactly the gradient and AdamW-state bytes estimated.
+    auto opt = make_adamw(m.lora_parameters(), TrainingConfig{});
+    data::Batch b;
+    b.batch_size = 1;
+    b.seq_len = 16;
+    for (int t = 0; t < 16; ++t) {
+      b.input_ids.push_back(t * 7 % 500);
+      b.labels.push_back(t * 7 % 500);
+      b.attention_mask.push_back(1);
+      b.position_ids.push_back(t);
+      b.segment_ids.push_back(1);
+    }
+    b.example_ids = {0};
+    m.training = true;
+    train_step(m, *opt, {b}, 1e-3, 1.0);
+    int64_t grads = 0, states = 0;
+    for (const torch::Tensor& p : m.lora_parameters()) grads += p.grad().numel() * p.grad().element_size();
+    for (const auto& [key, st] : opt->state()) {
+      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*st);
+      states += s.exp_avg().numel() * s.exp_avg().element_size() + s.exp_avg_sq().numel() * s.exp_avg_sq().element_size();
+    }
+    EXPECT_EQ(e.component("LoRA gradients (fp32)"), grads);
+    EXPECT_EQ(e.component("AdamW states (exp_avg + exp_avg_sq, fp32)"), states);
+  }
+}
+
+TEST(Estimate, BadInputIsRefused) {
+  const ModelConfig c = preset_config("tiny");
+  EstimateOptions o = qlora_opts();
+  o.lora_r = 65;  // tiny's hidden size is 64
+  EXPECT_THROW(estimate_memory(c, o), Error);
+  o = qlora_opts();
+  o.seq_len = 0;
+  EXPECT_THROW(estimate_memory(c, o), Error);
+  o = qlora_opts();
+  o.micro_batch_size = -1;
+  EXPECT_THROW(estimate_memory(c, o), Error);
+  o = qlora_opts();
+  o.bits = 3;
+  EXPECT_THROW(estimate_memory(c, o), Error);
+  o = qlora_opts();
+  o.lora_targets = {"nothing"};
+  EXPECT_THROW(estimate_memory(c, o), Error);
+  EXPECT_THROW(preset_config("llama9-1t"), Error);
+  EXPECT_THROW(parse_estimate_method("half"), Error);
+  EXPECT_THROW(estimate_cost(1e9, 0, 2.0, 1.0), Error);
+}
+
+TEST(Estimate, CostArithmetic) {
+  const CostEstimate c = estimate_cost(3.6e9, 1000, 2.0, 0.5);
+  EXPECT_DOUBLE_EQ(c.gpu_hours_full, 1000.0);
+  EXPECT_DOUBLE_EQ(c.gpu_hours_at_utilization, 2000.0);
+  EXPECT_DOUBLE_EQ(c.cost_full, 2000.0);
+  EXPECT_DOUBLE_EQ(c.cost_at_utilization, 4000.0);
+  EXPECT_NEAR(c.cost_per_million_tokens, 2.0 / 3.6, 1e-12);
+}
+
+TEST(Estimate, FlopsCountFrozenBaseAsFourN) {
+  EstimateOptions o = qlora_opts();
+  o.gradient_checkpointing = false;
+  const ModelConfig c = preset_config("llama2-7b");
+  const TrainingFlops f = training_flops_per_token(c, o);
+  const double attn = 2.0 * 4096 * 2048 * 32;
+  EXPECT_DOUBLE_EQ(f.model_flops, 4.0 * f.matmul_params + 6.0 * f.lora_params + 3 * attn);
+  EXPECT_DOUBLE_EQ(f.hardware_flops, f.model_flops);
+  o.gradient_checkpointing = true;
+  const TrainingFlops g = training_flops_per_token(c, o);
+  EXPECT_DOUBLE_EQ(g.model_flops, f.model_flops);
+  EXPECT_DOUBLE_EQ(g.hardware_flops - g.model_flops,
+                   2.0 * (g.matmul_params - 32000.0 * 4096) + 2.0 * g.lora_params + attn);
+}
+
+struct CliRun {
+  int status;
+  std::string out;
+};
+CliRun run(const std::string& args) {
+  FILE* p = popen((std::string(QLORA_BIN) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+TEST(EstimateCli, TableJsonAndErrors) {
+  CliRun r = run("estimate --preset llama2-7b --double-quant --tokens 1e8 --tokens-per-s 2000 --gpu-hour-price 2 "
+                 "--utilization 0.5");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("TOTAL (peak)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("claim: a 7B QLoRA fine-tune fits in 16 GB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("GPU-hours"), std::string::npos) << r.out;
+  r = run("estimate --preset tiny --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["options"]["method"], "qlora");
+  r = run("estimate --preset nope");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("unknown preset 'nope'"), std::string::npos) << r.out;
+  r = run("estimate --preset tiny --lora-r 100");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("larger than"), std::string::npos) << r.out;
+  r = run("estimate --preset tiny --seq-len 0");
+  EXPECT_EQ(r.status, 1);
+  r = run("estimate --model /nonexistent-dir");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("/nonexistent-dir"), std::string::npos) << r.out;
+}
+
+// `qlora bench --preset tiny --steps 3`: runs, reports throughput and peak memory measured next to
+// the estimate. CPU peak RSS includes glibc's cached free blocks and libtorch's own allocations, so
+// only a loose bound holds (docs/memory.md, "CPU measurement").
+TEST(BenchCli, TinySmoke) {
+  const CliRun r = run("bench --preset tiny --steps 3 --seq-len 128 --micro-batch-size 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(\n\s+128\s+2\s+[0-9.]+\s+[0-9]+)"))) << r.out;
+}
+
+}  // namespace
+}  // namespace qlora

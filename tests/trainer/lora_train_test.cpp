@@ -1,0 +1,523 @@
+// LoRA / QLoRA training against PEFT (fixtures from tests/fixtures/make_peft_refs.py): loss, every
+// lora_A / lora_B gradient and the adapter after 5 AdamW steps for a 16-bit and an NF4 base;
+// gradient checkpointing on vs off (with and without LoRA dropout); gradient accumulation
+// (4 rows × 1 vs 1 row × 4); the PEFT adapter round trip both ways; `qlora merge`.
+//
+// Tolerances. Everything runs in fp32 on the CPU. Our decoder and transformers' differ in op order
+// (attention: at::scaled_dot_product_attention with our mask vs transformers' sdpa call; the CE:
+// our chunked fused CE vs F.cross_entropy; matmul blocking), so each value differs by a few fp32
+// ulps times the depth of the computation. Measured (see the report printed by each test):
+// logits ≲ 2e-6, loss ≲ 1e-7 relative, gradients ≲ 1e-6 of the tensor's largest entry. Gradients are
+// compared as max|g − g_ref| ≤ tol · max|g_ref| (per tensor, so a tensor with small gradients is not
+// judged against a global scale), tol = 1e-4: two orders above the measured noise and three below
+// a real bug (a wrong scale, a missing term or a transposed factor changes gradients by O(1)). After
+// 5 AdamW steps the weights are compared absolutely: each step moves a weight by ≈ lr = 1e-3 (Adam
+// normalises the gradient), so the step size amplifies a relative gradient error ε to ≈ lr·ε per
+// step; 5 steps of 1e-4 relative error stay below 5e-7; tol 1e-5 (1% of one step).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "adapters/lora.h"
+#include "adapters/peft.h"
+#include "common/error.h"
+#include "common/files.h"
+#include "common/tensor_io.h"
+#include "test_util.h"
+#include "trainer/batch_tensors.h"
+#include "trainer/commands.h"
+#include "trainer/merge.h"
+#include "trainer/model.h"
+#include "trainer/train.h"
+
+namespace qlora {
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Refs = std::map<std::string, torch::Tensor>;
+
+constexpr double kGradTol = 1e-4;    // relative to the tensor's max |g_ref|
+constexpr double kStateTol = 1e-5;   // absolute, adapter weights after 5 AdamW steps
+constexpr double kLogitTol = 1e-4;   // absolute, fp32 logits (|logits| ≲ 1)
+
+const std::vector<std::string> kTargets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag) {
+    path = fs::temp_directory_path() / ("qlora_lora_train_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+Refs load_refs(const fs::path& p) {
+  st::SafetensorsFile f(p.string());
+  Refs out;
+  for (const st::TensorInfo& t : f.tensors()) out[t.name] = load_tensor(f, t).clone();
+  return out;
+}
+
+double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+/// A data::Batch from [B, T] long tensors (right padding; segment 1 on real tokens).
+data::Batch to_batch(const torch::Tensor& ids, const torch::Tensor& labels, const torch::Tensor& mask) {
+  data::Batch b;
+  b.batch_size = ids.size(0);
+  b.seq_len = ids.size(1);
+  auto cp = [](const torch::Tensor& t) {
+    torch::Tensor c = t.to(torch::kInt32).contiguous();
+    return std::vector<int32_t>(c.data_ptr<int32_t>(), c.data_ptr<int32_t>() + c.numel());
+  };
+  b.input_ids = cp(ids);
+  b.labels = cp(labels);
+  b.attention_mask = cp(mask);
+  b.position_ids = cp((mask.cumsum(-1) - 1).clamp_min(0) * mask);
+  b.segment_ids = cp(mask);
+  for (int64_t r = 0; r < b.batch_size; ++r) b.example_ids.push_back(r);
+  return b;
+}
+
+TrainingConfig adamw_config() {
+  TrainingConfig t;
+  t.learning_rate = 1e-3;
+  t.adam_beta1 = 0.9;
+  t.adam_beta2 = 0.999;
+  t.adam_epsilon = 1e-8;
+  t.weight_decay = 0.0;
+  return t;
+}
+
+/// Base + the adapter in `adapter_dir`, fp32 on the CPU, dropout as stored.
+LlamaModel with_adapter(const fs::path& base, const fs::path& adapter_dir) {
+  LlamaModel m = LlamaModel::load(base.string(), torch::kFloat32, torch::kCPU);
+  PeftConfig pc = read_peft_config(adapter_dir.string());
+  const LoraWeights w = load_peft_adapter(adapter_dir.string(), &pc, m.lora_shapes(pc.target_modules));
+  m.set_lora(w, lora_scale(pc.r, pc.lora_alpha, pc.use_rslora), pc.lora_dropout);
+  return m;
+}
+
+/// Loss and gradients of one step with lr 0 (a throwaway optimizer: the weights do not move).
+/// Returns the loss; gradients by "<module>.lora_A" / ".lora_B".
+double loss_and_grads(LlamaModel& m, const std::vector<data::Batch>& batches, Refs* grads) {
+  auto opt = make_adamw(m.lora_parameters(), adamw_config());
+  const StepResult r = train_step(m, *opt, batches, /*lr=*/0.0, /*max_grad_norm=*/0.0);
+  grads->clear();
+  for (const FrozenLinear* f : m.linears())
+    if (f->lora) {
+      (*grads)[f->name + ".lora_A"] = f->lora->A.grad().clone();
+      (*grads)[f->name + ".lora_B"] = f->lora->B.grad().clone();
+    }
+  return r.loss;
+}
+
+torch::Tensor logits_of(const LlamaModel& m, const Refs& in) {
+  torch::NoGradGuard ng;
+  ForwardInputs fi;
+  fi.input_ids = in.at("input_ids");
+  fi.attention_mask = in.at("attention_mask");
+  fi.position_ids = in.at("position_ids");
+  return m.forward(fi).to(torch::kFloat32);
+}
+
+std::string python() { return QLORA_PYTHON; }
+
+/// Runs tests/fixtures/peft_logits.py (transformers + PEFT) and returns its logits.
+torch::Tensor python_logits(const fs::path& model_dir, const std::string& adapter_dir, const Refs& in,
+                            const fs::path& work) {
+  const fs::path inp = work / "input.safetensors", out = work / "logits.safetensors", log = work / "python.log";
+  save_tensors(inp.string(), {{"input_ids", in.at("input_ids")},
+                              {"attention_mask", in.at("attention_mask")},
+                              {"position_ids", in.at("position_ids")}});
+  const std::string cmd = python() + " " + (test::source_dir() / "tests/fixtures/peft_logits.py").string() + " " +
+                          model_dir.string() + " " + adapter_dir + " " + out.string() + " " + inp.string() + " > " +
+                          log.string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    ADD_FAILURE() << "peft_logits.py failed (" << rc << "):\n" << read_file(log.string());
+    return {};
+  }
+  return load_refs(out).at("logits");
+}
+
+#define QLORA_REQUIRE_PYTHON()                                                                \
+  if (python().empty()) GTEST_SKIP() << "skipped: QLORA_PYTHON is empty (configure with the venv python)"
+
+// ---------------------------------------------------------------------------------------------
+// Gradient parity with PEFT
+
+/// Loss, every gradient at step 0, the loss of each of 5 AdamW steps and the weights after them,
+/// against transformers + PEFT (torch.optim.AdamW) on `base` with the fixture's initial adapter.
+void check_peft_parity(const std::string& base, const std::string& ref_file, const std::string& label) {
+  QLORA_REQUIRE_FIXTURE(root, "peft");
+  const Refs ref = load_refs(root / ref_file);
+  LlamaModel m = with_adapter(root / base, root / "adapter_init");
+  m.training = true;
+  const data::Batch b = to_batch(ref.at("input_ids"), ref.at("labels"), ref.at("attention_mask"));
+
+  Refs g;
+  const double loss = loss_and_grads(m, {b}, &g);
+  const double ref_loss = ref.at("loss").item<double>();
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << label;
+  ASSERT_EQ(g.size(), 2u * 7 * 2) << label;  // 2 layers × 7 modules × {A, B}
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, t] : g) {
+    const torch::Tensor& r = ref.at(name + ".grad");
+    ASSERT_EQ(t.sizes(), r.sizes()) << name;
+    ASSERT_GT(max_abs(r), 0) << name << ": the fixture's gradient is zero (B must be non-zero)";
+    const double rel = max_diff(t, r) / max_abs(r);
+    EXPECT_LE(rel, kGradTol) << label << " " << name;
+    if (rel > worst) worst = rel, worst_name = name;
+  }
+
+  auto opt = make_adamw(m.lora_parameters(), adamw_config());
+  const torch::Tensor losses = ref.at("losses");
+  double worst_loss = 0;
+  for (int s = 0; s < 5; ++s) {
+    const StepResult r = train_step(m, *opt, {b}, 1e-3, /*max_grad_norm=*/0.0);
+    ASSERT_FALSE(r.skipped);
+    const double rl = losses[s].item<double>();
+    EXPECT_NEAR(r.loss, rl, 1e-5 * std::abs(rl)) << label << " step " << s;
+    worst_loss = std::max(worst_loss, std::abs(r.loss - rl) / std::abs(rl));
+  }
+  double worst_w = 0, moved = 0;
+  const LoraWeights init = with_adapter(root / base, root / "adapter_init").lora_weights();
+  for (const auto& [module, ab] : m.lora_weights()) {
+    const double da = max_diff(ab.first, ref.at(module + ".lora_A.step5"));
+    const double db = max_diff(ab.second, ref.at(module + ".lora_B.step5"));
+    EXPECT_LE(da, kStateTol) << label << " " << module << ".lora_A";
+    EXPECT_LE(db, kStateTol) << label << " " << module << ".lora_B";
+    worst_w = std::max({worst_w, da, db});
+    moved = std::max(moved, max_diff(ab.second, init.at(module).second));
+  }
+  EXPECT_GT(moved, 1e-3) << "the 5 steps did not move the adapter";
+  std::cout << "[peft parity " << label << "] loss " << loss << " vs " << ref_loss << " (rel "
+            << std::abs(loss - ref_loss) / ref_loss << "); worst grad rel " << worst << " (" << worst_name
+            << "); worst step loss rel " << worst_loss << "; weights after 5 steps max |diff| " << worst_w
+            << " (max move " << moved << ")\n";
+}
+
+TEST(LoraPeftParity, Fp32Base) { check_peft_parity("base", "ref_fp32.safetensors", "fp32"); }
+TEST(LoraPeftParity, Nf4Base) { check_peft_parity("base_nf4", "ref_nf4.safetensors", "nf4"); }
+
+// ---------------------------------------------------------------------------------------------
+// Gradient checkpointing
+
+// Standard init (B = 0): checkpointing changes nothing, bit for bit; at step 1 A's gradient is
+// exactly zero (it is multiplied by B) and B's is not.
+TEST(LoraCheckpointing, SameLossAndGradsStandardInit) {
+  QLORA_REQUIRE_FIXTURE(root, "peft");
+  const Refs ref = load_refs(root / "ref_fp32.safetensors");
+  const data::Batch b = to_batch(ref.at("input_ids"), ref.at("labels"), ref.at("attention_mask"));
+  LlamaModel m = LlamaModel::load((root / "base").string(), torch::kFloat32, torch::kCPU);
+  m.add_lora(4, 8, 0.0, {"all-linear"}, false, 7);
+  m.training = true;
+  Refs off, on;
+  const double l_off = loss_and_grads(m, {b}, &off);
+  m.gradient_checkpointing = true;
+  const double l_on = loss_and_grads(m, {b}, &on);
+  EXPECT_EQ(l_off, l_on);
+  double worst = 0;
+  for (const auto& [name, t] : off) {
+    worst = std::max(worst, max_diff(t, on.at(name)));
+    if (name.size() > 7 && name.substr(name.size() - 7) == ".lora_A") {
+      EXPECT_EQ(max_abs(t), 0.0) << name << ": A's gradient must be zero while B = 0";
+    } else {
+      EXPECT_GT(max_abs(t), 0.0) << name << ": B's gradient must be non-zero at step 1";
+    }
+  }
+  EXPECT_EQ(worst, 0.0) << "checkpointing changed a gradient";
+}
+
+// LoRA dropout 0.1 in train mode: the recompute restores the RNG state, so the dropout masks and
+// therefore the gradients are identical; another seed gives other gradients (dropout is live).
+TEST(LoraCheckpointing, DropoutSameGradsWithRngRestore) {
+  QLORA_REQUIRE_FIXTURE(root, "peft");
+  const Refs ref = load_refs(root / "ref_fp32.safetensors");
+  const data::Batch b = to_batch(ref.at("input_ids"), ref.at("labels"), ref.at("attention_mask"));
+  LlamaModel m = LlamaModel::load((root / "base").string(), torch::kFloat32, torch::kCPU);
+  m.add_lora(4, 8, 0.1, {"all-linear"}, false, 7);
+  {
+    torch::NoGradGuard ng;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    for (FrozenLinear* f : m.linears()) f->lora->B.normal_(0, 0.05, gen);
+  }
+  m.training = true;
+  Refs off, on, other;
+  torch::manual_seed(123);
+  const double l_off = loss_and_grads(m, {b}, &off);
+  m.gradient_checkpointing = true;
+  torch::manual_seed(123);
+  const double l_on = loss_and_grads(m, {b}, &on);
+  m.gradient_checkpointing = false;
+  torch::manual_seed(124);
+  loss_and_grads(m, {b}, &other);
+  EXPECT_EQ(l_off, l_on);
+  double worst = 0, diff_other = 0;
+  for (const auto& [name, t] : off) {
+    worst = std::max(worst, max_diff(t, on.at(name)));
+    diff_other = std::max(diff_other, max_diff(t, other.at(name)) / max_abs(t));
+  }
+  EXPECT_EQ(worst, 0.0) << "checkpointing with dropout changed a gradient (RNG not restored?)";
+  EXPECT_GT(diff_other, 1e-3) << "another seed gave the same gradients: dropout is not active";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradient accumulation
+
+// One Batch of 4 rows (lengths 9, 6, 4, 7, right-padded to 9) vs four Batches of 1 row each (no
+// padding): the same loss, gradients and update. Only summation order differs (fp32): loss
+// relative 1e-6, gradients 1e-5 of the tensor's max, weights 1e-6 absolute (a step moves ≈ 1e-3;
+// Adam's first step is lr·g/(|g| + eps) ≈ lr·sign(g), insensitive to relative noise in g unless
+// |g| ≲ 1e-8).
+TEST(LoraGradAccumulation, FourByOneEqualsOneByFour) {
+  QLORA_REQUIRE_FIXTURE(root, "peft");
+  const std::vector<int64_t> lens = {9, 6, 4, 7};
+  const int64_t T = 9, prompt = 2;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  std::vector<torch::Tensor> rows;
+  for (int64_t n : lens) rows.push_back(torch::randint(3, 512, {n}, gen, torch::kLong));
+  auto make = [&](const std::vector<size_t>& which, int64_t len) {
+    torch::Tensor ids = torch::zeros({(int64_t)which.size(), len}, torch::kLong);
+    torch::Tensor mask = torch::zeros_like(ids);
+    for (size_t i = 0; i < which.size(); ++i) {
+      const int64_t n = lens[which[i]];
+      ids[i].narrow(0, 0, n).copy_(rows[which[i]]);
+      mask[i].narrow(0, 0, n).fill_(1);
+    }
+    torch::Tensor labels = ids.masked_fill(mask == 0, -100);
+    labels.narrow(1, 0, prompt).fill_(-100);
+    return to_batch(ids, labels, mask);
+  };
+  const data::Batch four = make({0, 1, 2, 3}, T);
+  std::vector<data::Batch> ones;
+  for (size_t i = 0; i < lens.size(); ++i) ones.push_back(make({i}, lens[i]));
+
+  LlamaModel x = with_adapter(root / "base", root / "adapter_init");
+  LlamaModel y = with_adapter(root / "base", root / "adapter_init");
+  x.training = y.training = true;
+  auto ox = make_adamw(x.lora_parameters(), adamw_config());
+  auto oy = make_adamw(y.lora_parameters(), adamw_config());
+  const StepResult rx = train_step(x, *ox, {four}, 1e-3, 0.0);
+  const StepResult ry = train_step(y, *oy, ones, 1e-3, 0.0);
+  EXPECT_EQ(rx.targets, ry.targets);
+  EXPECT_NEAR(rx.loss, ry.loss, 1e-6 * rx.loss);
+  const auto px = x.lora_parameters(), py = y.lora_parameters();
+  ASSERT_EQ(px.size(), py.size());
+  double worst_g = 0, worst_w = 0;
+  for (size_t i = 0; i < px.size(); ++i) {
+    const double rel = max_diff(px[i].grad(), py[i].grad()) / max_abs(px[i].grad());
+    EXPECT_LE(rel, 1e-5) << "parameter " << i;
+    EXPECT_LE(max_diff(px[i], py[i]), 1e-6) << "parameter " << i;
+    worst_g = std::max(worst_g, rel);
+    worst_w = std::max(worst_w, max_diff(px[i], py[i]));
+  }
+  std::cout << "[grad accumulation] loss " << rx.loss << " vs " << ry.loss << "; worst grad rel " << worst_g
+            << "; worst weight |diff| after the step " << worst_w << "\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adapter round trip
+
+// An adapter saved by PEFT (after its 5 training steps) loads into qlora and gives PEFT's logits.
+TEST(LoraAdapterRoundTrip, PeftSavedLoadsWithPeftLogits) {
+  QLORA_REQUIRE_FIXTURE(root, "peft");
+  const Refs ref = load_refs(root / "ref_fp32.safetensors");
+  LlamaModel m = with_adapter(root / "base", root / "adapter_trained");
+  const torch::Tensor ours = logits_of(m, ref);
+  const double d = max_diff(ours, ref.at("logits"));
+  EXPECT_LE(d, kLogitTol);
+  std::cout << "[PEFT adapter -> qlora] logits max |diff| " << d << "\n";
+}
+
+// Our adapter (after a training step), saved with save_peft_adapter, loaded by PEFT onto the
+// transformers model gives our logits.
+TEST(LoraAdapterRoundTrip, OursLoadsIntoPeftWithOurLogits) {
+  QLORA_REQUIRE_PYTHON();
+  QLORA_REQUIRE_FIXTURE(root, "peft");
+  const Refs ref = load_refs(root / "ref_fp32.safetensors");
+  LlamaModel m = LlamaModel::load((root / "base").string(), torch::kFloat32, torch::kCPU);
+  m.add_lora(4, 8, 0.0, kTargets, false, 11);
+  m.training = true;
+  auto opt = make_adamw(m.lora_parameters(), adamw_config());
+  const data::Batch b = to_batch(ref.at("input_ids"), ref.at("labels"), ref.at("attention_mask"));
+  for (int s = 0; s < 3; ++s) train_step(m, *opt, {b}, 1e-2, 0.0);  // A and B both non-zero now
+  m.training = false;
+  TempDir tmp("ours_to_peft");
+  PeftConfig pc;
+  pc.r = 4;
+  pc.lora_alpha = 8;
+  pc.target_modules = kTargets;
+  pc.base_model_name_or_path = (root / "base").string();
+  save_peft_adapter((tmp.path / "adapter").string(), pc, m.lora_weights());
+  const torch::Tensor theirs = python_logits(root / "base", (tmp.path / "adapter").string(), ref, tmp.path);
+  ASSERT_TRUE(theirs.defined());
+  const torch::Tensor ours = logits_of(m, ref);
+  const double d = max_diff(ours, theirs);
+  EXPECT_LE(d, kLogitTol);
+  // The adapter really changes the output (a no-op adapter would pass trivially).
+  LlamaModel plain = LlamaModel::load((root / "base").string(), torch::kFloat32, torch::kCPU);
+  EXPECT_GT(max_diff(logits_of(plain, ref), ours), 100 * kLogitTol);
+  std::cout << "[qlora adapter -> PEFT] logits max |diff| " << d << "\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// qlora merge
+
+MergeOptions merge_opts(const fs::path& base, const fs::path& adapter, const fs::path& out, const std::string& dtype) {
+  MergeOptions o;
+  o.base_dir = base.string();
+  o.adapter_dir = adapter.string();
+  o.out_dir = out.string();
+  o.dtype = dtype;
+  return o;
+}
+
+// 16-bit base + PEFT's trained adapter: the merged dir (LlamaModel::load and transformers) gives
+// base+adapter logits; config and tokenizer files as expected; a second merge into it is refused.
+TEST(LoraMerge, Fp32BaseMatchesBasePlusAdapter) {
+  QLORA_REQUIRE_FIXTURE(root, "peft");
+  const Refs ref = load_refs(root / "ref_fp32.safetensors");
+  TempDir tmp("merge_fp32");
+  const fs::path out = tmp.path / "merged";
+  cmd_merge(merge_opts(root / "base", root / "adapter_trained", out, "fp32"));
+  EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(out / "tokenizer_config.json"));
+  const json cfg = json::parse(read_file((out / "config.json").string()));
+  EXPECT_FALSE(cfg.contains("quantization_config"));
+  EXPECT_EQ(cfg.value("torch_dtype", ""), "float32");
+  const torch::Tensor expect = logits_of(with_adapter(root / "base", root / "adapter_trained"), ref);
+  const torch::Tensor merged = logits_of(LlamaModel::load(out.string(), torch::kFloat32, torch::kCPU), ref);
+  const double d = max_diff(merged, expect);
+  EXPECT_LE(d, kLogitTol);
+  EXPECT_LE(max_diff(merged, ref.at("logits")), kLogitTol);  // and PEFT's own logits
+  std::cout << "[merge fp32] merged vs base+adapter logits max |diff| " << d << "\n";
+  const std::string err = error_of([&] { cmd_merge(merge_opts(root / "base", root / "adapter_trained", out, "fp32")); });
+  EXPECT_NE(err.find("not empty"), std::string::npos) << err;
+  if (!python().empty()) {
+    const torch::Tensor hf = python_logits(out, "-", ref, tmp.path);
+    ASSERT_TRUE(hf.defined());
+    EXPECT_LE(max_diff(hf, expect), kLogitTol);
+    std::cout << "[merge fp32] transformers on the merged dir vs our base+adapter max |diff| " << max_diff(hf, expect)
+              << "\n";
+  }
+}
+
+// NF4 (bitsandbytes) base: dequantized, merged, written in 16 bits without quantization_config;
+// matches our NF4 base + adapter.
+TEST(LoraMerge, Nf4BaseDequantizesAndMatches) {
+  QLORA_REQUIRE_FIXTURE(root, "peft");
+  const Refs ref = load_refs(root / "ref_nf4.safetensors");
+  TempDir tmp("merge_nf4");
+  const fs::path out = tmp.path / "merged";
+  cmd_merge(merge_opts(root / "base_nf4", root / "adapter_trained", out, "fp32"));
+  const json cfg = json::parse(read_file((out / "config.json").string()));
+  EXPECT_FALSE(cfg.contains("quantization_config"));
+  const torch::Tensor expect = logits_of(with_adapter(root / "base_nf4", root / "adapter_trained"), ref);
+  const torch::Tensor merged = logits_of(LlamaModel::load(out.string(), torch::kFloat32, torch::kCPU), ref);
+  const double d = max_diff(merged, expect);
+  EXPECT_LE(d, kLogitTol);
+  std::cout << "[merge nf4] merged vs nf4 base+adapter logits max |diff| " << d << "\n";
+  if (!python().empty()) {
+    const torch::Tensor hf = python_logits(out, "-", ref, tmp.path);
+    ASSERT_TRUE(hf.defined());
+    EXPECT_LE(max_diff(hf, expect), kLogitTol);
+  }
+}
+
+// Tied embeddings, sharded output (a 100 kB shard limit): index + shards, no lm_head tensor, and
+// the logits of base + adapter; bf16 output stays within bf16 rounding.
+TEST(LoraMerge, TiedEmbeddingsShardedOutput) {
+  QLORA_REQUIRE_FIXTURE(root, "peft");
+  const Refs ref = load_refs(root / "ref_fp32.safetensors");
+  TempDir tmp("merge_tied");
+  LlamaModel m = LlamaModel::load((root / "base_tied").string(), torch::kFloat32, torch::kCPU);
+  m.add_lora(4, 8, 0.0, kTargets, false, 5);
+  {
+    torch::NoGradGuard ng;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+    for (FrozenLinear* f : m.linears()) f->lora->B.normal_(0, 0.05, gen);
+  }
+  PeftConfig pc;
+  pc.r = 4;
+  pc.lora_alpha = 8;
+  pc.target_modules = kTargets;
+  save_peft_adapter((tmp.path / "adapter").string(), pc, m.lora_weights());
+  MergeOptions o = merge_opts(root / "base_tied", tmp.path / "adapter", tmp.path / "merged", "fp32");
+  o.max_shard_bytes = 100'000;
+  cmd_merge(o);
+  const fs::path out = tmp.path / "merged";
+  ASSERT_TRUE(fs::exists(out / "model.safetensors.index.json"));
+  const json idx = json::parse(read_file((out / "model.safetensors.index.json").string()));
+  EXPECT_FALSE(idx["weight_map"].contains("lm_head.weight"));
+  std::set<std::string> shards;
+  for (const auto& [k, v] : idx["weight_map"].items()) shards.insert(v.get<std::string>());
+  EXPECT_GT(shards.size(), 1u);
+  const torch::Tensor expect = logits_of(m, ref);
+  const torch::Tensor merged = logits_of(LlamaModel::load(out.string(), torch::kFloat32, torch::kCPU), ref);
+  EXPECT_LE(max_diff(merged, expect), kLogitTol);
+  std::cout << "[merge tied, " << shards.size() << " shards] logits max |diff| " << max_diff(merged, expect) << "\n";
+  if (!python().empty()) {
+    const torch::Tensor hf = python_logits(out, "-", ref, tmp.path);
+    ASSERT_TRUE(hf.defined());
+    EXPECT_LE(max_diff(hf, expect), kLogitTol);
+  }
+  // bf16: every weight rounded once (relative 2^-9), logits within a loose bound.
+  cmd_merge(merge_opts(root / "base_tied", tmp.path / "adapter", tmp.path / "merged_bf16", "bf16"));
+  const json cfg = json::parse(read_file((tmp.path / "merged_bf16" / "config.json").string()));
+  EXPECT_EQ(cfg.value("torch_dtype", ""), "bfloat16");
+  const torch::Tensor mb = logits_of(LlamaModel::load((tmp.path / "merged_bf16").string(), torch::kFloat32,
+                                                      torch::kCPU), ref);
+  EXPECT_LE(max_diff(mb, expect), 0.05);
+}
+
+// A LoRA on lm_head: refused with a clear error (tied: it would change the embeddings too).
+TEST(LoraMerge, RefusesLmHeadAdapter) {
+  QLORA_REQUIRE_FIXTURE(root, "peft");
+  TempDir tmp("merge_lm_head");
+  LlamaModel m = LlamaModel::load((root / "base_tied").string(), torch::kFloat32, torch::kCPU);
+  m.add_lora(4, 8, 0.0, {"q_proj"}, false, 5);
+  PeftConfig pc;
+  pc.r = 4;
+  pc.lora_alpha = 8;
+  pc.target_modules = {"q_proj", "lm_head"};
+  save_peft_adapter((tmp.path / "adapter").string(), pc, m.lora_weights());
+  std::string err = error_of([&] {
+    cmd_merge(merge_opts(root / "base_tied", tmp.path / "adapter", tmp.path / "out", "fp32"));
+  });
+  EXPECT_NE(err.find("lm_head"), std::string::npos) << err;
+  EXPECT_NE(err.find("tie"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(tmp.path / "out"));
+  err = error_of([&] { cmd_merge(merge_opts(root / "base", tmp.path / "adapter", tmp.path / "out", "fp32")); });
+  EXPECT_NE(err.find("lm_head"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace qlora

@@ -1,0 +1,218 @@
+// `qlora train` / `qlora eval` / `qlora generate --adapter` end to end through the built binary:
+//   - the main job on real input: a tiny NF4 Llama on the Llama-2 tokenizer trained 120 steps on
+//     ../shared/data/alpaca_en_demo.json; the training loss and the held-out loss fall, and the
+//     adapter loads in PEFT (tests/fixtures/peft_load_check.py, when QLORA_PYTHON is set);
+//   - bad input: every config in tests/badinput/configs/, a missing data file, a missing
+//     tokenizer: exit 1, one line on stderr, and output_dir never created.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "test_util.h"
+
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct CliRun {
+  int status;
+  std::string out;  // stdout + stderr
+};
+
+/// Runs `qlora ARGS` (in `cwd` when given), capturing stdout and stderr together.
+CliRun run(const std::string& args, const fs::path& cwd = {}) {
+  std::string cmd = std::string(QLORA_BIN) + " " + args + " 2>&1";
+  if (!cwd.empty()) cmd = "cd '" + cwd.string() + "' && " + cmd;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("qlora_e2e_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void write(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return json::parse(in);
+}
+
+std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+
+// exit 1, exactly one line "error: ..." containing `fragment`, no backtrace.
+void expect_one_line_error(const CliRun& r, const std::string& what, const std::string& fragment = "") {
+  EXPECT_EQ(r.status, 1) << what << "\n" << r.out;
+  EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << what << "\n" << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << what << "\n" << r.out;
+  EXPECT_EQ(r.out.find("Exception raised from"), std::string::npos) << what << "\n" << r.out;
+  if (!fragment.empty()) EXPECT_NE(r.out.find(fragment), std::string::npos) << what << "\n" << r.out;
+}
+
+double mean(const std::vector<double>& v, size_t from, size_t to) {
+  double s = 0;
+  for (size_t i = from; i < to; ++i) s += v[i];
+  return s / static_cast<double>(to - from);
+}
+
+TEST(TrainE2E, TinyNf4OnAlpacaDemoLearnsAndLoadsInPeft) {
+  QLORA_REQUIRE_SHARED(data, "data/alpaca_en_demo.json");
+  QLORA_REQUIRE_SHARED(tokenizer, "tokenizers/llama2/tokenizer.model");
+  const fs::path d = temp_dir("alpaca");
+  CliRun r = run("init-model --preset tiny --out " + q(d / "model") + " --tokenizer " + q(tokenizer) + " --seed 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const int64_t steps = 120;
+  const fs::path cfg = d / "qlora.yaml";
+  write(cfg, "output_dir: " + (d / "run").string() + "\n" +
+                 "model:\n  path: " + (d / "model").string() + "\n  dtype: fp32\n"
+                 "quantization:\n  method: nf4\n  double_quant: true\n"
+                 "lora:\n  r: 8\n  alpha: 16\n  dropout: 0.05\n  target_modules: all-linear\n"
+                 "data:\n  train: " + data.string() + "\n  template: alpaca\n  sequence_len: 256\n  val_set_size: 40\n"
+                 "training:\n  micro_batch_size: 4\n  gradient_accumulation_steps: 1\n  max_steps: " +
+                 std::to_string(steps) +
+                 "\n  learning_rate: 2.0e-3\n  lr_scheduler: cosine\n  warmup_steps: 5\n"
+                 "  gradient_checkpointing: false\n  logging_steps: 20\n  eval_steps: 40\n  seed: 0\n"
+                 "checkpoint:\n  save_steps: 0\n  save_minutes: 0\n  resume: never\n");
+
+  // Held-out loss of the base model (no adapter = an untrained adapter, whose B is zero).
+  r = run("eval " + q(cfg) + " --out " + q(d / "eval_before.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const double before = read_json(d / "eval_before.json")["loss"].get<double>();
+
+  r = run("train " + q(cfg));
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* f : {"adapter_config.json", "adapter_model.safetensors", "metrics.jsonl", "summary.json",
+                        "config.resolved.yaml"})
+    EXPECT_TRUE(fs::exists(d / "run" / f)) << f;
+
+  std::vector<double> loss;
+  std::vector<std::pair<int64_t, double>> eval_loss;
+  std::ifstream metrics(d / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const json j = json::parse(line);
+    loss.push_back(j["loss"].get<double>());
+    if (j.contains("eval_loss")) eval_loss.emplace_back(j["step"].get<int64_t>(), j["eval_loss"].get<double>());
+  }
+  ASSERT_EQ(static_cast<int64_t>(loss.size()), steps);
+
+  r = run("eval " + q(cfg) + " --adapter " + q(d / "run") + " --out " + q(d / "eval_after.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const double after = read_json(d / "eval_after.json")["loss"].get<double>();
+
+  std::ostringstream table;
+  table << std::fixed << std::setprecision(4) << "step   train_loss   eval_loss\n";
+  for (size_t i = 0; i < loss.size(); ++i)
+    if (i < 3 || (i + 1) % 10 == 0) {
+      table << std::setw(4) << i + 1 << std::setw(13) << loss[i];
+      for (const auto& [s, e] : eval_loss)
+        if (s == static_cast<int64_t>(i + 1)) table << std::setw(12) << e;
+      table << "\n";
+    }
+  const double first10 = mean(loss, 0, 10), last10 = mean(loss, loss.size() - 10, loss.size());
+  table << "train loss: mean of steps 1-10 " << first10 << ", of the last 10 " << last10 << "\n"
+        << "held-out loss (qlora eval): before " << before << ", after " << after << "\n";
+  std::cout << table.str();
+
+  EXPECT_LT(last10, first10 - 0.5) << table.str();
+  EXPECT_LT(after, before - 0.5) << table.str();
+  ASSERT_FALSE(eval_loss.empty());
+  EXPECT_NEAR(eval_loss.back().second, after, 1e-3) << "train's final eval_loss and qlora eval disagree";
+
+  r = run("generate " + q(d / "model") + " --adapter " + q(d / "run") + " --prompt 'Describe a cat.' --max-new-tokens 4 --ids");
+  EXPECT_EQ(r.status, 0) << r.out;
+
+  const std::string python = QLORA_PYTHON;
+  if (!python.empty()) {
+    const fs::path check = ::qlora::test::source_dir() / "tests/fixtures/peft_load_check.py";
+    FILE* p = popen((q(python) + " " + q(check) + " " + q(d / "model") + " " + q(d / "run") + " 2>&1").c_str(), "r");
+    std::string out;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+    EXPECT_EQ(pclose(p), 0) << out;
+    EXPECT_NE(out.find("OK"), std::string::npos) << out;
+  } else {
+    std::cout << "PEFT load check skipped: QLORA_PYTHON is empty\n";
+  }
+  fs::remove_all(d);
+}
+
+TEST(TrainE2E, BadConfigsFailBeforeWritingOutput) {
+  const fs::path dir = ::qlora::test::source_dir() / "tests/badinput/configs";
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".yaml") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 15u);
+  for (const fs::path& f : files) {
+    const fs::path d = temp_dir("badcfg");  // cwd: the configs' relative paths resolve to nothing here
+    const CliRun r = run("train " + q(f) + " --set output_dir=" + (d / "out").string(), d);
+    expect_one_line_error(r, f.filename().string());
+    EXPECT_FALSE(fs::exists(d / "out")) << f.filename() << " created output_dir";
+    EXPECT_FALSE(fs::exists(d / "runs")) << f.filename() << " created its own output_dir";
+    fs::remove_all(d);
+  }
+}
+
+TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
+  const fs::path d = temp_dir("baddata");
+  {
+    std::ofstream c(d / "corpus.txt");
+    for (int i = 0; i < 300; ++i) c << "ticket " << i << ": the printer " << i % 13 << " is broken, please help\n";
+  }
+  CliRun r = run("init-model --preset tiny --out " + q(d / "model") + " --train-tokenizer " + q(d / "corpus.txt") +
+                 " --vocab-size 200 --seed 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  write(d / "train.json", R"([{"instruction": "fix the printer", "output": "ok"}])");
+  const std::string common = "\nlora:\n  r: 4\n  target_modules: [q_proj]\ntraining:\n  max_steps: 2\n";
+
+  // A data file that does not exist.
+  write(d / "missing_data.yaml", "output_dir: " + (d / "out1").string() + "\nmodel:\n  path: " +
+                                     (d / "model").string() + "\ndata:\n  train: " + (d / "nope.json").string() + common);
+  expect_one_line_error(run("train " + q(d / "missing_data.yaml")), "missing data", "nope.json");
+  EXPECT_FALSE(fs::exists(d / "out1"));
+
+  // A preset whose tokenizer file does not exist.
+  write(d / "missing_tok.yaml", "output_dir: " + (d / "out2").string() +
+                                    "\nmodel:\n  preset: tiny\n  init: random\n  tokenizer: " +
+                                    (d / "none" / "tokenizer.model").string() + "\ndata:\n  train: " +
+                                    (d / "train.json").string() + common);
+  expect_one_line_error(run("train " + q(d / "missing_tok.yaml")), "missing tokenizer", "tokenizer.model");
+  EXPECT_FALSE(fs::exists(d / "out2"));
+
+  // A model directory without its tokenizer.model.
+  fs::copy(d / "model", d / "model_notok", fs::copy_options::recursive);
+  fs::remove(d / "model_notok" / "tokenizer.model");
+  write(d / "model_notok.yaml", "output_dir: " + (d / "out3").string() + "\nmodel:\n  path: " +
+                                    (d / "model_notok").string() + "\ndata:\n  train: " + (d / "train.json").string() +
+                                    common);
+  expect_one_line_error(run("train " + q(d / "model_notok.yaml")), "model dir without tokenizer", "model_notok");
+  EXPECT_FALSE(fs::exists(d / "out3"));
+
+  // The same bad inputs through `qlora eval`: one line, exit 1.
+  expect_one_line_error(run("eval " + q(d / "missing_data.yaml")), "eval missing data", "nope.json");
+  expect_one_line_error(run("eval --model " + q(d / "model") + " --data " + q(d / "train.json") + " --adapter " +
+                            q(d / "no_adapter")),
+                        "eval missing adapter", "no_adapter");
+  fs::remove_all(d);
+}
+
+}  // namespace

@@ -1,0 +1,228 @@
+#include "trainer/checkpoint.h"
+
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/tensor_io.h"
+
+namespace qlora {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+const char* kPrefix = "checkpoint-";
+
+// Step number of "checkpoint-<N>", or -1.
+int64_t step_of(const fs::path& p) {
+  const std::string n = p.filename().string();
+  if (n.rfind(kPrefix, 0) != 0) return -1;
+  const std::string digits = n.substr(std::char_traits<char>::length(kPrefix));
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+void fsync_file(const fs::path& p) {
+  std::FILE* f = std::fopen(p.c_str(), "rb");
+  QLORA_CHECK(f, "cannot open ", p.string(), " to fsync");
+  const int rc = ::fsync(fileno(f));
+  std::fclose(f);
+  QLORA_CHECK(rc == 0, "cannot fsync ", p.string());
+}
+
+json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
+  json sampler;
+  data::to_json(sampler, s.sampler);
+  return {{"format", "qlora-cpp checkpoint v1"},
+          {"step", s.step},
+          {"sampler", sampler},
+          {"skipped_steps", s.skipped_steps},
+          {"nonfinite_in_a_row", s.nonfinite_in_a_row},
+          {"tokens_trained", s.tokens_trained},
+          {"train_seconds", s.train_seconds},
+          {"optimizer_steps", o.steps},
+          {"config", s.config_yaml}};
+}
+
+void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>* out) {
+  if (n.IsMap()) {
+    for (const auto& kv : n) flatten(kv.second, prefix.empty() ? kv.first.as<std::string>() : prefix + "." + kv.first.as<std::string>(), out);
+  } else if (n.IsScalar()) {
+    (*out)[prefix] = n.as<std::string>();
+  } else {
+    YAML::Emitter e;
+    e << YAML::Flow << n;
+    (*out)[prefix] = e.c_str();
+  }
+}
+
+bool ignored_key(const std::string& k) {
+  static const char* keys[] = {"training.max_steps", "training.num_epochs", "training.logging_steps",
+                               "training.eval_steps", "output_dir"};
+  for (const char* x : keys)
+    if (k == x) return true;
+  return k.rfind("checkpoint.", 0) == 0 || k.rfind("cost.", 0) == 0;
+}
+}  // namespace
+
+std::string write_checkpoint(const std::string& dir, const TrainerState& state, const PeftConfig& peft,
+                             const LoraWeights& adapter, const OptimizerTensors& opt, const torch::Tensor& rng_cpu,
+                             const torch::Tensor& rng_cuda) {
+  fs::create_directories(dir);
+  const fs::path final_dir = fs::path(dir) / (kPrefix + std::to_string(state.step));
+  const fs::path tmp = fs::path(dir) / (".tmp-" + std::string(kPrefix) + std::to_string(state.step) + "-" +
+                                        std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  try {
+    save_peft_adapter(tmp.string(), peft, adapter);
+    std::vector<std::pair<std::string, torch::Tensor>> ot;
+    for (size_t i = 0; i < opt.exp_avg.size(); ++i) {
+      ot.emplace_back("exp_avg." + std::to_string(i), opt.exp_avg[i]);
+      ot.emplace_back("exp_avg_sq." + std::to_string(i), opt.exp_avg_sq[i]);
+    }
+    if (!ot.empty()) save_tensors((tmp / "optimizer.safetensors").string(), ot);
+    std::vector<std::pair<std::string, torch::Tensor>> rng = {{"cpu", rng_cpu}};
+    if (rng_cuda.defined()) rng.emplace_back("cuda", rng_cuda);
+    save_tensors((tmp / "rng.safetensors").string(), rng);
+    atomic_write_string((tmp / "trainer_state.json").string(), state_to_json(state, opt).dump(2) + "\n");
+    json manifest = json::object();
+    for (const auto& e : fs::directory_iterator(tmp)) {
+      fsync_file(e.path());
+      manifest[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())},
+                                                {"sha256", sha256_file(e.path().string())}};
+    }
+    atomic_write_string((tmp / "manifest.json").string(), json({{"files", manifest}}).dump(2) + "\n");
+    fsync_dir(tmp.string());
+    if (fs::exists(final_dir)) {  // same step written again: swap only once the new one is complete
+      const fs::path old = fs::path(dir) / (".old-" + final_dir.filename().string());
+      fs::remove_all(old);
+      fs::rename(final_dir, old);
+      fs::rename(tmp, final_dir);
+      fs::remove_all(old);
+    } else {
+      fs::rename(tmp, final_dir);
+    }
+    fsync_dir(dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return final_dir.string();
+}
+
+std::string verify_checkpoint(const std::string& ckpt_dir) {
+  const fs::path m = fs::path(ckpt_dir) / "manifest.json";
+  if (!fs::exists(m)) return "no manifest.json (incomplete)";
+  json j;
+  try {
+    j = json::parse(read_file(m.string()));
+  } catch (const std::exception& e) {
+    return std::string("manifest.json unreadable: ") + e.what();
+  }
+  if (!j.contains("files") || !j["files"].is_object() || j["files"].empty()) return "manifest.json lists no files";
+  for (auto it = j["files"].begin(); it != j["files"].end(); ++it) {
+    const fs::path f = fs::path(ckpt_dir) / it.key();
+    if (!fs::exists(f)) return it.key() + " is missing";
+    if (!it.value().contains("bytes") || !it.value().contains("sha256")) return "manifest entry for " + it.key() + " is malformed";
+    if (fs::file_size(f) != it.value()["bytes"].get<uint64_t>())
+      return it.key() + " has " + std::to_string(fs::file_size(f)) + " bytes, manifest says " +
+             std::to_string(it.value()["bytes"].get<uint64_t>());
+    if (sha256_file(f.string()) != it.value()["sha256"].get<std::string>()) return it.key() + " fails its SHA-256";
+  }
+  return "";
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  if (fs::is_directory(dir))
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.is_directory() && step_of(e.path()) >= 0) found.emplace_back(step_of(e.path()), e.path().string());
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::string>* skipped) {
+  for (const std::string& c : list_checkpoints(dir)) {
+    const std::string why = verify_checkpoint(c);
+    if (why.empty()) return c;
+    if (skipped) skipped->push_back(c + ": " + why);
+  }
+  return "";
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last) {
+  std::vector<std::string> removed;
+  int64_t kept = 0;
+  for (const std::string& c : list_checkpoints(dir)) {
+    if (kept < keep_last && verify_checkpoint(c).empty()) {
+      ++kept;
+      continue;
+    }
+    if (kept < keep_last) continue;  // never delete an unverified newer one before enough are kept
+    fs::remove_all(c);
+    removed.push_back(c);
+  }
+  return removed;
+}
+
+LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
+                                 const std::map<std::string, std::pair<int64_t, int64_t>>& shapes) {
+  const std::string why = verify_checkpoint(ckpt_dir);
+  QLORA_CHECK(why.empty(), ckpt_dir, ": checkpoint does not verify: ", why);
+  LoadedCheckpoint c;
+  c.adapter = load_peft_adapter(ckpt_dir, &c.peft, shapes);
+  const std::string sp = (fs::path(ckpt_dir) / "trainer_state.json").string();
+  json j;
+  try {
+    j = json::parse(read_file(sp));
+    c.state.step = j.at("step").get<int64_t>();
+    data::from_json(j.at("sampler"), c.state.sampler);
+    c.state.skipped_steps = j.at("skipped_steps").get<int64_t>();
+    c.state.nonfinite_in_a_row = j.at("nonfinite_in_a_row").get<int64_t>();
+    c.state.tokens_trained = j.at("tokens_trained").get<int64_t>();
+    c.state.train_seconds = j.at("train_seconds").get<double>();
+    c.state.config_yaml = j.at("config").get<std::string>();
+    c.opt.steps = j.at("optimizer_steps").get<std::vector<int64_t>>();
+  } catch (const json::exception& e) {
+    fail(sp, ": ", e.what());
+  }
+  const fs::path op = fs::path(ckpt_dir) / "optimizer.safetensors";
+  if (!c.opt.steps.empty()) {
+    st::SafetensorsFile f(op.string());
+    for (size_t i = 0; i < c.opt.steps.size(); ++i) {
+      c.opt.exp_avg.push_back(load_tensor(f, f.info("exp_avg." + std::to_string(i))).clone());
+      c.opt.exp_avg_sq.push_back(load_tensor(f, f.info("exp_avg_sq." + std::to_string(i))).clone());
+    }
+  }
+  st::SafetensorsFile r((fs::path(ckpt_dir) / "rng.safetensors").string());
+  c.rng_cpu = load_tensor(r, r.info("cpu")).clone();
+  if (r.contains("cuda")) c.rng_cuda = load_tensor(r, r.info("cuda")).clone();
+  return c;
+}
+
+std::vector<std::string> config_differences(const std::string& saved_yaml, const std::string& current_yaml) {
+  std::map<std::string, std::string> a, b;
+  flatten(YAML::Load(saved_yaml), "", &a);
+  flatten(YAML::Load(current_yaml), "", &b);
+  std::vector<std::string> out;
+  for (const auto& [k, v] : a) {
+    if (ignored_key(k)) continue;
+    auto it = b.find(k);
+    const std::string now = it == b.end() ? "(absent)" : it->second;
+    if (now != v) out.push_back(k + ": " + v + " -> " + now);
+  }
+  for (const auto& [k, v] : b)
+    if (!ignored_key(k) && !a.count(k)) out.push_back(k + ": (absent) -> " + v);
+  return out;
+}
+
+}  // namespace qlora

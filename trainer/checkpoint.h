@@ -1,0 +1,84 @@
+// qlora-cpp: spot-safe checkpoints. A checkpoint directory `checkpoint-<step>` holds
+//   adapter_model.safetensors + adapter_config.json   the LoRA weights (PEFT layout: usable as an adapter)
+//   optimizer.safetensors                            AdamW exp_avg / exp_avg_sq per LoRA tensor
+//   rng.safetensors                                  CPU (and CUDA) generator states, uint8
+//   trainer_state.json                               step, sampler state, optimizer step counts,
+//                                                    counters, the run's resolved config
+//   manifest.json                                    every other file's size and SHA-256
+// It is written into a temporary sibling directory, every file and the directory fsync'd, then
+// renamed into place and the parent fsync'd: on disk a checkpoint is complete and verifiable, or
+// it is ignored. Nothing here is pickle; all of it is safetensors + JSON.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "adapters/peft.h"
+#include "data/batch.h"
+
+namespace qlora {
+
+/// Everything besides tensors that decides how a resumed run continues.
+struct TrainerState {
+  int64_t step = 0;                 ///< optimizer steps completed
+  data::SamplerState sampler;       ///< position of the data loader after `step`
+  int64_t skipped_steps = 0;        ///< non-finite steps skipped so far
+  int64_t nonfinite_in_a_row = 0;
+  int64_t tokens_trained = 0;
+  double train_seconds = 0;         ///< wall time spent training before this checkpoint
+  std::string config_yaml;          ///< the resolved config of the run that wrote it
+};
+
+/// The tensors of a checkpoint besides the adapter.
+struct OptimizerTensors {
+  /// Per LoRA tensor in lora_parameters() order: exp_avg, exp_avg_sq (fp32), and the step count.
+  std::vector<torch::Tensor> exp_avg, exp_avg_sq;
+  std::vector<int64_t> steps;
+};
+
+/// Writes `<dir>/checkpoint-<state.step>` atomically (see the file comment) and returns its path.
+/// An existing checkpoint of the same step is replaced only after the new one is complete.
+/// Throws qlora::Error on an I/O error; a half-written temporary directory is removed.
+std::string write_checkpoint(const std::string& dir, const TrainerState& state, const PeftConfig& peft,
+                             const LoraWeights& adapter, const OptimizerTensors& opt, const torch::Tensor& rng_cpu,
+                             const torch::Tensor& rng_cuda);
+
+/// Why a checkpoint directory does not verify, or "" when every file in its manifest exists with
+/// the recorded size and SHA-256.
+std::string verify_checkpoint(const std::string& ckpt_dir);
+
+/// `checkpoint-<N>` directories under `dir`, newest (largest N) first. Temporary ones are ignored.
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+/// The newest checkpoint under `dir` that verifies, or "" when none does; `skipped` receives
+/// "path: reason" for each newer one passed over.
+std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::string>* skipped);
+
+/// Deletes all but the newest `keep_last` complete checkpoints under `dir` (call only after a new
+/// one is complete). Returns the deleted paths.
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last);
+
+/// Loaded checkpoint contents.
+struct LoadedCheckpoint {
+  TrainerState state;
+  PeftConfig peft;
+  LoraWeights adapter;
+  OptimizerTensors opt;
+  torch::Tensor rng_cpu, rng_cuda;
+};
+
+/// Reads a checkpoint (verifying its manifest first). `shapes`: LoRA module → {in, out} as in
+/// load_peft_adapter. Throws qlora::Error naming the file and the problem.
+LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
+                                 const std::map<std::string, std::pair<int64_t, int64_t>>& shapes);
+
+/// Settings whose change alters the run's meaning: "section.key: saved -> now" for each key of
+/// the resolved configs that differs, ignoring keys that only extend or observe a run
+/// (training.max_steps, training.num_epochs, training.logging_steps, training.eval_steps,
+/// checkpoint.*, output_dir, cost.*).
+std::vector<std::string> config_differences(const std::string& saved_yaml, const std::string& current_yaml);
+
+}  // namespace qlora

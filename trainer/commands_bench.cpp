@@ -1,0 +1,292 @@
+// `qlora bench`: synthetic-shape training throughput and memory. Random NF4 weights made in memory
+// (LlamaModel::random_init quantizes layer by layer), LoRA all-linear, AdamW, train_step on random
+// tokens; nothing is downloaded or written except the --sweep CSV/SVG.
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iomanip>
+#include <random>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "data/batch.h"
+#include "trainer/commands.h"
+#include "trainer/estimate.h"
+#include "trainer/memory.h"
+#include "trainer/model.h"
+#include "trainer/train.h"
+
+namespace qlora {
+namespace {
+
+struct BenchPoint {
+  int64_t seq_len = 0, micro_batch_size = 0;
+  bool fits = true;
+  double step_s = 0, tokens_per_s = 0, mfu = 0, hfu = 0, final_loss = 0;
+  int64_t measured_peak = 0;    ///< CUDA peak allocated, or CPU peak RSS − RSS before the model
+  int64_t measured_reserved = 0;///< CUDA peak reserved (0 on CPU)
+  int64_t estimated = 0;        ///< estimate without the CUDA context constant (tensors only)
+};
+
+/// Random tokens, every one a label, one example per row, no padding (causal SDPA, no mask).
+data::Batch random_batch(int64_t rows, int64_t seq, int64_t vocab, std::mt19937_64& rng) {
+  data::Batch b;
+  b.batch_size = rows;
+  b.seq_len = seq;
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t t = 0; t < seq; ++t) {
+      const int32_t id = tok(rng);
+      b.input_ids.push_back(id);
+      b.labels.push_back(id);
+      b.attention_mask.push_back(1);
+      b.position_ids.push_back(static_cast<int32_t>(t));
+      b.segment_ids.push_back(1);
+    }
+    b.example_ids.push_back(r);
+  }
+  return b;
+}
+
+EstimateOptions point_options(const BenchOptions& o, int64_t seq, int64_t mb, const torch::Device& dev,
+                              torch::Dtype dtype) {
+  EstimateOptions e;
+  e.method = EstimateOptions::Method::QLora;
+  e.bits = 4;
+  e.blocksize = 64;
+  e.double_quant = true;
+  e.lora_r = o.lora_r;
+  e.lora_targets = {"all-linear"};
+  e.lora_dropout = LoraConfig{}.dropout;
+  e.micro_batch_size = mb;
+  e.seq_len = seq;
+  e.gradient_checkpointing = !o.no_gradient_checkpointing;
+  e.compute_bytes = dtype == torch::kFloat32 ? 4 : 2;
+  e.cuda = dev.is_cuda();
+  e.overhead_bytes = 0;  // compared with allocator / RSS numbers, which exclude the context
+  return e;
+}
+
+void drop_lora(LlamaModel& m) {
+  for (FrozenLinear* f : m.linears()) f->lora = nullptr;
+}
+
+BenchPoint run_point(LlamaModel& model, const BenchOptions& o, int64_t seq, int64_t mb, int64_t rss_base,
+                     double peak_flops) {
+  const torch::Device dev = model.device();
+  BenchPoint p;
+  p.seq_len = seq;
+  p.micro_batch_size = mb;
+  const EstimateOptions eo = point_options(o, seq, mb, dev, model.dtype());
+  p.estimated = estimate_memory(model.config(), eo).total_bytes;
+  const TrainingFlops fl = training_flops_per_token(model.config(), eo);
+  const LoraConfig lc;
+  std::mt19937_64 rng(o.seed + 7919 * static_cast<uint64_t>(seq) + static_cast<uint64_t>(mb));
+  const data::Batch batch = random_batch(mb, seq, model.config().vocab_size, rng);
+  reset_peak_memory(dev);
+  double timed = 0;
+  int64_t timed_steps = 0;
+  try {
+    model.add_lora(o.lora_r, lc.alpha, lc.dropout, {"all-linear"}, false, o.seed);
+    auto opt = make_adamw(model.lora_parameters(), TrainingConfig{});
+    for (int64_t s = 0; s < o.steps; ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      StepResult r = train_step(model, *opt, {batch}, 1e-4, 1.0);
+      if (dev.is_cuda()) torch::cuda::synchronize();
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      p.final_loss = r.loss;
+      if (s > 0 || o.steps == 1) {  // the first step (allocator warm-up, Adam state creation) is not timed
+        timed += dt;
+        ++timed_steps;
+      }
+    }
+  } catch (const c10::OutOfMemoryError& e) {
+    p.fits = false;
+    log::warn("bench: seq_len ", seq, " × micro-batch ", mb, " does not fit: ", std::string(e.what_without_backtrace()).substr(0, 160));
+  }
+  drop_lora(model);
+  const nlohmann::json m = memory_snapshot(dev);
+  if (dev.is_cuda()) {
+    p.measured_peak = m.value("cuda_peak_allocated_bytes", int64_t{0});
+    p.measured_reserved = m.value("cuda_peak_reserved_bytes", int64_t{0});
+  } else {
+    p.measured_peak = m.value("peak_rss_bytes", int64_t{0}) - rss_base;
+  }
+  if (p.fits && timed_steps > 0) {
+    p.step_s = timed / static_cast<double>(timed_steps);
+    p.tokens_per_s = static_cast<double>(seq * mb) / p.step_s;
+    if (peak_flops > 0) {
+      p.mfu = fl.model_flops * p.tokens_per_s / peak_flops;
+      p.hfu = fl.hardware_flops * p.tokens_per_s / peak_flops;
+    }
+  }
+  reset_peak_memory(dev);
+  return p;
+}
+
+std::string pct(double x) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << 100.0 * x << "%";
+  return os.str();
+}
+
+/// Peak memory (measured solid, estimated dashed) against sequence length, one colour per batch size.
+std::string svg_chart(const std::vector<BenchPoint>& pts, const std::string& title, bool cuda) {
+  const double W = 720, Hh = 420, ml = 80, mr = 160, mt = 40, mb = 50;
+  double xmax = 1, ymax = 1;
+  for (const BenchPoint& p : pts) {
+    xmax = std::max(xmax, static_cast<double>(p.seq_len));
+    ymax = std::max({ymax, static_cast<double>(p.measured_peak), static_cast<double>(p.estimated)});
+  }
+  ymax /= 1 << 30;
+  auto X = [&](double v) { return ml + (W - ml - mr) * v / xmax; };
+  auto Y = [&](double v) { return Hh - mb - (Hh - mt - mb) * v / ymax; };
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1);
+  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << Hh
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    << "<text x=\"" << ml << "\" y=\"22\" font-size=\"14\">" << title << "</text>\n"
+    << "<line x1=\"" << ml << "\" y1=\"" << Hh - mb << "\" x2=\"" << W - mr << "\" y2=\"" << Hh - mb
+    << "\" stroke=\"black\"/>\n<line x1=\"" << ml << "\" y1=\"" << mt << "\" x2=\"" << ml << "\" y2=\"" << Hh - mb
+    << "\" stroke=\"black\"/>\n";
+  for (int i = 0; i <= 4; ++i) {
+    const double v = ymax * i / 4;
+    s << "<text x=\"" << ml - 8 << "\" y=\"" << Y(v) + 4 << "\" text-anchor=\"end\">" << std::setprecision(2) << v
+      << "</text>\n" << std::setprecision(1);
+  }
+  std::vector<int64_t> seqs;
+  for (const BenchPoint& p : pts)
+    if (std::find(seqs.begin(), seqs.end(), p.seq_len) == seqs.end()) seqs.push_back(p.seq_len);
+  for (int64_t t : seqs)
+    s << "<text x=\"" << X(static_cast<double>(t)) << "\" y=\"" << Hh - mb + 16 << "\" text-anchor=\"middle\">" << t
+      << "</text>\n";
+  s << "<text x=\"" << (W - mr + ml) / 2 << "\" y=\"" << Hh - 12 << "\" text-anchor=\"middle\">sequence length (tokens)</text>\n"
+    << "<text x=\"16\" y=\"" << (Hh) / 2 << "\" transform=\"rotate(-90 16 " << Hh / 2
+    << ")\" text-anchor=\"middle\">peak " << (cuda ? "allocated" : "RSS growth") << " (GiB)</text>\n";
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
+  std::vector<int64_t> bss;
+  for (const BenchPoint& p : pts)
+    if (std::find(bss.begin(), bss.end(), p.micro_batch_size) == bss.end()) bss.push_back(p.micro_batch_size);
+  for (size_t k = 0; k < bss.size(); ++k) {
+    const char* c = colors[k % 6];
+    std::string meas, est;
+    for (const BenchPoint& p : pts) {
+      if (p.micro_batch_size != bss[k]) continue;
+      std::ostringstream pe;
+      pe << std::fixed << std::setprecision(1) << X(static_cast<double>(p.seq_len)) << ","
+         << Y(static_cast<double>(p.estimated) / (1 << 30)) << " ";
+      est += pe.str();
+      if (!p.fits) {
+        s << "<text x=\"" << X(static_cast<double>(p.seq_len)) << "\" y=\"" << mt + 12 * (k + 1) << "\" fill=\"" << c
+          << "\" text-anchor=\"middle\">OOM</text>\n";
+        continue;
+      }
+      std::ostringstream pm;
+      pm << std::fixed << std::setprecision(1) << X(static_cast<double>(p.seq_len)) << ","
+         << Y(static_cast<double>(p.measured_peak) / (1 << 30)) << " ";
+      meas += pm.str();
+    }
+    s << "<polyline fill=\"none\" stroke=\"" << c << "\" stroke-width=\"2\" points=\"" << meas << "\"/>\n"
+      << "<polyline fill=\"none\" stroke=\"" << c << "\" stroke-dasharray=\"5,4\" points=\"" << est << "\"/>\n"
+      << "<text x=\"" << W - mr + 10 << "\" y=\"" << mt + 18 * k + 10 << "\" fill=\"" << c << "\">batch " << bss[k]
+      << "</text>\n";
+  }
+  s << "<text x=\"" << W - mr + 10 << "\" y=\"" << mt + 18 * bss.size() + 20
+    << "\">solid: measured</text>\n<text x=\"" << W - mr + 10 << "\" y=\"" << mt + 18 * bss.size() + 36
+    << "\">dashed: estimated</text>\n</svg>\n";
+  return s.str();
+}
+
+}  // namespace
+
+std::string cmd_bench(const BenchOptions& o) {
+  QLORA_CHECK(o.preset.empty() != o.model_dir.empty(), "bench: give exactly one of --preset NAME, --model DIR");
+  QLORA_CHECK(o.steps > 0, "bench: --steps must be > 0, got ", o.steps);
+  QLORA_CHECK(o.lora_r > 0, "bench: --lora-r must be > 0, got ", o.lora_r);
+  QLORA_CHECK(o.gpu_hour_price >= 0, "bench: --gpu-hour-price must be >= 0, got ", o.gpu_hour_price);
+  std::vector<std::pair<int64_t, int64_t>> grid;
+  if (o.sweep) {
+    for (int64_t mb : o.sweep_batch_sizes)
+      for (int64_t t : o.sweep_seq_lens) grid.emplace_back(t, mb);
+  } else {
+    grid.emplace_back(o.seq_len, o.micro_batch_size);
+  }
+  for (const auto& [t, mb] : grid)
+    QLORA_CHECK(t > 1 && mb > 0, "bench: sequence lengths must be > 1 and micro-batch sizes > 0, got ", t, " × ", mb);
+  const ModelConfig cfg = !o.preset.empty() ? preset_config(o.preset) : load_model_config(o.model_dir);
+  // Validates r against the layer widths before anything is allocated.
+  estimate_memory(cfg, point_options(o, grid[0].first, grid[0].second, torch::kCPU, torch::kFloat32));
+
+  const torch::Device dev = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  const torch::Dtype dtype = dev.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
+  const double peak_flops = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : peak_flops_for_device_name(device_name(dev));
+  QuantOptions q;
+  q.method = QuantOptions::Method::NF4;
+  q.blocksize = 64;
+  q.double_quant = true;
+  reset_peak_memory(dev);
+  const int64_t rss_base = memory_snapshot(dev).value("rss_bytes", int64_t{0});
+  torch::manual_seed(o.seed);
+  const auto t0 = std::chrono::steady_clock::now();
+  LlamaModel model = LlamaModel::random_init(cfg, o.seed, dtype, dev, q);
+  const double init_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  model.gradient_checkpointing = !o.no_gradient_checkpointing;
+  model.training = true;
+  log::info("bench: ", o.preset.empty() ? o.model_dir : o.preset, " (", cfg.num_parameters(), " parameters), NF4 "
+            "random weights made in ", init_s, " s on ", dev.str(), ", ", o.steps, " steps per point");
+
+  std::vector<BenchPoint> pts;
+  for (const auto& [t, mb] : grid) pts.push_back(run_point(model, o, t, mb, rss_base, peak_flops));
+
+  std::ostringstream os;
+  const bool cuda = dev.is_cuda();
+  os << "bench " << (o.preset.empty() ? o.model_dir : o.preset) << " on " << device_name(dev) << ": NF4 bs64 double "
+     << "quant, LoRA r=" << o.lora_r << " all-linear, checkpointing " << (o.no_gradient_checkpointing ? "off" : "on")
+     << ", " << (dtype == torch::kFloat32 ? "fp32" : "bf16") << ", " << o.steps << " steps (first untimed)\n";
+  os << std::right << std::setw(7) << "seq" << std::setw(6) << "batch" << std::setw(10) << "step s" << std::setw(11)
+     << "tokens/s" << std::setw(8) << "MFU" << std::setw(8) << "HFU" << std::setw(14)
+     << (cuda ? "peak alloc" : "peak RSS+") << std::setw(14) << "estimated" << std::setw(8) << "error";
+  if (cuda) os << std::setw(14) << "peak reserved";
+  if (o.gpu_hour_price > 0) os << std::setw(12) << "cost/1M tok";
+  os << "\n";
+  std::ostringstream csv;
+  csv << "seq_len,micro_batch_size,fits,step_s,tokens_per_s,mfu,hfu,measured_peak_bytes,measured_reserved_bytes,"
+         "estimated_bytes,relative_error,cost_per_million_tokens\n";
+  for (const BenchPoint& p : pts) {
+    const double err = p.measured_peak > 0 ? (static_cast<double>(p.estimated) - p.measured_peak) / p.measured_peak : 0;
+    const double cost = p.tokens_per_s > 0 && o.gpu_hour_price > 0 ? o.gpu_hour_price / 3600.0 / p.tokens_per_s * 1e6 : 0;
+    os << std::setw(7) << p.seq_len << std::setw(6) << p.micro_batch_size;
+    if (!p.fits) {
+      os << "   does not fit (out of memory); estimated " << human_bytes(static_cast<double>(p.estimated)) << "\n";
+    } else {
+      os << std::fixed << std::setprecision(3) << std::setw(10) << p.step_s << std::setprecision(0) << std::setw(11)
+         << p.tokens_per_s << std::setw(8) << (peak_flops > 0 ? pct(p.mfu) : "-") << std::setw(8)
+         << (peak_flops > 0 ? pct(p.hfu) : "-") << std::setw(14) << human_bytes(static_cast<double>(p.measured_peak))
+         << std::setw(14) << human_bytes(static_cast<double>(p.estimated)) << std::setw(8) << pct(err);
+      if (cuda) os << std::setw(14) << human_bytes(static_cast<double>(p.measured_reserved));
+      if (o.gpu_hour_price > 0) os << std::setw(12) << std::setprecision(4) << cost;
+      os << "\n";
+    }
+    csv << p.seq_len << "," << p.micro_batch_size << "," << (p.fits ? "true" : "false") << "," << p.step_s << ","
+        << p.tokens_per_s << "," << p.mfu << "," << p.hfu << "," << p.measured_peak << "," << p.measured_reserved
+        << "," << p.estimated << "," << err << "," << cost << "\n";
+  }
+  if (peak_flops <= 0) os << "MFU: no peak FLOPs for this device (pass --peak-tflops)\n";
+  os << "MFU counts 4·N_frozen + 6·N_lora + attention FLOPs per token (no weight gradients for the frozen base); "
+        "HFU adds the checkpoint recompute (docs/memory.md)\n";
+  if (!cuda) os << "CPU: measured = peak RSS − RSS before the model (includes allocator caching; docs/memory.md)\n";
+  if (o.sweep) {
+    atomic_write_string(o.out_prefix + ".csv", csv.str());
+    atomic_write_string(o.out_prefix + ".svg",
+                        svg_chart(pts, "qlora bench " + (o.preset.empty() ? o.model_dir : o.preset) + " on " +
+                                           device_name(dev), cuda));
+    os << "wrote " << o.out_prefix << ".csv and " << o.out_prefix << ".svg\n";
+  }
+  return os.str();
+}
+
+}  // namespace qlora

@@ -1,0 +1,194 @@
+// `qlora eval` (held-out loss / perplexity, and greedy exact-match accuracy) and the adapter
+// loading shared with `qlora generate --adapter`.
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "adapters/lora.h"
+#include "adapters/peft.h"
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "trainer/commands.h"
+#include "trainer/config/config.h"
+#include "trainer/generate.h"
+#include "trainer/model.h"
+#include "trainer/train.h"
+
+namespace qlora {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+PeftConfig attach_peft_adapter(LlamaModel& model, const std::string& adapter_dir) {
+  QLORA_CHECK(fs::is_directory(adapter_dir), adapter_dir, ": adapter directory not found");
+  PeftConfig pc = read_peft_config(adapter_dir);
+  LoraWeights w = load_peft_adapter(adapter_dir, &pc, model.lora_shapes(pc.target_modules));
+  model.set_lora(w, lora_scale(pc.r, pc.lora_alpha, pc.use_rslora), /*dropout=*/0.0);
+  log::info("adapter: ", adapter_dir, " (r=", pc.r, " alpha=", pc.lora_alpha, ", ", w.size(), " modules)");
+  return pc;
+}
+
+namespace {
+
+/// The config an eval runs with: the file's (plus overrides), or with no file a minimal one
+/// built from --model and --data (dtype auto, the other keys at their defaults).
+Config eval_config(const EvalOptions& o) {
+  std::vector<std::string> ov = o.overrides;
+  if (!o.model_dir.empty()) ov.insert(ov.begin(), "model.path=" + json(o.model_dir).dump());
+  if (!o.config_path.empty()) return load_config(o.config_path, ov);
+  QLORA_CHECK(!o.model_dir.empty() && !o.data.empty(), "eval: give a CONFIG, or both --model DIR and --data FILE");
+  const std::string yaml = "output_dir: eval\nmodel:\n  path: " + json(o.model_dir).dump() +
+                           "\n  dtype: auto\ndata:\n  train: " + json(o.data).dump() + "\n";
+  return parse_config_string(yaml, "eval (no config)", o.overrides);
+}
+
+torch::Dtype eval_dtype(DType d, const torch::Device& dev) {
+  switch (d) {
+    case DType::kFP32: return torch::kFloat32;
+    case DType::kBF16: return torch::kBFloat16;
+    case DType::kFP16: return torch::kFloat16;
+    case DType::kAuto: return dev.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
+  }
+  return torch::kFloat32;
+}
+
+QuantOptions eval_quant(const QuantConfig& q) {
+  QuantOptions o;
+  o.method = q.method == QuantMethod::kNF4   ? QuantOptions::Method::NF4
+             : q.method == QuantMethod::kFP4 ? QuantOptions::Method::FP4
+                                             : QuantOptions::Method::None;
+  o.blocksize = q.blocksize;
+  o.double_quant = q.double_quant;
+  o.keep_16bit = q.keep_16bit;
+  return o;
+}
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+/// [start, end) of the last run of trained labels: the last assistant turn (its answer, template
+/// suffix and EOS). {0, 0} when the example has none.
+std::pair<size_t, size_t> last_answer_span(const data::Example& ex) {
+  size_t end = ex.labels.size();
+  while (end > 0 && ex.labels[end - 1] == data::kIgnoreIndex) --end;
+  size_t start = end;
+  while (start > 0 && ex.labels[start - 1] != data::kIgnoreIndex) --start;
+  return {start, end};
+}
+
+struct ExactMatch {
+  int64_t correct = 0, total = 0;
+  json samples = json::array();
+};
+
+/// Greedy exact match: the prompt is every token before the last answer span (exactly what
+/// training conditioned on); generation stops at EOS or after the reference's length + 8 tokens.
+/// The decoded continuation (EOS dropped, trimmed) must equal the decoded reference span (trimmed).
+ExactMatch exact_match(const LlamaModel& model, const data::Tokenizer& tok, const std::vector<data::Example>& exs) {
+  ExactMatch em;
+  for (const data::Example& ex : exs) {
+    const auto [start, end] = last_answer_span(ex);
+    if (start == 0 || start >= end) continue;  // nothing to condition on, or no answer
+    std::vector<int64_t> prompt(ex.input_ids.begin(), ex.input_ids.begin() + static_cast<std::ptrdiff_t>(start));
+    data::TokenIds ref;
+    for (size_t i = start; i < end; ++i)
+      if (!tok.is_special(ex.input_ids[i])) ref.push_back(ex.input_ids[i]);
+    GenerateOptions g;
+    g.max_new_tokens = static_cast<int64_t>(end - start) + 8;
+    g.temperature = 0.0;
+    g.eos_token_id = tok.eos_id();
+    data::TokenIds out;
+    for (int64_t id : generate_tokens(model, prompt, g))
+      if (!tok.is_special(static_cast<int32_t>(id))) out.push_back(static_cast<int32_t>(id));
+    const std::string want = trim(tok.decode(ref)), got = trim(tok.decode(out));
+    const bool ok = want == got;
+    em.correct += ok;
+    ++em.total;
+    if (em.samples.size() < 20) em.samples.push_back({{"id", ex.id}, {"reference", want}, {"prediction", got}, {"match", ok}});
+  }
+  return em;
+}
+
+}  // namespace
+
+std::string cmd_eval(const EvalOptions& o) {
+  QLORA_CHECK(o.metric == "loss" || o.metric == "exact_match", "eval: --metric must be loss or exact_match, got '",
+              o.metric, "'");
+  QLORA_CHECK(o.max_examples >= 0, "eval: --max-examples must be >= 0, got ", o.max_examples);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Config cfg = eval_config(o);
+  const torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+
+  // Data first: every bad-input error comes before the (slow) model load.
+  const std::string tok_src = !cfg.model.tokenizer.empty() ? cfg.model.tokenizer : cfg.model.path;
+  QLORA_CHECK(!tok_src.empty(), "model.tokenizer: a preset model needs a tokenizer (tokenizer.model or a model dir)");
+  const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
+  data::DataOptions dopts = cfg.data;
+  if (!o.data.empty()) {
+    dopts.train = o.data;
+    dopts.eval.clear();
+    dopts.val_set_size = 0;
+  }
+  data::Datasets ds = data::load_datasets(dopts, tok);
+  std::vector<data::Example> exs = o.data.empty() ? std::move(ds.eval) : std::move(ds.train);
+  QLORA_CHECK(!exs.empty(), o.config_path, ": no eval data (set data.eval or data.val_set_size, or pass --data FILE)");
+  if (o.max_examples > 0 && static_cast<int64_t>(exs.size()) > o.max_examples) exs.resize(static_cast<size_t>(o.max_examples));
+  if (!o.adapter.empty()) {
+    QLORA_CHECK(fs::is_directory(o.adapter), o.adapter, ": adapter directory not found");
+    read_peft_config(o.adapter);  // fails early on a bad adapter_config.json
+  }
+
+  const torch::Dtype dtype = eval_dtype(cfg.model.dtype, device);
+  const QuantOptions q = eval_quant(cfg.quantization);
+  LlamaModel model = !cfg.model.path.empty()
+                         ? LlamaModel::load(cfg.model.path, dtype, device, q)
+                         : [&] {  // a preset trains on random weights from training.seed: the same here
+                             ModelConfig mc = preset_config(cfg.model.preset);
+                             mc.vocab_size = tok.vocab_size();
+                             return LlamaModel::random_init(mc, cfg.training.seed, dtype, device, q);
+                           }();
+  QLORA_CHECK(model.config().vocab_size >= tok.vocab_size(), "model.tokenizer: the tokenizer has ", tok.vocab_size(),
+              " pieces but the model's vocab_size is ", model.config().vocab_size);
+  if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);
+  model.training = false;
+  torch::NoGradGuard no_grad;
+
+  const int32_t pad_id = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+  const auto [loss, targets] = evaluate_loss(model, exs, cfg.training.micro_batch_size, dopts, pad_id);
+  json j = {{"model", cfg.model.path.empty() ? cfg.model.preset : cfg.model.path},
+            {"adapter", o.adapter},
+            {"data", !o.data.empty() ? o.data : !dopts.eval.empty() ? dopts.eval : dopts.train + " (val_set_size hold-out)"},
+            {"examples", static_cast<int64_t>(exs.size())},
+            {"targets", targets},
+            {"loss", loss},
+            {"perplexity", std::exp(loss)}};
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(4) << "eval: " << exs.size() << " examples, " << targets
+     << " target tokens: loss " << loss << "  perplexity " << std::exp(loss) << "\n";
+  if (o.metric == "exact_match") {
+    const ExactMatch em = exact_match(model, tok, exs);
+    const double acc = em.total ? static_cast<double>(em.correct) / static_cast<double>(em.total) : 0.0;
+    j["exact_match"] = {{"correct", em.correct}, {"total", em.total}, {"accuracy", acc}, {"samples", em.samples}};
+    os << "exact_match: " << em.correct << "/" << em.total << " = " << std::setprecision(4) << acc << "\n";
+  }
+  j["metric"] = o.metric;
+  j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string out = !o.out.empty()       ? o.out
+                          : !o.adapter.empty() ? (fs::path(o.adapter) / "eval.json").string()
+                          : !o.config_path.empty() ? (fs::path(cfg.output_dir) / "eval.json").string()
+                                                   : std::string("eval.json");
+  if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
+  atomic_write_string(out, j.dump(2) + "\n");
+  os << "wrote " << out << "\n";
+  return os.str();
+}
+
+}  // namespace qlora

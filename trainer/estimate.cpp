@@ -1,0 +1,526 @@
+#include "trainer/estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include "adapters/lora.h"
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "trainer/memory.h"
+#include "trainer/model.h"
+
+namespace qlora {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+EstimateOptions::Method parse_estimate_method(const std::string& s) {
+  if (s == "inference") return EstimateOptions::Method::Inference;
+  if (s == "lora") return EstimateOptions::Method::Lora;
+  if (s == "qlora") return EstimateOptions::Method::QLora;
+  if (s == "full") return EstimateOptions::Method::Full;
+  fail("estimate: --method '", s, "' is not one of inference, lora, qlora, full");
+}
+
+const char* to_string(EstimateOptions::Method m) {
+  switch (m) {
+    case EstimateOptions::Method::Inference: return "inference";
+    case EstimateOptions::Method::Lora: return "lora";
+    case EstimateOptions::Method::QLora: return "qlora";
+    case EstimateOptions::Method::Full: return "full";
+  }
+  return "?";
+}
+
+const std::vector<GpuCard>& common_gpu_cards() {
+  // nvidia-smi memory.total (MiB) of the smallest common card of each class.
+  static const std::vector<GpuCard> cards = {
+      {"16 GB (V100-16 / A4000 / T4-class)", 16376LL << 20},
+      {"24 GB (RTX 4090 / A10G / L4)", 22528LL << 20},
+      {"40 GB (A100-40)", 40960LL << 20},
+      {"48 GB (A6000 / L40S)", 46068LL << 20},
+      {"80 GB (A100-80 / H100)", 81559LL << 20},
+      {"141 GB (H200)", 143771LL << 20},
+  };
+  return cards;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  const double sign = b < 0 ? -1 : 1;
+  b = std::fabs(b);
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(u == 0 ? 0 : 2) << sign * b << " " << units[u];
+  return os.str();
+}
+
+int64_t MemoryEstimate::component(const std::string& name) const {
+  for (const MemoryComponent& c : components)
+    if (c.name == name) return c.bytes;
+  return 0;
+}
+
+namespace {
+
+/// One decoder linear of one layer: {suffix, in, out, has_bias}.
+struct LinearShape {
+  std::string name;
+  int64_t in, out;
+  bool bias;
+};
+
+std::vector<LinearShape> layer_linears(const ModelConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  const int64_t Q = c.num_attention_heads * c.head_dim, K = c.num_key_value_heads * c.head_dim;
+  const bool qkv_b = c.attention_bias || c.qkv_bias, o_b = c.attention_bias, m_b = c.mlp_bias;
+  return {{"q_proj", H, Q, qkv_b},    {"k_proj", H, K, qkv_b}, {"v_proj", H, K, qkv_b}, {"o_proj", Q, H, o_b},
+          {"gate_proj", H, I, m_b},   {"up_proj", H, I, m_b},  {"down_proj", I, H, m_b}};
+}
+
+bool targeted(const EstimateOptions& o, const std::string& name) {
+  if (o.method != EstimateOptions::Method::Lora && o.method != EstimateOptions::Method::QLora) return false;
+  const bool attn = name == "q_proj" || name == "k_proj" || name == "v_proj" || name == "o_proj";
+  return lora_targets_module(std::string("model.layers.0.") + (attn ? "self_attn." : "mlp.") + name, o.lora_targets);
+}
+
+bool training(const EstimateOptions& o) { return o.method != EstimateOptions::Method::Inference; }
+
+void validate(const ModelConfig& cfg, const EstimateOptions& o) {
+  cfg.validate("estimate");
+  QLORA_CHECK(o.bits == 16 || o.bits == 8 || o.bits == 4, "estimate: --bits must be 16, 8 or 4, got ", o.bits);
+  QLORA_CHECK(o.micro_batch_size > 0, "estimate: --micro-batch-size must be > 0, got ", o.micro_batch_size);
+  QLORA_CHECK(o.seq_len > 0, "estimate: --seq-len must be > 0, got ", o.seq_len);
+  QLORA_CHECK(o.compute_bytes == 2 || o.compute_bytes == 4, "estimate: compute dtype must be 2 or 4 bytes");
+  QLORA_CHECK(o.ce_chunk_tokens > 0, "estimate: the cross-entropy chunk must be > 0 tokens");
+  QLORA_CHECK(o.overhead_bytes >= 0, "estimate: overhead must be >= 0 bytes");
+  if (o.bits == 4) {
+    QLORA_CHECK(o.blocksize >= 32 && o.blocksize <= 4096 && (o.blocksize & (o.blocksize - 1)) == 0,
+                "estimate: --blocksize must be a power of two in 32..4096, got ", o.blocksize);
+  }
+  using M = EstimateOptions::Method;
+  QLORA_CHECK(!(o.method == M::QLora && o.bits == 16), "estimate: qlora needs --bits 4 or 8 (use --method lora for a 16-bit base)");
+  QLORA_CHECK(!(o.method == M::Lora && o.bits != 16), "estimate: lora means a 16-bit base; use --method qlora for --bits ", o.bits);
+  QLORA_CHECK(!(o.method == M::Full && o.bits != 16), "estimate: a full fine-tune trains 16-bit weights; --bits must be 16");
+  if (o.method == M::Lora || o.method == M::QLora) {
+    QLORA_CHECK(o.lora_r > 0, "estimate: --lora-r must be > 0, got ", o.lora_r);
+    QLORA_CHECK(o.lora_dropout >= 0 && o.lora_dropout < 1, "estimate: LoRA dropout must be in [0, 1)");
+    bool any = false;
+    for (const LinearShape& l : layer_linears(cfg)) {
+      if (!targeted(o, l.name)) continue;
+      any = true;
+      QLORA_CHECK(o.lora_r <= std::min(l.in, l.out), "estimate: --lora-r ", o.lora_r, " is larger than ", l.name,
+                  "'s width ", std::min(l.in, l.out));
+    }
+    QLORA_CHECK(any, "estimate: the LoRA targets match no linear (q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                     "up_proj, down_proj, all-linear)");
+  }
+}
+
+}  // namespace
+
+std::vector<MemoryComponent> layer_activation_terms(const ModelConfig& c, const EstimateOptions& o) {
+  using M = EstimateOptions::Method;
+  const int64_t B = o.micro_batch_size, T = o.seq_len, N = B * T, b = o.compute_bytes;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, nh = c.num_attention_heads;
+  const int64_t Q = nh * c.head_dim;
+  std::vector<MemoryComponent> t;
+  if (!training(o)) return t;
+  // rms_norm: x.to(fp32) is kept by pow() and mul(), rsqrt's output [N, 1] by mul().
+  t.push_back({"input_layernorm fp32 copy", 4 * N * H + 4 * N, true, "4·N·H + 4·N"});
+  // SDPA (flash / memory-efficient / CPU flash) keeps q, k, v after RoPE (k, v already repeated to
+  // nh heads by repeat_kv), its output, and a fp32 logsumexp [B, nh, T]. No [T, T] tensor.
+  t.push_back({"attention q, k, v (after RoPE, k/v repeated)", 3 * N * Q * b, true, "3·N·nh·hd·b"});
+  t.push_back({"attention output + logsumexp", N * Q * b + B * nh * T * 4, true, "N·nh·hd·b + B·nh·T·4"});
+  t.push_back({"post_attention_layernorm fp32 copy", 4 * N * H + 4 * N, true, "4·N·H + 4·N"});
+  // silu(g) keeps g; silu(g)·u keeps silu(g) and u.
+  t.push_back({"MLP gate, silu(gate), up", 3 * N * I * b, true, "3·N·I·b"});
+  if (o.method == M::Full) {
+    // Each linear keeps its input for the weight gradient: x1 (q,k,v), attention output (o),
+    // x2 (gate,up), silu(g)·u (down).
+    t.push_back({"linear inputs (weight gradients)", N * (2 * H + Q + I) * b, true, "N·(2H + nh·hd + I)·b"});
+    return t;
+  }
+  // LoRA: a frozen base keeps nothing of x (16-bit: mm keeps the weight, a parameter;
+  // 4-bit: Dequant4Linear keeps only the 4-bit weight). The adapter keeps its input (dropout's
+  // output when dropout > 0, plus the dropout mask), h·Aᵀ [N, r], and the casts of A and B.
+  const bool drop = o.lora_dropout > 0;
+  const int64_t mask_bytes = o.cuda ? 1 : b;  // CUDA native_dropout: bool mask; CPU: input · noise
+  int64_t inputs = 0, r_terms = 0;
+  bool x1 = false, x2 = false;
+  for (const LinearShape& l : layer_linears(c)) {
+    if (!targeted(o, l.name)) continue;
+    r_terms += N * o.lora_r * b + (l.in + l.out) * o.lora_r * b;
+    if (drop) {
+      inputs += N * l.in * (b + mask_bytes);
+    } else if (l.name == "q_proj" || l.name == "k_proj" || l.name == "v_proj") {
+      if (!x1) inputs += N * l.in * b;  // the shared normed input, kept once
+      x1 = true;
+    } else if (l.name == "gate_proj" || l.name == "up_proj") {
+      if (!x2) inputs += N * l.in * b;
+      x2 = true;
+    } else {
+      inputs += N * l.in * b;
+    }
+  }
+  t.push_back({drop ? "LoRA inputs (dropout output + mask, per adapted linear)" : "LoRA inputs (shared)", inputs,
+               true, drop ? "Σ N·in·(b + mask)" : "N·in·b per distinct input"});
+  t.push_back({"LoRA x·Aᵀ and A/B casts", r_terms, true, "Σ N·r·b + (in + out)·r·b"});
+  return t;
+}
+
+MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o) {
+  validate(cfg, o);
+  using M = EstimateOptions::Method;
+  MemoryEstimate e;
+  e.model = cfg;
+  e.options = o;
+  e.num_parameters = cfg.num_parameters();
+  const int64_t L = cfg.num_hidden_layers, H = cfg.hidden_size, V = cfg.vocab_size, b = o.compute_bytes;
+  const int64_t B = o.micro_batch_size, T = o.seq_len, N = B * T;
+  const int64_t Q = cfg.num_attention_heads * cfg.head_dim, K = cfg.num_key_value_heads * cfg.head_dim;
+  const int64_t I = cfg.intermediate_size;
+
+  // --- weights ---
+  int64_t packed = 0, consts = 0, plain = 0, largest_linear = 0;
+  for (const LinearShape& l : layer_linears(cfg)) {
+    const int64_t n = l.in * l.out;
+    e.quantizable_parameters += L * n;
+    largest_linear = std::max(largest_linear, n);
+    if (l.bias) plain += L * l.out * b;
+    if (o.bits == 4) {
+      const int64_t p = (n + 1) / 2;  // two 4-bit codes per byte
+      packed += L * p;
+      consts += L * (quantized_weight_bytes(n, o.blocksize, o.double_quant) - p);
+    } else if (o.bits == 8) {
+      packed += L * n;        // int8 codes
+      consts += L * l.out * 4;  // LLM.int8 row-wise fp32 absmax (bitsandbytes SCB)
+    } else {
+      plain += L * n * b;
+    }
+  }
+  plain += V * H * b * (cfg.tie_word_embeddings ? 1 : 2) + (2 * L + 1) * H * b;  // embed, lm_head, norms
+  auto add = [&](std::string name, int64_t bytes, std::string note, bool in_total = true) {
+    e.components.push_back({std::move(name), bytes, in_total, std::move(note)});
+  };
+  if (o.bits != 16) {
+    add(o.bits == 4 ? "quantized weights (4-bit packed)" : "quantized weights (int8)", packed,
+        o.bits == 4 ? "Σ ceil(n/2) over the decoder linears" : "Σ n over the decoder linears");
+    add("quantization constants", consts,
+        o.bits == 4 ? (o.double_quant ? "nblocks·1 + ceil(nblocks/256)·4 + 1028 per linear"
+                                      : "nblocks·4 per linear")
+                    : "out·4 per linear (row absmax)");
+  }
+  add("16-bit modules (unquantized)", plain,
+      o.bits == 16 ? "all parameters · b" : "embed_tokens, lm_head, norms, biases · b");
+
+  // --- trainable state ---
+  for (const LinearShape& l : layer_linears(cfg))
+    if (targeted(o, l.name)) e.lora_parameters += L * o.lora_r * (l.in + l.out);
+  if (o.method == M::Lora || o.method == M::QLora) {
+    add("LoRA parameters (fp32)", 4 * e.lora_parameters, "r·(in + out)·4 per adapted linear");
+    add("LoRA gradients (fp32)", 4 * e.lora_parameters, "same shapes as the parameters");
+    add("AdamW states (exp_avg + exp_avg_sq, fp32)", 8 * e.lora_parameters,
+        "2·4 per LoRA parameter; the fp32 LoRA parameters are their own master copy");
+  } else if (o.method == M::Full) {
+    const int64_t P = e.num_parameters;
+    add("gradients (compute dtype)", P * b, "P·b");
+    add("AdamW states (exp_avg + exp_avg_sq, fp32)", 8 * P, "2·4·P");
+    add("fp32 master weights", b == 4 ? 0 : 4 * P, "4·P (0 when computing in fp32)");
+  }
+
+  // --- activations ---
+  if (training(o)) {
+    for (const MemoryComponent& t : layer_activation_terms(cfg, o)) e.activation_bytes_per_layer += t.bytes;
+    e.activation_bytes_per_layer_checkpointed = N * H * b;
+    const int64_t rope = 2 * B * T * cfg.head_dim * b;  // cos, sin [B, 1, T, hd], shared by all layers
+    const bool ck = o.gradient_checkpointing;
+    add("activations saved for backward", L * (ck ? e.activation_bytes_per_layer_checkpointed
+                                                   : e.activation_bytes_per_layer) + rope,
+        ck ? "L·N·H·b (each layer's input) + RoPE cos/sin" : "L·(per-layer saved set) + RoPE cos/sin");
+    add("final hidden + target rows", 2 * N * H * b, "2·N·H·b, held by train_step through backward");
+    // Loss phase (end of forward): final norm's fp32 copy, the CE's precomputed d/dhidden, one chunk
+    // of logits (16-bit linear output, its fp32 copy, fp32 softmax-minus-onehot) — peak inside a chunk.
+    const int64_t c = std::min(o.ce_chunk_tokens, N);
+    const int64_t loss_norm = 4 * N * H + 4 * N + N * H * b;
+    const int64_t logits = 2 * c * V * 4 + c * V * b;
+    // Backward phase (first layer of backward): the recomputed layer's saved set, the largest
+    // gradient temporaries, a dequantized weight.
+    const int64_t recompute = ck ? e.activation_bytes_per_layer : 0;
+    const int64_t transients = 2 * N * H * b + std::max(3 * N * I * b, 3 * N * Q * b + N * Q * 4);
+    const int64_t scratch = o.bits != 16 ? largest_linear * b : 0;
+    const bool loss_peak = loss_norm + logits >= recompute + transients + scratch;
+    add("loss: final norm fp32 + d/dhidden", loss_norm, "4·N·H + 4·N + N·H·b", loss_peak);
+    add("loss: logits chunk", logits, "2·c·V·4 + c·V·b, c = min(1024, N)", loss_peak);
+    add("backward: recomputed layer", recompute, "one layer's saved set (checkpointing only)", !loss_peak);
+    add("backward: gradient temporaries", transients, "2·N·H·b + max(3·N·I·b, 3·N·nh·hd·b + N·nh·hd·4)",
+        !loss_peak);
+    add("dequantization scratch", scratch, "largest linear (out·in) in the compute dtype", !loss_peak);
+  } else {
+    // Inference: generation's KV cache over seq_len, one layer's temporaries, prefill logits.
+    add("KV cache", 2 * L * N * K * b, "2·L·N·nkv·hd·b");
+    add("layer temporaries", N * (2 * H + 3 * Q + 3 * I) * b, "N·(2H + 3·nh·hd + 3I)·b");
+    add("logits (prefill)", N * V * b, "N·V·b");
+    add("dequantization scratch", o.bits != 16 ? largest_linear * b : 0, "largest linear in the compute dtype");
+  }
+  add("CUDA context + allocator", o.overhead_bytes,
+      o.overhead_bytes ? "constant, placeholder pending GPU measurement" : "none (CPU)");
+  for (const MemoryComponent& c : e.components)
+    if (c.in_total) e.total_bytes += c.bytes;
+  return e;
+}
+
+json rule_of_thumb(const MemoryEstimate& e) {
+  const double P = static_cast<double>(e.num_parameters);
+  const double wb = e.options.bits / 8.0;
+  json r = json::array();
+  r.push_back({{"rule", "weights = params × 2 bytes (16-bit)"}, {"bytes", static_cast<int64_t>(P * 2)}});
+  r.push_back({{"rule", "weights = params × 1 byte (8-bit)"}, {"bytes", static_cast<int64_t>(P)}});
+  r.push_back({{"rule", "weights = params × 0.5 byte (4-bit)"}, {"bytes", static_cast<int64_t>(P / 2)}});
+  r.push_back({{"rule", "inference = weights × 1.2 (at --bits)"}, {"bytes", static_cast<int64_t>(P * wb * 1.2)}});
+  r.push_back({{"rule", "full fine-tune = params × 16 bytes"}, {"bytes", static_cast<int64_t>(P * 16)}});
+  if (P > 6e9 && P < 8e9)
+    r.push_back({{"rule", "claim: a 7B QLoRA fine-tune fits in 16 GB"}, {"bytes", 16LL * 1000 * 1000 * 1000}});
+  if (P > 12e9 && P < 14e9)
+    r.push_back({{"rule", "claim: a 13B QLoRA fine-tune needs ~28 GB"}, {"bytes", 28LL * 1000 * 1000 * 1000}});
+  return r;
+}
+
+json estimate_to_json(const MemoryEstimate& e) {
+  const EstimateOptions& o = e.options;
+  json comps = json::array();
+  for (const MemoryComponent& c : e.components)
+    comps.push_back({{"name", c.name}, {"bytes", c.bytes}, {"in_total", c.in_total}, {"formula", c.note}});
+  json per_layer = json::array();
+  for (const MemoryComponent& c : layer_activation_terms(e.model, o))
+    per_layer.push_back({{"name", c.name}, {"bytes", c.bytes}, {"formula", c.note}});
+  json fits = json::array();
+  for (const GpuCard& g : common_gpu_cards())
+    fits.push_back({{"card", g.name}, {"total_bytes", g.total_bytes}, {"fits", e.total_bytes <= g.total_bytes}});
+  return {{"model",
+           {{"architecture", e.model.architecture}, {"hidden_size", e.model.hidden_size},
+            {"intermediate_size", e.model.intermediate_size}, {"num_hidden_layers", e.model.num_hidden_layers},
+            {"vocab_size", e.model.vocab_size}, {"num_parameters", e.num_parameters},
+            {"quantizable_parameters", e.quantizable_parameters}}},
+          {"options",
+           {{"method", to_string(o.method)}, {"bits", o.bits}, {"blocksize", o.blocksize},
+            {"double_quant", o.double_quant}, {"lora_r", o.lora_r}, {"lora_targets", o.lora_targets},
+            {"lora_dropout", o.lora_dropout}, {"micro_batch_size", o.micro_batch_size}, {"seq_len", o.seq_len},
+            {"gradient_checkpointing", o.gradient_checkpointing}, {"compute_bytes", o.compute_bytes},
+            {"ce_chunk_tokens", o.ce_chunk_tokens}, {"cuda", o.cuda}}},
+          {"lora_parameters", e.lora_parameters},
+          {"activation_bytes_per_layer", e.activation_bytes_per_layer},
+          {"activation_bytes_per_layer_checkpointed", e.activation_bytes_per_layer_checkpointed},
+          {"activation_terms_per_layer", per_layer},
+          {"components", comps},
+          {"total_bytes", e.total_bytes},
+          {"fits", fits},
+          {"rule_of_thumb", rule_of_thumb(e)}};
+}
+
+std::string format_estimate(const MemoryEstimate& e) {
+  const EstimateOptions& o = e.options;
+  std::ostringstream os;
+  os << "model: " << e.model.architecture << ", " << e.num_parameters << " parameters (" << e.model.num_hidden_layers
+     << " layers, hidden " << e.model.hidden_size << ", vocab " << e.model.vocab_size << ")\n"
+     << "method " << to_string(o.method) << ", " << o.bits << "-bit base";
+  if (o.bits == 4) os << " (blocksize " << o.blocksize << (o.double_quant ? ", double quant" : "") << ")";
+  if (o.method == EstimateOptions::Method::Lora || o.method == EstimateOptions::Method::QLora)
+    os << ", LoRA r=" << o.lora_r << " on " << [&] {
+      std::string s;
+      for (const auto& t : o.lora_targets) s += (s.empty() ? "" : ",") + t;
+      return s;
+    }() << " (" << e.lora_parameters << " trainable)";
+  os << "\nmicro-batch " << o.micro_batch_size << " × " << o.seq_len << " tokens, compute " << o.compute_bytes * 8
+     << "-bit, gradient checkpointing " << (o.gradient_checkpointing ? "on" : "off") << "\n\n";
+  os << std::left << std::setw(50) << "component" << std::right << std::setw(14) << "bytes" << "  formula\n";
+  for (const MemoryComponent& c : e.components)
+    os << std::left << std::setw(50) << (c.in_total ? c.name : c.name + " (not at peak)") << std::right
+       << std::setw(14) << human_bytes(static_cast<double>(c.bytes)) << "  " << c.note << "\n";
+  os << std::left << std::setw(50) << "TOTAL (peak)" << std::right << std::setw(14)
+     << human_bytes(static_cast<double>(e.total_bytes)) << "  (" << e.total_bytes << " bytes)\n";
+  if (e.activation_bytes_per_layer)
+    os << "activations per layer: " << human_bytes(static_cast<double>(e.activation_bytes_per_layer))
+       << " without checkpointing, " << human_bytes(static_cast<double>(e.activation_bytes_per_layer_checkpointed))
+       << " with\n";
+  os << "\nfits on:\n";
+  for (const GpuCard& g : common_gpu_cards())
+    os << "  " << std::left << std::setw(40) << g.name << (e.total_bytes <= g.total_bytes ? "yes" : "no") << "  ("
+       << human_bytes(static_cast<double>(g.total_bytes)) << ")\n";
+  os << "\nrules of thumb (for comparison):\n";
+  for (const json& r : rule_of_thumb(e))
+    os << "  " << std::left << std::setw(46) << r["rule"].get<std::string>()
+       << human_bytes(static_cast<double>(r["bytes"].get<int64_t>())) << "\n";
+  return os.str();
+}
+
+TrainingFlops training_flops_per_token(const ModelConfig& cfg, const EstimateOptions& o) {
+  TrainingFlops f;
+  const int64_t L = cfg.num_hidden_layers, T = o.seq_len;
+  const double Q = static_cast<double>(cfg.num_attention_heads * cfg.head_dim);
+  int64_t base = 0;
+  for (const LinearShape& l : layer_linears(cfg)) {
+    base += L * l.in * l.out;
+    if (targeted(o, l.name)) f.lora_params += L * o.lora_r * (l.in + l.out);
+  }
+  const int64_t head = cfg.vocab_size * cfg.hidden_size;
+  f.matmul_params = base + head;
+  // Causal attention forward per token per layer: QKᵀ and A·V over T/2 keys on average, 2 FLOPs
+  // per multiply-add: 2·(2·Q·T/2) = 2·Q·T. Backward: 2× forward (dQ, dK, dV, dS).
+  const double attn_fwd = 2.0 * Q * static_cast<double>(T) * static_cast<double>(L);
+  if (o.method == EstimateOptions::Method::Full) {
+    f.model_flops = 6.0 * static_cast<double>(f.matmul_params) + 3 * attn_fwd;
+  } else {
+    f.model_flops = 4.0 * static_cast<double>(f.matmul_params) + 6.0 * static_cast<double>(f.lora_params) + 3 * attn_fwd;
+  }
+  f.hardware_flops = f.model_flops;
+  if (o.gradient_checkpointing)
+    f.hardware_flops += 2.0 * static_cast<double>(base) + 2.0 * static_cast<double>(f.lora_params) + attn_fwd;
+  return f;
+}
+
+double peak_flops_for_device_name(const std::string& name) {
+  // Dense bf16 tensor-core peaks from the vendors' data sheets (SXM parts).
+  const std::vector<std::pair<std::string, double>> table = {
+      {"H200", 989e12}, {"H100", 989e12}, {"A100", 312e12}, {"L40S", 362e12},
+      {"A6000", 155e12}, {"A10G", 70e12}, {"L4", 121e12},   {"V100", 125e12}};
+  for (const auto& [k, v] : table)
+    if (name.find(k) != std::string::npos) return v;
+  return 0;
+}
+
+CostEstimate estimate_cost(double tokens, double tokens_per_s, double price, double utilization) {
+  QLORA_CHECK(tokens >= 0, "cost: --tokens must be >= 0, got ", tokens);
+  QLORA_CHECK(tokens_per_s > 0, "cost: --tokens-per-s must be > 0, got ", tokens_per_s);
+  QLORA_CHECK(price >= 0, "cost: --gpu-hour-price must be >= 0, got ", price);
+  QLORA_CHECK(utilization > 0 && utilization <= 1, "cost: --utilization must be in (0, 1], got ", utilization);
+  CostEstimate c;
+  c.gpu_hours_full = tokens / tokens_per_s / 3600.0;
+  c.gpu_hours_at_utilization = c.gpu_hours_full / utilization;
+  c.cost_full = c.gpu_hours_full * price;
+  c.cost_at_utilization = c.gpu_hours_at_utilization * price;
+  c.cost_per_million_tokens = 1e6 / tokens_per_s / 3600.0 * price;
+  return c;
+}
+
+EstimateOptions estimate_options_for(const Config& cfg, const torch::Device& device) {
+  EstimateOptions o;
+  const bool quant = cfg.quantization.method != QuantMethod::kNone;
+  o.method = quant ? EstimateOptions::Method::QLora : EstimateOptions::Method::Lora;
+  o.bits = quant ? 4 : 16;
+  o.blocksize = cfg.quantization.blocksize;
+  o.double_quant = cfg.quantization.double_quant;
+  o.lora_r = cfg.lora.r;
+  o.lora_targets = cfg.lora.all_linear ? std::vector<std::string>{"all-linear"} : cfg.lora.target_modules;
+  o.lora_dropout = cfg.lora.dropout;
+  o.micro_batch_size = cfg.training.micro_batch_size;
+  o.seq_len = cfg.data.sequence_len;
+  o.gradient_checkpointing = cfg.training.gradient_checkpointing;
+  o.cuda = device.is_cuda();
+  const DType d = cfg.model.dtype;
+  o.compute_bytes = d == DType::kFP32 || (d == DType::kAuto && !o.cuda) ? 4 : 2;
+  o.overhead_bytes = o.cuda ? kCudaOverheadBytes : 0;
+  return o;
+}
+
+ModelConfig model_config_for(const Config& cfg, int64_t vocab_size) {
+  ModelConfig m = !cfg.model.path.empty() ? load_model_config(cfg.model.path) : preset_config(cfg.model.preset);
+  if (vocab_size > 0 && cfg.model.path.empty()) m.vocab_size = vocab_size;
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+json compare_memory(const MemoryEstimate& e, const json& phases, bool cuda) {
+  json rows = json::array();
+  auto get = [&](const char* phase, const char* key) -> int64_t {
+    if (!phases.contains(phase) || !phases[phase].contains(key)) return -1;
+    return phases[phase][key].get<int64_t>();
+  };
+  auto row = [&](const std::string& name, int64_t est, int64_t meas, const std::string& how) {
+    if (meas < 0) return;
+    json r = {{"component", name}, {"estimated_bytes", est}, {"measured_bytes", meas}, {"measured_as", how}};
+    r["relative_error"] = meas > 0 ? (static_cast<double>(est) - meas) / static_cast<double>(meas) : 0.0;
+    rows.push_back(r);
+  };
+  const int64_t model_bytes = e.component("quantized weights (4-bit packed)") + e.component("quantized weights (int8)") +
+                              e.component("quantization constants") + e.component("16-bit modules (unquantized)") +
+                              e.component("LoRA parameters (fp32)");
+  const int64_t step_state = e.component("LoRA gradients (fp32)") + e.component("AdamW states (exp_avg + exp_avg_sq, fp32)");
+  const int64_t tensors = e.total_bytes - e.component("CUDA context + allocator");
+  if (cuda) {
+    row("weights + LoRA parameters", model_bytes, get("after_load", "cuda_allocated_bytes"), "allocated after load");
+    const int64_t a0 = get("after_load", "cuda_allocated_bytes"), a1 = get("after_first_step", "cuda_allocated_bytes");
+    if (a0 >= 0 && a1 >= 0) row("LoRA gradients + AdamW states", step_state, a1 - a0, "allocated after step 1 − after load");
+    row("peak (tensors)", tensors, get("peak", "cuda_peak_allocated_bytes"), "peak allocated");
+    row("peak (tensors)", tensors, get("peak", "cuda_peak_reserved_bytes"), "peak reserved");
+  } else {
+    const int64_t r0 = get("before_load", "rss_bytes");
+    const int64_t r1 = get("after_load", "rss_bytes"), p = get("peak", "peak_rss_bytes");
+    if (r0 >= 0 && r1 >= 0) row("weights + LoRA parameters", model_bytes, r1 - r0, "RSS after load − before load");
+    if (r0 >= 0 && p >= 0) row("peak (tensors)", tensors, p - r0, "peak RSS − RSS before load");
+  }
+  return rows;
+}
+
+std::string format_comparison(const json& rows) {
+  std::ostringstream os;
+  os << std::left << std::setw(32) << "component" << std::right << std::setw(13) << "estimated" << std::setw(13)
+     << "measured" << std::setw(9) << "error" << "  measured as\n";
+  for (const json& r : rows)
+    os << std::left << std::setw(32) << r["component"].get<std::string>() << std::right << std::setw(13)
+       << human_bytes(static_cast<double>(r["estimated_bytes"].get<int64_t>())) << std::setw(13)
+       << human_bytes(static_cast<double>(r["measured_bytes"].get<int64_t>())) << std::setw(8) << std::fixed
+       << std::setprecision(1) << 100.0 * r["relative_error"].get<double>() << "%  "
+       << r["measured_as"].get<std::string>() << "\n";
+  return os.str();
+}
+
+void MemoryTracker::begin(const Config& cfg, const ModelConfig& model, const torch::Device& device) {
+  device_ = device;
+  output_dir_ = cfg.output_dir;
+  estimate_ = estimate_memory(model, estimate_options_for(cfg, device));
+  active_ = true;
+  report_ = {{"device", device.str()}, {"estimate", estimate_to_json(estimate_)}, {"phases", json::object()}};
+  log::info("memory estimate: ", human_bytes(static_cast<double>(estimate_.total_bytes)), " peak (",
+            to_string(estimate_.options.method), ", micro-batch ", estimate_.options.micro_batch_size, " × ",
+            estimate_.options.seq_len, " tokens; `qlora estimate` itemises it)");
+  if (device.is_cuda()) {
+    const int64_t total = cuda_total_memory(device);
+    if (total > 0 && estimate_.total_bytes > total)
+      log::warn("memory: the estimate (", human_bytes(static_cast<double>(estimate_.total_bytes)),
+                ") exceeds this GPU's ", human_bytes(static_cast<double>(total)),
+                "; expect out-of-memory. Lower training.micro_batch_size or data.sequence_len, or turn on "
+                "training.gradient_checkpointing");
+  }
+  record("before_load");
+}
+
+void MemoryTracker::record(const std::string& phase) {
+  if (!active_) return;
+  report_["phases"][phase] = memory_snapshot(device_);
+  write();
+}
+
+json MemoryTracker::finish() {
+  if (!active_) return json::object();
+  report_["phases"]["peak"] = memory_snapshot(device_);
+  report_["comparison"] = compare_memory(estimate_, report_["phases"], device_.is_cuda());
+  write();
+  log::info("memory: estimated vs measured\n", format_comparison(report_["comparison"]));
+  return report_;
+}
+
+void MemoryTracker::write() const {
+  if (output_dir_.empty() || !fs::is_directory(output_dir_)) return;
+  atomic_write_string((fs::path(output_dir_) / "memory_report.json").string(), report_.dump(2) + "\n");
+}
+
+}  // namespace qlora

@@ -1,0 +1,166 @@
+// qlora-cpp: capacity planning. A QLoRA-aware memory estimate per component (docs/memory.md has
+// every formula and where it comes from), the cards it fits, the rule-of-thumb numbers beside it,
+// FLOPs per trained token for MFU, cost arithmetic, and the per-run memory report
+// (memory_report.json: measured next to estimated).
+//
+// All sizes are bytes, all lengths tokens, all times seconds unless a name says otherwise.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "trainer/config/config.h"
+#include "trainer/model_config.h"
+
+namespace qlora {
+
+/// Placeholder for the CUDA context + cuBLAS workspace + caching-allocator slack (bytes) that
+/// nvidia-smi shows beyond the tensors. NOT MEASURED yet (no GPU in the session that wrote it);
+/// docs/memory.md, "CUDA overhead", says how a GPU session replaces it.
+constexpr int64_t kCudaOverheadBytes = 768LL << 20;
+
+/// What an estimate is for. Plain values; no config objects below this.
+struct EstimateOptions {
+  enum class Method { Inference, Lora, QLora, Full };
+  Method method = Method::QLora;
+  int bits = 4;                   ///< storage bits of the decoder linears: 16, 8 or 4
+  int64_t blocksize = 64;         ///< 4-bit absmax blocksize (32..4096, power of two)
+  bool double_quant = true;       ///< 4-bit: quantize the absmax constants (QLoRA double quant)
+  int64_t lora_r = 16;            ///< LoRA rank
+  std::vector<std::string> lora_targets = {"all-linear"};  ///< PEFT target names
+  double lora_dropout = 0.05;     ///< > 0 makes every adapted linear keep its own dropout output
+  int64_t micro_batch_size = 1;   ///< rows per forward/backward
+  int64_t seq_len = 2048;         ///< tokens per row (no padding: causal SDPA, no mask)
+  bool gradient_checkpointing = true;
+  int64_t compute_bytes = 2;      ///< bytes per element of the compute dtype (bf16/fp16 2, fp32 4)
+  int64_t ce_chunk_tokens = 1024; ///< chunked cross-entropy chunk (trainer/loss.h)
+  bool cuda = true;               ///< CUDA: 1-byte dropout masks, context overhead; CPU: dtype-sized masks
+  int64_t overhead_bytes = kCudaOverheadBytes;  ///< CUDA context + allocator; 0 for a CPU estimate
+};
+
+/// "inference" | "lora" | "qlora" | "full". Throws qlora::Error naming the value.
+EstimateOptions::Method parse_estimate_method(const std::string& s);
+const char* to_string(EstimateOptions::Method m);
+
+/// One line of the estimate. `in_total` is false for a working set that is not live at the peak
+/// (the loss phase and the backward phase peak at different times; only the larger counts).
+struct MemoryComponent {
+  std::string name;
+  int64_t bytes = 0;
+  bool in_total = true;
+  std::string note;  ///< formula, in words
+};
+
+/// A memory card as nvidia-smi reports it.
+struct GpuCard {
+  std::string name;     ///< "24 GB (RTX 4090 / A10G / L4)"
+  int64_t total_bytes;  ///< nvidia-smi memory.total
+};
+/// 16, 24, 40, 48, 80, 141 GB cards (nvidia-smi totals; docs/memory.md lists the models).
+const std::vector<GpuCard>& common_gpu_cards();
+
+struct MemoryEstimate {
+  ModelConfig model;
+  EstimateOptions options;
+  int64_t num_parameters = 0;        ///< whole model
+  int64_t quantizable_parameters = 0;///< the seven decoder linears' weights
+  int64_t lora_parameters = 0;       ///< trainable adapter parameters (0 for inference / full)
+  int64_t activation_bytes_per_layer = 0;               ///< saved for backward, one layer, no checkpointing
+  int64_t activation_bytes_per_layer_checkpointed = 0;  ///< saved per layer with checkpointing (its input)
+  std::vector<MemoryComponent> components;
+  int64_t total_bytes = 0;           ///< sum of components with in_total
+  /// Bytes of the component named `name` (0 when absent).
+  int64_t component(const std::string& name) const;
+};
+
+/// The estimate for `cfg` under `o`. Throws qlora::Error for non-positive sizes, bits not in
+/// {16, 8, 4}, 4/8-bit with method lora or full, r larger than a targeted layer's width, a LoRA
+/// target that matches no linear.
+MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o);
+
+/// Per-layer saved-activation bytes (autograd's saved tensors of trainer/model.cpp layer_forward
+/// in training, no checkpointing), itemised; docs/memory.md "Activations" derives each term.
+std::vector<MemoryComponent> layer_activation_terms(const ModelConfig& cfg, const EstimateOptions& o);
+
+/// The rule-of-thumb numbers (params × bytes, ×1.2 inference, 16 B/param full fine-tune) and the
+/// "7B QLoRA in 16 GB" / "13B in ~28 GB" claims, as {label, bytes or -1, text}.
+nlohmann::json rule_of_thumb(const MemoryEstimate& e);
+
+/// {"model", "options", "components", "total_bytes", "fits", "rule_of_thumb", ...}.
+nlohmann::json estimate_to_json(const MemoryEstimate& e);
+/// A readable table: components, total, card verdicts, rule of thumb.
+std::string format_estimate(const MemoryEstimate& e);
+
+/// FLOPs per trained token (one forward + backward, and the recompute when checkpointing).
+struct TrainingFlops {
+  double model_flops = 0;     ///< what MFU counts: no recompute
+  double hardware_flops = 0;  ///< + the checkpoint recompute (HFU)
+  int64_t matmul_params = 0;  ///< frozen base linears + lm_head (N in "6N")
+  int64_t lora_params = 0;
+};
+/// docs/memory.md "FLOPs": frozen base 4N (forward 2N + input gradient 2N, no weight gradient),
+/// LoRA 6·N_lora, lm_head 4·V·H, causal attention 2·nh·hd·T per layer forward (×3 with backward);
+/// checkpointing adds a forward of the layers (2N + 2·N_lora + attention) to hardware_flops only.
+TrainingFlops training_flops_per_token(const ModelConfig& cfg, const EstimateOptions& o);
+
+/// Dense bf16 peak of a CUDA device by name (H100/H200 989e12, A100 312e12, ...), 0 when unknown.
+double peak_flops_for_device_name(const std::string& name);
+
+/// Cost arithmetic: GPU-hours = tokens / tokens_per_s / 3600 / utilization; cost = hours × price.
+struct CostEstimate {
+  double gpu_hours_full = 0, gpu_hours_at_utilization = 0, cost_full = 0, cost_at_utilization = 0;
+  double cost_per_million_tokens = 0;  ///< at full utilization
+};
+/// Throws qlora::Error for tokens_per_s ≤ 0, utilization outside (0, 1], tokens or price < 0.
+CostEstimate estimate_cost(double tokens, double tokens_per_s, double gpu_hour_price, double utilization);
+
+/// EstimateOptions from a training config on `device` (compute dtype auto → bf16 on CUDA, fp32
+/// on CPU; no CUDA overhead on CPU).
+EstimateOptions estimate_options_for(const Config& cfg, const torch::Device& device);
+/// The model shape a config names (model.path's config.json, or the preset); `vocab_size` > 0
+/// overrides the vocabulary (a preset takes its tokenizer's).
+ModelConfig model_config_for(const Config& cfg, int64_t vocab_size = 0);
+
+/// Measured memory of a training run beside its estimate; written as OUTPUT_DIR/memory_report.json.
+/// Phases: "before_load", "after_load", "after_first_step", "peak" (memory_snapshot of each).
+class MemoryTracker {
+ public:
+  /// Estimates, logs the total, warns (log::warn) when it exceeds the visible CUDA device's memory,
+  /// and records "before_load". Call before loading the model.
+  void begin(const Config& cfg, const ModelConfig& model, const torch::Device& device);
+  /// Records a phase; rewrites OUTPUT_DIR/memory_report.json when the directory exists.
+  void record(const std::string& phase);
+  /// Records "after_first_step" the first time it is called; later calls do nothing.
+  void after_step() {
+    if (!first_step_done_) record("after_first_step");
+    first_step_done_ = true;
+  }
+  /// Records "peak", compares with the estimate, writes the report and logs the comparison table.
+  /// Returns the report.
+  nlohmann::json finish();
+  bool active() const { return active_; }
+
+ private:
+  void write() const;
+  bool active_ = false;
+  bool first_step_done_ = false;
+  std::string output_dir_;
+  torch::Device device_ = torch::kCPU;
+  MemoryEstimate estimate_;
+  nlohmann::json report_;
+};
+
+/// Estimated vs measured, per comparable component: [{"component", "estimated_bytes",
+/// "measured_bytes", "relative_error"}]. `phases` holds memory_snapshot objects by phase name.
+/// CPU: RSS growth over "before_load"; CUDA: allocated and reserved separately.
+nlohmann::json compare_memory(const MemoryEstimate& e, const nlohmann::json& phases, bool cuda);
+/// The comparison as a table.
+std::string format_comparison(const nlohmann::json& comparison);
+
+/// "1.23 GiB" style.
+std::string human_bytes(double bytes);
+
+}  // namespace qlora

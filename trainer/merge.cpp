@@ -1,0 +1,183 @@
+#include "trainer/merge.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "adapters/lora.h"
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "common/safetensors.h"
+#include "common/tensor_io.h"
+#include "trainer/commands.h"
+#include "trainer/model.h"
+
+namespace qlora {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+torch::Tensor merge_lora_weight(const torch::Tensor& w, const torch::Tensor& a, const torch::Tensor& b, double s,
+                                torch::Dtype out, const std::string& module) {
+  QLORA_CHECK(w.dim() == 2 && a.dim() == 2 && b.dim() == 2 && a.size(1) == w.size(1) && b.size(0) == w.size(0) &&
+                  b.size(1) == a.size(0),
+              "merge: module '", module, "': weight ", w.sizes(), " does not fit lora_A ", a.sizes(), " / lora_B ",
+              b.sizes());
+  const torch::Tensor a32 = a.to(w.device(), torch::kFloat32), b32 = b.to(w.device(), torch::kFloat32);
+  return torch::addmm(w.to(torch::kFloat32), b32, a32, /*beta=*/1.0, /*alpha=*/s).to(out);
+}
+
+std::vector<std::pair<size_t, size_t>> plan_shards(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                                                   int64_t max_shard_bytes) {
+  QLORA_CHECK(max_shard_bytes > 0, "merge: --max-shard-bytes must be > 0, got ", max_shard_bytes);
+  std::vector<std::pair<size_t, size_t>> shards;
+  size_t begin = 0;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t n = tensors[i].second.nbytes();
+    if (i > begin && bytes + n > max_shard_bytes) {
+      shards.push_back({begin, i});
+      begin = i;
+      bytes = 0;
+    }
+    bytes += n;
+  }
+  if (begin < tensors.size()) shards.push_back({begin, tensors.size()});
+  return shards;
+}
+
+namespace {
+
+torch::Dtype merge_dtype(const std::string& d, const ModelConfig& base) {
+  const std::string s = d == "auto" ? base.torch_dtype : d;
+  if (s == "fp32" || s == "float32") return torch::kFloat32;
+  if (s == "fp16" || s == "float16") return torch::kFloat16;
+  if (s == "bf16" || s == "bfloat16") return torch::kBFloat16;
+  QLORA_CHECK(d == "auto", "merge: --dtype must be bf16, fp16, fp32 or auto, got '", d, "'");
+  return torch::kBFloat16;  // auto with an unusual stored dtype
+}
+
+const char* hf_dtype_name(torch::Dtype d) {
+  return d == torch::kFloat32 ? "float32" : d == torch::kFloat16 ? "float16" : "bfloat16";
+}
+
+/// Refuses adapter features a plain W + s·B·A merge cannot represent, and a LoRA on lm_head
+/// (tied to embed_tokens it would change the input embeddings too; untied we never train one).
+void check_adapter_mergeable(const std::string& dir, const ModelConfig& base) {
+  const fs::path cfg_path = fs::path(dir) / "adapter_config.json";
+  const json j = json::parse(read_file(cfg_path.string()), nullptr, /*allow_exceptions=*/false);
+  QLORA_CHECK(j.is_object(), cfg_path.string(), ": not a JSON object");
+  QLORA_CHECK(!j.value("use_dora", false), cfg_path.string(), ": use_dora is true; DoRA adapters cannot be merged ",
+              "as W + s·B·A");
+  for (const char* k : {"rank_pattern", "alpha_pattern"})
+    QLORA_CHECK(!j.contains(k) || j[k].is_null() || j[k].empty(), cfg_path.string(), ": ", k,
+                " is set; per-module ranks/alphas are not supported");
+  bool lm_head = false;
+  if (j.contains("target_modules") && j["target_modules"].is_array())
+    for (const json& t : j["target_modules"]) lm_head = lm_head || (t.is_string() && t.get<std::string>() == "lm_head");
+  const fs::path st_path = fs::path(dir) / "adapter_model.safetensors";
+  if (fs::exists(st_path)) {
+    st::SafetensorsFile f(st_path.string());
+    for (const st::TensorInfo& t : f.tensors())
+      lm_head = lm_head || t.name.find("lm_head.") != std::string::npos;
+  }
+  QLORA_CHECK(!lm_head || !base.tie_word_embeddings, dir,
+              ": the adapter has a LoRA on lm_head but the base ties lm_head to embed_tokens "
+              "(tie_word_embeddings); merging would change the input embeddings too — refusing");
+  QLORA_CHECK(!lm_head, dir, ": the adapter has a LoRA on lm_head; only the decoder linears can be merged");
+}
+
+}  // namespace
+
+void cmd_merge(const MergeOptions& o) {
+  QLORA_CHECK(!o.base_dir.empty() && !o.adapter_dir.empty() && !o.out_dir.empty(),
+              "merge: --base, --adapter and --out are required");
+  QLORA_CHECK(!fs::exists(o.out_dir) || (fs::is_directory(o.out_dir) && fs::is_empty(o.out_dir)), o.out_dir,
+              ": exists and is not empty; refusing to overwrite it");
+  QLORA_CHECK(o.max_shard_bytes > 0, "merge: --max-shard-bytes must be > 0, got ", o.max_shard_bytes);
+  const ModelConfig base_cfg = load_model_config(o.base_dir);
+  const torch::Dtype out_dtype = merge_dtype(o.dtype, base_cfg);
+  check_adapter_mergeable(o.adapter_dir, base_cfg);
+
+  // fp32 holds bf16/fp16/fp32 stored values exactly; a 4-bit base is read as stored (never
+  // re-quantized) and dequantized below.
+  LlamaModel model = LlamaModel::load(o.base_dir, torch::kFloat32, torch::kCPU);
+  PeftConfig pc = read_peft_config(o.adapter_dir);
+  const LoraWeights lw = load_peft_adapter(o.adapter_dir, &pc, model.lora_shapes(pc.target_modules));
+  const double s = lora_scale(pc.r, pc.lora_alpha, pc.use_rslora);
+
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (auto& [name, t] : model.named_tensors()) tensors.push_back({name, t.to(out_dtype)});
+  int64_t merged = 0, dequantized = 0;
+  for (const FrozenLinear* f : model.linears()) {
+    torch::Tensor w = f->quantized() ? f->qweight->dequantize(torch::kFloat32) : f->weight;
+    dequantized += f->quantized();
+    auto it = lw.find(f->name);
+    if (it != lw.end()) {
+      w = merge_lora_weight(w, it->second.first, it->second.second, s, out_dtype, f->name);
+      ++merged;
+    } else {
+      w = w.to(out_dtype);
+    }
+    const std::string key = f->name + ".weight";
+    bool found = false;
+    for (auto& [name, t] : tensors)
+      if (name == key) t = w, found = true;
+    if (!found) tensors.push_back({key, w});
+  }
+  QLORA_CHECK(merged == static_cast<int64_t>(lw.size()), o.adapter_dir, ": merged ", merged, " of ", lw.size(),
+              " adapted modules");
+
+  json cfg = json::parse(read_file((fs::path(o.base_dir) / "config.json").string()));
+  cfg.erase("quantization_config");
+  cfg["torch_dtype"] = hf_dtype_name(out_dtype);
+  if (cfg.contains("dtype")) cfg["dtype"] = hf_dtype_name(out_dtype);
+
+  const fs::path out(o.out_dir);
+  const fs::path tmp = o.out_dir + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  try {
+    const auto shards = plan_shards(tensors, o.max_shard_bytes);
+    const std::map<std::string, std::string> meta = {{"format", "pt"}};
+    if (shards.size() == 1) {
+      save_tensors((tmp / "model.safetensors").string(), tensors, meta);
+    } else {
+      json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
+      int64_t total = 0;
+      for (size_t k = 0; k < shards.size(); ++k) {
+        char name[64];
+        std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+        std::vector<std::pair<std::string, torch::Tensor>> part(tensors.begin() + shards[k].first,
+                                                                tensors.begin() + shards[k].second);
+        for (const auto& [n, t] : part) {
+          index["weight_map"][n] = name;
+          total += t.nbytes();
+        }
+        save_tensors((tmp / name).string(), part, meta);
+      }
+      index["metadata"]["total_size"] = total;
+      atomic_write_string((tmp / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+    }
+    atomic_write_string((tmp / "config.json").string(), cfg.dump(2) + "\n");
+    for (const char* f : {"generation_config.json", "tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                          "special_tokens_map.json", "added_tokens.json", "chat_template.jinja"}) {
+      const fs::path src = fs::path(o.base_dir) / f;
+      if (fs::exists(src)) fs::copy_file(src, tmp / f);
+    }
+    fsync_dir(tmp.string());
+    if (fs::exists(out)) fs::remove(out);  // empty (checked above)
+    fs::rename(tmp, out);
+    fsync_dir(out.parent_path().empty() ? "." : out.parent_path().string());
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  log::info("merge: ", merged, " LoRA modules (r=", pc.r, ", scale ", s, ") merged into ", o.base_dir,
+            dequantized ? " (4-bit base dequantized)" : "", " -> ", o.out_dir, " (", hf_dtype_name(out_dtype), ")");
+}
+
+}  // namespace qlora
