@@ -139,7 +139,7 @@ std::string cmd_eval(const EvalOptions& o) {
   }
   data::Datasets ds = data::load_datasets(dopts, tok);
   std::vector<data::Example> exs = o.data.empty() ? std::move(ds.eval) : std::move(ds.train);
-  QLORA_CHECK(!exs.empty(), o.config_path, ": no eval data (set data.eval or data.val_set_size, or pass --data FILE)");
+  QLORA_CHECK(!exs.empty(), o.config_path.empty() ? o.data : o.config_path, ": no eval data (set data.eval or data.val_set_size, or pass --data FILE)");
   if (o.max_examples > 0 && static_cast<int64_t>(exs.size()) > o.max_examples) exs.resize(static_cast<size_t>(o.max_examples));
   if (!o.adapter.empty()) {
     QLORA_CHECK(fs::is_directory(o.adapter), o.adapter, ": adapter directory not found");

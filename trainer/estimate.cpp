@@ -39,7 +39,7 @@ const std::vector<GpuCard>& common_gpu_cards() {
   // nvidia-smi memory.total (MiB) of the smallest common card of each class.
   static const std::vector<GpuCard> cards = {
       {"16 GB (V100-16 / A4000 / T4-class)", 16376LL << 20},
-      {"24 GB (RTX 4090 / A10G / L4)", 22528LL << 20},
+      {"24 GB (RTX 4090 / A10G / L4)", 23028LL << 20},
       {"40 GB (A100-40)", 40960LL << 20},
       {"48 GB (A6000 / L40S)", 46068LL << 20},
       {"80 GB (A100-80 / H100)", 81559LL << 20},

@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-
 #include "common/error.h"
 #include "common/log.h"
 #include "common/tensor_io.h"
@@ -551,9 +550,12 @@ struct RngState {
   }
 };
 
+// Kept in saved_data as a capsule (an opaque IValue; no class registration needed). The mask may
+// be undefined (plain causal), which an autograd Function cannot take as an input, so it lives here.
 struct ModelHolder : torch::CustomClassHolder {
   const LlamaModel* model = nullptr;
   size_t layer = 0;
+  torch::Tensor mask;
   RngState rng;
 };
 
@@ -563,17 +565,16 @@ struct ModelHolder : torch::CustomClassHolder {
 /// layer with grad and backpropagates through it, which accumulates the LoRA gradients.
 struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& cos,
-                               const torch::Tensor& sin, const torch::Tensor& mask,
-                               c10::intrusive_ptr<ModelHolder> m) {
+                               const torch::Tensor& sin, c10::intrusive_ptr<ModelHolder> m) {
     m->rng = RngState::capture(h.is_cuda());
-    ctx->saved_data["m"] = m;
-    ctx->save_for_backward({h, cos, sin, mask});
+    ctx->saved_data["m"] = c10::IValue::make_capsule(m);
+    ctx->save_for_backward({h, cos, sin});
     torch::NoGradGuard ng;
-    return m->model->layer_forward(m->layer, h, cos, sin, mask, nullptr);
+    return m->model->layer_forward(m->layer, h, cos, sin, m->mask, nullptr);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    auto m = ctx->saved_data["m"].toCustomClass<ModelHolder>();
+    auto m = c10::static_intrusive_pointer_cast<ModelHolder>(ctx->saved_data["m"].toCapsule());
     auto saved = ctx->get_saved_variables();
     torch::Tensor h = saved[0].detach().requires_grad_(true);
     const RngState now = RngState::capture(h.is_cuda());
@@ -581,11 +582,11 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
     torch::Tensor out;
     {
       torch::AutoGradMode on(true);
-      out = m->model->layer_forward(m->layer, h, saved[1], saved[2], saved[3], nullptr);
+      out = m->model->layer_forward(m->layer, h, saved[1], saved[2], m->mask, nullptr);
     }
     now.restore();
     torch::autograd::backward({out}, {grad_out[0]});
-    return {h.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {h.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -594,7 +595,8 @@ torch::Tensor checkpointed_layer(const LlamaModel& model, size_t li, const torch
   auto m = c10::make_intrusive<ModelHolder>();
   m->model = &model;
   m->layer = li;
-  return LayerCheckpoint::apply(h, cos, sin, mask, m);
+  m->mask = mask;
+  return LayerCheckpoint::apply(h, cos, sin, m);
 }
 }  // namespace
 

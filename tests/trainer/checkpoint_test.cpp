@@ -53,14 +53,14 @@ class Resume : public ::testing::Test {
     corpus.close();
     std::ofstream(root / "data.json") << data.dump();
     Out o = sh(std::string(QLORA_BIN) + " init-model --preset tiny --out " + (root / "model").string() +
-               " --train-tokenizer " + (root / "corpus.txt").string() + " --vocab-size 200 --seed 3");
+               " --train-tokenizer " + (root / "corpus.txt").string() + " --vocab-size 400 --seed 3");
     ASSERT_EQ(o.status, 0) << o.text;
     std::ofstream(root / "run.yaml") << "output_dir: " << (root / "unused").string() << "\n"
                                      << "model: {path: " << (root / "model").string() << ", dtype: fp32}\n"
                                      << "quantization: {method: nf4, blocksize: 64}\n"
                                      << "lora: {r: 4, alpha: 8, dropout: 0.1, target_modules: all-linear}\n"
                                      << "data: {train: " << (root / "data.json").string()
-                                     << ", template: alpaca, sequence_len: 64, val_set_size: 0}\n"
+                                     << ", template: alpaca, sequence_len: 512, val_set_size: 0}\n"
                                      << "training: {micro_batch_size: 2, gradient_accumulation_steps: 2, num_epochs: 3,"
                                      << " learning_rate: 1.0e-3, warmup_steps: 2, lr_scheduler: cosine,"
                                      << " gradient_checkpointing: true, seed: 5}\n"

@@ -64,7 +64,9 @@ void expect_one_line_error(const CliRun& r, const std::string& what, const std::
   EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << what << "\n" << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << what << "\n" << r.out;
   EXPECT_EQ(r.out.find("Exception raised from"), std::string::npos) << what << "\n" << r.out;
-  if (!fragment.empty()) EXPECT_NE(r.out.find(fragment), std::string::npos) << what << "\n" << r.out;
+  if (!fragment.empty()) {
+    EXPECT_NE(r.out.find(fragment), std::string::npos) << what << "\n" << r.out;
+  }
 }
 
 double mean(const std::vector<double>& v, size_t from, size_t to) {
