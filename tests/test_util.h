@@ -3,6 +3,11 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -24,6 +29,33 @@ inline std::filesystem::path shared_dir() {
 }
 
 inline std::filesystem::path source_dir() { return QLORA_SOURCE_DIR; }
+
+/// Exit status and combined stdout + stderr of a shell command.
+struct CommandResult {
+  int status;       ///< exit code, or -1 when killed by a signal
+  std::string out;  ///< stdout and stderr interleaved
+};
+
+/// Runs `cmd` through /bin/sh with stderr folded into stdout.
+inline CommandResult run_command(const std::string& cmd) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed: " + cmd};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+/// An empty directory under the system temp dir, unique to this process and `name`.
+inline std::filesystem::path fresh_temp_dir(const std::string& name) {
+  const std::filesystem::path d =
+      std::filesystem::temp_directory_path() / ("qlora_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
 
 }  // namespace qlora::test
 

@@ -5,7 +5,7 @@
 #   3. `qlora eval --metric exact_match` on the held-out tickets: the untrained model (~0%)
 #   4. `qlora train examples/quickstart/qlora.yaml` (NF4 base, LoRA on all linears, a few minutes)
 #   5. `qlora eval --metric exact_match --adapter`: the trained adapter
-# and fails (exit 1) unless accuracy after >= before + 0.3 (measured: 0.00 -> 0.45; docs/training.md).
+# and fails (exit 1) unless accuracy after >= before + 0.5 (measured: 0.000 -> 0.933; docs/training.md).
 # Outputs go to runs/quickstart/ (override with QLORA_QUICKSTART_DIR); QLORA_BUILD picks the build.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -37,6 +37,6 @@ import json, sys
 b, a = (json.load(open(p))["exact_match"]["accuracy"] for p in sys.argv[1:3])
 print(f"quickstart: exact-match accuracy on 300 held-out tickets: before {b:.3f}, after {a:.3f} "
       f"({sys.argv[3]} s for data, model, evals and training)")
-if a < b + 0.3:
-    sys.exit(f"quickstart: FAILED: accuracy after training ({a:.3f}) must be >= before + 0.3 ({b:.3f} + 0.3)")
+if a < b + 0.5:
+    sys.exit(f"quickstart: FAILED: accuracy after training ({a:.3f}) must be >= before + 0.5 ({b:.3f} + 0.5)")
 EOF

@@ -19,28 +19,14 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-struct Out {
-  int status;
-  std::string text;
-};
-
-Out sh(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Out = qlora::test::CommandResult;
+Out sh(const std::string& cmd) { return qlora::test::run_command(cmd); }
 
 class Resume : public ::testing::Test {
  protected:
   static fs::path root;
   static void SetUpTestSuite() {
-    root = fs::temp_directory_path() / ("qlora_resume_" + std::to_string(::getpid()));
-    fs::remove_all(root);
-    fs::create_directories(root);
+    root = qlora::test::fresh_temp_dir("resume");
     // 24 alpaca examples: micro_batch 2 → 12 batches/epoch, accumulation 2 → 6 steps/epoch.
     json data = json::array();
     std::ofstream corpus(root / "corpus.txt");
@@ -54,7 +40,7 @@ class Resume : public ::testing::Test {
     std::ofstream(root / "data.json") << data.dump();
     Out o = sh(std::string(QLORA_BIN) + " init-model --preset tiny --out " + (root / "model").string() +
                " --train-tokenizer " + (root / "corpus.txt").string() + " --vocab-size 400 --seed 3");
-    ASSERT_EQ(o.status, 0) << o.text;
+    ASSERT_EQ(o.status, 0) << o.out;
     std::ofstream(root / "run.yaml") << "output_dir: " << (root / "unused").string() << "\n"
                                      << "model: {path: " << (root / "model").string() << ", dtype: fp32}\n"
                                      << "quantization: {method: nf4, blocksize: 64}\n"
@@ -93,7 +79,7 @@ struct Stop {
 TEST_F(Resume, InterruptedRunsEqualTheUninterruptedRun) {
   const fs::path ref = root / "ref";
   Out o = train(ref);
-  ASSERT_EQ(o.status, 0) << o.text;
+  ASSERT_EQ(o.status, 0) << o.out;
   const std::string ref_adapter = qlora::read_file((ref / "adapter_model.safetensors").string());
   const auto ref_metrics = metrics(ref);
   ASSERT_EQ(ref_metrics.size(), 18u);
@@ -101,11 +87,11 @@ TEST_F(Resume, InterruptedRunsEqualTheUninterruptedRun) {
                         Stop{"mid_accumulation", "4:1"}}) {
     const fs::path out = root / s.name;
     o = train(out, "", std::string("QLORA_FAULT_SIGTERM_AT=") + s.fault);
-    ASSERT_EQ(o.status, 75) << s.name << ": " << o.text;
-    EXPECT_NE(o.text.find("interrupted: stopped at step"), std::string::npos) << o.text;
+    ASSERT_EQ(o.status, 75) << s.name << ": " << o.out;
+    EXPECT_NE(o.out.find("interrupted: stopped at step"), std::string::npos) << o.out;
     o = train(out);
-    ASSERT_EQ(o.status, 0) << s.name << ": " << o.text;
-    EXPECT_NE(o.text.find("resume: from"), std::string::npos) << o.text;
+    ASSERT_EQ(o.status, 0) << s.name << ": " << o.out;
+    EXPECT_NE(o.out.find("resume: from"), std::string::npos) << o.out;
     EXPECT_EQ(qlora::read_file((out / "adapter_model.safetensors").string()), ref_adapter) << s.name;
     const auto m = metrics(out);
     ASSERT_EQ(m.size(), ref_metrics.size()) << s.name;
@@ -128,12 +114,12 @@ TEST_F(Resume, CorruptNewestIsSkippedAndChangedSettingsRefused) {
   EXPECT_NE(qlora::verify_checkpoint(ckpts[0]), "");
   // a changed LoRA shape is refused with the differences listed, and nothing is overwritten
   Out o = train(out, "--set lora.r=8");
-  EXPECT_EQ(o.status, 1) << o.text;
-  EXPECT_NE(o.text.find("lora.r: 4 -> 8"), std::string::npos) << o.text;
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(o.out.find("lora.r: 4 -> 8"), std::string::npos) << o.out;
   o = train(out);
-  ASSERT_EQ(o.status, 0) << o.text;
-  EXPECT_NE(o.text.find("skipping " + ckpts[0]), std::string::npos) << o.text;
-  EXPECT_NE(o.text.find("at step 4"), std::string::npos) << o.text;
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("skipping " + ckpts[0]), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("at step 4"), std::string::npos) << o.out;
 }
 
 TEST(CheckpointFiles, IncompleteTemporaryDirectoriesAreIgnored) {

@@ -15,28 +15,11 @@
 namespace {
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int status;
-  std::string out;  // stdout + stderr
-};
+using CliRun = qlora::test::CommandResult;
 
-CliRun run(const std::string& args) {
-  const std::string cmd = std::string(QLORA_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+CliRun run(const std::string& args) { return qlora::test::run_command(std::string(QLORA_BIN) + " " + args); }
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("qlora_cli_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return qlora::test::fresh_temp_dir("cli_" + name); }
 
 void write(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
 

@@ -4,6 +4,8 @@
 // activations, bad input is refused, and `qlora bench` / `qlora estimate` run end to end.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <array>
 #include <cstdio>
 #include <regex>
@@ -172,19 +174,8 @@ TEST(Estimate, FlopsCountFrozenBaseAsFourN) {
                    2.0 * (g.matmul_params - 32000.0 * 4096) + 2.0 * g.lora_params + attn);
 }
 
-struct CliRun {
-  int status;
-  std::string out;
-};
-CliRun run(const std::string& args) {
-  FILE* p = popen((std::string(QLORA_BIN) + " " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using CliRun = qlora::test::CommandResult;
+CliRun run(const std::string& args) { return qlora::test::run_command(std::string(QLORA_BIN) + " " + args); }
 
 TEST(EstimateCli, TableJsonAndErrors) {
   CliRun r = run("estimate --preset llama2-7b --double-quant --tokens 1e8 --tokens-per-s 2000 --gpu-hour-price 2 "

@@ -24,30 +24,16 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-struct CliRun {
-  int status;
-  std::string out;  // stdout + stderr
-};
+using CliRun = qlora::test::CommandResult;
 
 /// Runs `qlora ARGS` (in `cwd` when given), capturing stdout and stderr together.
 CliRun run(const std::string& args, const fs::path& cwd = {}) {
-  std::string cmd = std::string(QLORA_BIN) + " " + args + " 2>&1";
+  std::string cmd = std::string(QLORA_BIN) + " " + args;
   if (!cwd.empty()) cmd = "cd '" + cwd.string() + "' && " + cmd;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return qlora::test::run_command(cmd);
 }
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("qlora_e2e_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return qlora::test::fresh_temp_dir("e2e_" + name); }
 
 void write(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
 
