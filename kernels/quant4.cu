@@ -190,8 +190,9 @@ __global__ void k_quantize_absmax(const float* __restrict__ absmax,  // (nblocks
                                   const float* __restrict__ code_in,  // (256,)
                                   uint8_t* __restrict__ absmax_q,     // (nblocks,)
                                   float* __restrict__ nested_absmax) {  // (ceil(nblocks/256),)
-  __shared__ float code[256];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) code[i] = code_in[i];
+  __shared__ float mid[255];  // float32 midpoints of the ascending code (bnb build_quantize_lut)
+  for (int i = threadIdx.x; i < 255; i += blockDim.x)
+    mid[i] = __fmul_rn(__fadd_rn(code_in[i], code_in[i + 1]), 0.5f);
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -204,14 +205,25 @@ __global__ void k_quantize_absmax(const float* __restrict__ absmax,  // (nblocks
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
   if (lane == 0) nested_absmax[b] = am;
+  const float inv = __fdiv_rn(1.0f, am);
   for (int64_t i = lane; i < len; i += 32) {
-    const float v = __fdiv_rn(__fsub_rn(absmax[begin + i], offset), am);
-    int lo = 0, hi = 256;
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (code[mid] <= v) lo = mid; else hi = mid;
+    // bnb 0.50.2 native CPU quantize_blockwise (65536-bin LUT), as quantize_absmax_ref.
+    int lo = 0;
+    if (am != 0.f) {
+      float sv = __fmul_rn(__fsub_rn(absmax[begin + i], offset), inv);
+      if (sv < -1.f) sv = -1.f;
+      else if (sv > 1.f) sv = 1.f;
+      const float r = __fmaf_rn(__fmul_rn(__fadd_rn(sv, 1.0f), 0.5f), 65535.0f, 0.5f);
+      if (r >= 0.f) {  // false for NaN -> code 0
+        const int k = static_cast<int>(r) & 0xffff;
+        const float val = __fsub_rn(__fdiv_rn(__fmul_rn(2.0f, static_cast<float>(k)), 65535.0f), 1.0f);
+        int hi = 255;  // lower_bound: first j with mid[j] >= val
+        while (lo < hi) {
+          const int m = (lo + hi) >> 1;
+          if (mid[m] < val) lo = m + 1; else hi = m;
+        }
+      }
     }
-    if (lo < 255 && fabsf(__fsub_rn(v, code[lo + 1])) < fabsf(__fsub_rn(v, code[lo]))) ++lo;
     absmax_q[begin + i] = static_cast<uint8_t>(lo);
   }
 }

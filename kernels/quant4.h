@@ -112,9 +112,11 @@ void dequantize_4bit_ref(const uint8_t* packed, const Quant4Scales& scales, int6
 float absmax_mean_ref(const float* absmax, int64_t nblocks);
 
 /// Double quant of the absmax: v = absmax - offset (float32), quantized blockwise (256) with
-/// `code` (256 ascending values, normally dynamic_map_signed()): am = max|v| (NaN ignored),
-/// q = nearest code to v / am (ties to the lower index; bnb csrc/cpu_ops.cpp quantize_cpu +
-/// common.cpp quantize_block). absmax_q (nblocks,), nested_absmax (ceil(nblocks/256),).
+/// `code` (256 ascending values, normally dynamic_map_signed()): am = max|v| (NaN ignored), and the
+/// code chosen exactly as bitsandbytes 0.50.2's CPU path does (csrc/cpu_ops.cpp build_quantize_lut /
+/// norm_to_lut_index: s = clamp(v·(1/am), −1, 1), a 65536-bin lookup k = fma((s+1)/2, 65535, 0.5),
+/// q = #{midpoints < 2k/65535 − 1}) — not always the nearest code; see docs/quantization.md.
+/// absmax_q (nblocks,), nested_absmax (ceil(nblocks/256),).
 void quantize_absmax_ref(const float* absmax, int64_t nblocks, float offset, const float* code,
                          uint8_t* absmax_q, float* nested_absmax);
 

@@ -107,6 +107,9 @@ void quantize_absmax_cpu(const float* absmax, int64_t nblocks, float offset, con
   QLORA_CHECK(nblocks >= 0 && (nblocks == 0 || (absmax && code && absmax_q && nested_absmax)),
               "quant4: null pointer in quantize_absmax");
   const int64_t nnested = quant4_num_blocks(nblocks, kNestedBlocksize);
+  float mid[255];  // float32 midpoints of the (ascending) code, as bnb's build_quantize_lut
+  if (nblocks > 0)
+    for (int j = 0; j < 255; ++j) mid[j] = (code[j] + code[j + 1]) * 0.5f;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < nnested; ++b) {
     const int64_t begin = b * kNestedBlocksize,
@@ -114,16 +117,27 @@ void quantize_absmax_cpu(const float* absmax, int64_t nblocks, float offset, con
     float am = 0.f;
     for (int64_t i = begin; i < end; ++i) am = std::fmax(am, std::fabs(absmax[i] - offset));
     nested_absmax[b] = am;
+    // bnb 0.50.2 native CPU quantize_blockwise: 65536-bin LUT over [-1, 1] (see quant4_ref.cpp);
+    // bin k maps to #(mid[j] < (2k)/65535 - 1), found here by a lower_bound over the midpoints.
+    const float inv = 1.0f / am;
     for (int64_t i = begin; i < end; ++i) {
-      const float v = (absmax[i] - offset) / am;
-      // binary search: largest idx with code[idx] <= v (0 when none / NaN)
-      int lo = 0, hi = 256;  // invariant: code[k] <= v for k < lo... searched in [lo, hi)
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (code[mid] <= v) lo = mid; else hi = mid;
+      int idx = 0;
+      if (am != 0.f) {
+        float s = (absmax[i] - offset) * inv;
+        if (s < -1.f) s = -1.f;
+        else if (s > 1.f) s = 1.f;
+        const float r = std::fma((s + 1.0f) * 0.5f, 65535.0f, 0.5f);
+        if (r >= 0.f) {  // false for NaN -> code 0
+          const int k = static_cast<int>(r) & 0xffff;
+          const float val = (2.0f * static_cast<float>(k)) / 65535.0f - 1.0f;
+          int lo = 0, hi = 255;  // lower_bound: first j with mid[j] >= val
+          while (lo < hi) {
+            const int m = (lo + hi) >> 1;
+            if (mid[m] < val) lo = m + 1; else hi = m;
+          }
+          idx = lo;
+        }
       }
-      int idx = lo;
-      if (idx < 255 && std::fabs(v - code[idx + 1]) < std::fabs(v - code[idx])) ++idx;
       absmax_q[i] = static_cast<uint8_t>(idx);
     }
   }

@@ -16,7 +16,18 @@
 #   QLORA_TORCH_PYTHON (python with torch; default python3 if it imports torch, else the venv of
 #   scripts/env.sh), QLORA_BENCH_REPS (default 20), QLORA_DEADLINE_S (stop starting steps after this
 #   many seconds; default 450 on the device, none in a dry run), QLORA_ISOLATE (1: ignore /usr for
-#   packages; default 1 in a dry run, 0 on the device), OUT (results folder).
+#   packages; default 1 in a dry run, 0 on the device), OUT (results folder),
+#   QLORA_DEVICE_TRAIN (1: also the training phase below; default 1 on the device, 0 in a dry run),
+#   QLORA_BIN (training phase: use this built `qlora` instead of building the target),
+#   QLORA_TRAIN_MIN_S (a bench point starts only with this many seconds left; default 60).
+#
+# Training phase (issue 7, docs/gpu.md and docs/memory.md "GPU check"): builds the `qlora` target and
+#   runs `qlora bench` (NF4 bs64 + double quant, LoRA r=16 all-linear, checkpointing on, 3 steps) on
+#   the llama2-7b shape over seq 512/1024/2048/4096, one `--sweep` per micro-batch 1, 2, 4, plus one
+#   llama2-13b point (seq 2048 × 1); points start only while QLORA_TRAIN_MIN_S seconds are left. The
+#   estimate-vs-measured table (and the "7B QLoRA in 16 GB" verdict) goes into bench.txt; the CSV,
+#   SVG charts, logs (and tests.xml, to stay within 8 files in $OUT) into train.tar.gz. The dry run
+#   (with QLORA_DEVICE_TRAIN=1) runs the same phase with --preset tiny, 2 steps, short sequences.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DRY=0
@@ -33,6 +44,8 @@ JOBS="${QLORA_JOBS:-$(nproc)}"
 REPS="${QLORA_BENCH_REPS:-20}"
 ISOLATE="${QLORA_ISOLATE:-$DRY}"
 if ((DRY)); then DEADLINE="${QLORA_DEADLINE_S:-0}"; else DEADLINE="${QLORA_DEADLINE_S:-450}"; fi
+TRAIN="${QLORA_DEVICE_TRAIN:-$((1 - DRY))}"
+TRAIN_MIN_S="${QLORA_TRAIN_MIN_S:-60}"
 PREFIX="$ROOT/.device/prefix"
 P="$PREFIX/usr"
 LIBDIR="$P/lib/x86_64-linux-gnu"
@@ -296,6 +309,86 @@ if ((ISOLATE)) && [ -d "$PROBE/build" ]; then
   else
     ROWS+=("$(printf '%-22s %-8s' 'probe prefix headers' ok)")
   fi
+fi
+
+# ---- training phase (issue 7): qlora bench, measured peak vs estimate ----
+if ((TRAIN)); then
+  TR="$RES/train"; rm -rf "$TR"; mkdir -p "$TR"
+  Q="${QLORA_BIN:-$BUILD/trainer/qlora}"
+  trc=0
+  if [ -z "${QLORA_BIN:-}" ]; then
+    step "build qlora" train/build.log "$CMAKE" --build "$BUILD" -j"$JOBS" --target qlora; trc=$?
+  fi
+  if ((trc == 0)) && [ -x "$Q" ]; then
+    if ((DRY)); then P7=tiny; P13=tiny; SEQS=(32 64 128 256); STEPS=2; P13_SEQ=128
+    else P7=llama2-7b; P13=llama2-13b; SEQS=(512 1024 2048 4096); STEPS=3; P13_SEQ=2048; fi
+    CTX_MIB=768   # CUDA context + allocator slack beyond reserved: kCudaOverheadBytes unless measured below
+    SMI=0; ((DRY)) || ! command -v nvidia-smi >/dev/null || SMI=1
+    # bench_point NAME LOG ARGS...: starts only with TRAIN_MIN_S seconds left; samples nvidia-smi
+    # memory.used (MiB) every 200 ms into $TR/LOG.smi while it runs.
+    bench_point() {
+      local name="$1" log="$2"; shift 2
+      if ((DEADLINE > 0)) && (( DEADLINE - ($(date +%s) - T0) < TRAIN_MIN_S )); then
+        ROWS+=("$(printf '%-22s %-8s %6s' "$name" "SKIPPED" "-") (under ${TRAIN_MIN_S}s left)"); return 124
+      fi
+      local smi_pid=""
+      if ((SMI)); then
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$TR/$log.smi" 2>/dev/null &
+        smi_pid=$!
+      fi
+      step "$name" "train/$log" "$Q" "$@"; local rc=$?
+      [ -n "$smi_pid" ] && { kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null; }
+      return $rc
+    }
+    COMMON=(--lora-r 16 --steps "$STEPS")
+    # micro-batch 1 first (the 16 GB verdict), then the 13B point, then micro-batch 2 and 4
+    bench_point "bench $P7 mb1" bench-7b-mb1.log bench --preset "$P7" --sweep --seq-lens "${SEQS[@]}" \
+      --batch-sizes 1 "${COMMON[@]}" --out "$TR/bench-7b-mb1"
+    bench_point "bench $P13 ${P13_SEQ}x1" bench-13b.log bench --preset "$P13" --seq-len "$P13_SEQ" \
+      --micro-batch-size 1 "${COMMON[@]}"
+    for mb in 2 4; do
+      bench_point "bench $P7 mb$mb" "bench-7b-mb$mb.log" bench --preset "$P7" --sweep --seq-lens "${SEQS[@]}" \
+        --batch-sizes "$mb" "${COMMON[@]}" --out "$TR/bench-7b-mb$mb"
+    done
+    # CUDA overhead: max nvidia-smi memory.used − peak reserved of the same run (mb1 sweep)
+    if ((SMI)) && [ -s "$TR/bench-7b-mb1.log.smi" ] && [ -s "$TR/bench-7b-mb1.csv" ]; then
+      used_mib="$(sort -n "$TR/bench-7b-mb1.log.smi" | tail -1)"
+      res_mib="$(awk -F, 'NR>1 && $9>m {m=$9} END {printf "%d", m/1048576}' "$TR/bench-7b-mb1.csv")"
+      if [ -n "$used_mib" ] && ((res_mib > 0)); then CTX_MIB=$((used_mib - res_mib)); CTX_SRC="measured: nvidia-smi max ${used_mib} MiB − peak reserved ${res_mib} MiB"; fi
+    fi
+    # one CSV for the 7B grid, then the table
+    first=1
+    for mb in 1 2 4; do
+      f="$TR/bench-7b-mb$mb.csv"; [ -f "$f" ] || continue
+      if ((first)); then cat "$f"; first=0; else tail -n +2 "$f"; fi
+    done > "$TR/bench-7b.csv"
+    {
+      echo
+      echo "== training phase: qlora bench $P7 (NF4 bs64 dq, r=16 all-linear, checkpointing on, $STEPS steps), $(date -u +%F), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') =="
+      echo "CUDA context + allocator slack beyond reserved: ${CTX_MIB} MiB (${CTX_SRC:-placeholder kCudaOverheadBytes; not measured})"
+      awk -F, -v ctx="$CTX_MIB" '
+        function gib(b) { return sprintf("%.2f", b / 1073741824) }
+        NR == 1 { printf "%6s %5s %10s %10s %10s %9s %9s %8s %7s  %s\n", "seq", "batch", "alloc GiB", "reserv GiB",
+                  "est GiB", "err/res", "err/alloc", "tok/s", "MFU", "fits 16 GB (reserved + ctx <= 16376 MiB)"; next }
+        {
+          if ($3 != "true") { printf "%6d %5d  does not fit (out of memory); estimated %s GiB\n", $1, $2, gib($10); next }
+          res = $9 > 0 ? $9 : $8   # CPU: no reserved, use peak RSS growth
+          er = res > 0 ? sprintf("%+.1f%%", 100 * ($10 - res) / res) : "-"
+          ea = $8 > 0 ? sprintf("%+.1f%%", 100 * ($10 - $8) / $8) : "-"
+          fit = (res / 1048576 + ctx <= 16376) ? "yes" : "no"
+          if (fit == "yes" && $2 == 1 && $1 > maxfit) maxfit = $1
+          printf "%6d %5d %10s %10s %10s %9s %9s %8.0f %6.1f%%  %s\n", $1, $2, gib($8), gib($9), gib($10), er, ea, $5,
+                 100 * $6, fit
+        }
+        END { printf "largest seq that fits 16 GB at micro-batch 1 (measured): %s\n", maxfit ? maxfit : "none of the grid" }
+      ' "$TR/bench-7b.csv"
+      echo "$P13 point:"; grep -E '^ +[0-9]+ +[0-9]+ ' "$TR/bench-13b.log" 2>/dev/null || echo "  (not run or failed)"
+    } >> "$RES/bench.txt"
+    [ -f "$RES/tests.xml" ] && mv "$RES/tests.xml" "$TR/"
+  else
+    ((trc == 0)) && { say "no qlora binary at $Q"; ROWS+=("$(printf '%-22s %-8s' 'qlora binary' MISSING)"); FAILED=1; }
+  fi
+  tar -C "$RES" -czf "$RES/train.tar.gz" train && rm -rf "$TR"
 fi
 
 finish

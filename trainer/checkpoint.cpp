@@ -4,8 +4,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -74,6 +77,12 @@ std::string write_checkpoint(const std::string& dir, const TrainerState& state, 
                              const LoraWeights& adapter, const OptimizerTensors& opt, const torch::Tensor& rng_cpu,
                              const torch::Tensor& rng_cuda) {
   fs::create_directories(dir);
+  // Leftovers of a process killed mid-write (never loaded: no manifest, or not renamed) go first;
+  // one trainer owns a checkpoint directory at a time.
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) fs::remove_all(e.path());
+  }
   const fs::path final_dir = fs::path(dir) / (kPrefix + std::to_string(state.step));
   const fs::path tmp = fs::path(dir) / (".tmp-" + std::string(kPrefix) + std::to_string(state.step) + "-" +
                                         std::to_string(::getpid()));
@@ -99,6 +108,10 @@ std::string write_checkpoint(const std::string& dir, const TrainerState& state, 
     }
     atomic_write_string((tmp / "manifest.json").string(), json({{"files", manifest}}).dump(2) + "\n");
     fsync_dir(tmp.string());
+    // Test hook: QLORA_FAULT_SLOW_CHECKPOINT_MS=N sleeps between writing the files and the rename,
+    // so a test's SIGKILL can land while a checkpoint is half-done.
+    if (const char* slow = std::getenv("QLORA_FAULT_SLOW_CHECKPOINT_MS"))
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(slow)));
     if (fs::exists(final_dir)) {  // same step written again: swap only once the new one is complete
       const fs::path old = fs::path(dir) / (".old-" + final_dir.filename().string());
       fs::remove_all(old);

@@ -47,27 +47,6 @@ Config eval_config(const EvalOptions& o) {
   return parse_config_string(yaml, "eval (no config)", o.overrides);
 }
 
-torch::Dtype eval_dtype(DType d, const torch::Device& dev) {
-  switch (d) {
-    case DType::kFP32: return torch::kFloat32;
-    case DType::kBF16: return torch::kBFloat16;
-    case DType::kFP16: return torch::kFloat16;
-    case DType::kAuto: return dev.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
-  }
-  return torch::kFloat32;
-}
-
-QuantOptions eval_quant(const QuantConfig& q) {
-  QuantOptions o;
-  o.method = q.method == QuantMethod::kNF4   ? QuantOptions::Method::NF4
-             : q.method == QuantMethod::kFP4 ? QuantOptions::Method::FP4
-                                             : QuantOptions::Method::None;
-  o.blocksize = q.blocksize;
-  o.double_quant = q.double_quant;
-  o.keep_16bit = q.keep_16bit;
-  return o;
-}
-
 std::string trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return "";
@@ -146,8 +125,8 @@ std::string cmd_eval(const EvalOptions& o) {
     read_peft_config(o.adapter);  // fails early on a bad adapter_config.json
   }
 
-  const torch::Dtype dtype = eval_dtype(cfg.model.dtype, device);
-  const QuantOptions q = eval_quant(cfg.quantization);
+  const torch::Dtype dtype = compute_dtype(cfg.model.dtype, device);
+  const QuantOptions q = quant_options(cfg.quantization);
   LlamaModel model = !cfg.model.path.empty()
                          ? LlamaModel::load(cfg.model.path, dtype, device, q)
                          : [&] {  // a preset trains on random weights from training.seed: the same here

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <iostream>
 
 #include "common/error.h"
@@ -157,6 +158,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit (ulimit -f) fails the write with EFBIG instead of killing
   try {
     return run(argc, argv);
   } catch (const qlora::Interrupted& e) {

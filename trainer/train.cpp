@@ -15,6 +15,9 @@
 #include "trainer/checkpoint.h"
 
 #include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <unistd.h>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -92,7 +95,6 @@ std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vec
 }
 
 // ---------------------------------------------------------------------------------------------
-namespace {
 torch::Dtype compute_dtype(DType d, const torch::Device& dev) {
   switch (d) {
     case DType::kFP32: return torch::kFloat32;
@@ -114,6 +116,7 @@ QuantOptions quant_options(const QuantConfig& q) {
   return o;
 }
 
+namespace {
 Schedule schedule_of(LrScheduler s) {
   switch (s) {
     case LrScheduler::kConstant: return Schedule::constant;
@@ -291,10 +294,52 @@ void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seco
             {"memory", memory_snapshot(device_)}};
   if (!std::isnan(eval_loss)) j["eval_loss"] = eval_loss;
   std::ofstream(fs::path(cfg_.output_dir) / "metrics.jsonl", std::ios::app) << j.dump() << "\n";
-  if (step % cfg_.training.logging_steps == 0 || !std::isnan(eval_loss))
+  // ETA = mean step time of this invocation × remaining steps. The running sum lives in statics
+  // (log_step's body is all this needs to own); it restarts for a new Trainer or a step that goes back.
+  static const Trainer* eta_owner = nullptr;
+  static int64_t eta_last_step = 0, eta_steps = 0;
+  static double eta_seconds = 0, eta_last_eval = std::nan("");
+  if (eta_owner != this || step <= eta_last_step) {
+    eta_owner = this;
+    eta_steps = 0;
+    eta_seconds = 0;
+    eta_last_eval = std::nan("");
+  }
+  eta_last_step = step;
+  ++eta_steps;
+  eta_seconds += seconds;
+  if (!std::isnan(eval_loss)) eta_last_eval = eval_loss;
+  const double eta_s = eta_seconds / eta_steps * static_cast<double>(std::max<int64_t>(0, total_steps_ - step));
+  auto hms = [](double s) {
+    const int64_t t = static_cast<int64_t>(std::llround(std::max(0.0, s)));
+    char buf[32];
+    if (t >= 3600)
+      std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(t / 3600),
+                    static_cast<long long>(t / 60 % 60), static_cast<long long>(t % 60));
+    else
+      std::snprintf(buf, sizeof buf, "%02lld:%02lld", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
+    return std::string(buf);
+  };
+  const int64_t tok_s = static_cast<int64_t>(seconds > 0 ? r.tokens / seconds : 0);
+  static const bool tty = ::isatty(2) != 0;
+  if (tty) {
+    const int width = 24;
+    const double frac = total_steps_ > 0 ? std::min(1.0, static_cast<double>(step) / total_steps_) : 1.0;
+    const int filled = static_cast<int>(frac * width);
+    char nums[160];
+    std::snprintf(nums, sizeof nums, " %lld/%lld  loss %.4f  lr %.3g  %lld tok/s  ETA %s",
+                  static_cast<long long>(step), static_cast<long long>(total_steps_), r.loss, lr,
+                  static_cast<long long>(tok_s), hms(eta_s).c_str());
+    std::string line = "\r[" + std::string(filled, '#') + std::string(width - filled, '.') + "]" + nums;
+    if (!std::isnan(eta_last_eval)) line += "  eval " + std::to_string(eta_last_eval).substr(0, 6);
+    line += "\033[K";  // clear what a longer previous line left
+    if (step >= total_steps_) line += "\n";
+    std::cerr << line << std::flush;
+  } else if (step % cfg_.training.logging_steps == 0 || !std::isnan(eval_loss)) {
     log::info("step ", step, "/", total_steps_, "  loss ", r.loss, "  lr ", lr, "  grad_norm ", r.grad_norm, "  ",
-              static_cast<int64_t>(seconds > 0 ? r.tokens / seconds : 0), " tok/s",
+              tok_s, " tok/s  ETA ", hms(eta_s),
               std::isnan(eval_loss) ? std::string() : "  eval_loss " + std::to_string(eval_loss));
+  }
 }
 
 void Trainer::save_outputs(double seconds) {

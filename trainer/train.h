@@ -32,6 +32,12 @@ struct StepResult {
   bool skipped = false;   ///< non-finite loss or gradient: no update was applied
 };
 
+/// The compute dtype a config's `model.dtype` asks for on `device` (auto: bf16 on CUDA, fp32 on CPU).
+torch::Dtype compute_dtype(DType d, const torch::Device& device);
+
+/// The model's QuantOptions for the config's `quantization:` section.
+QuantOptions quant_options(const QuantConfig& q);
+
 /// Counts the next-token targets of a batch (labels[t+1] != -100 within one packed segment):
 /// the normaliser of the loss over an accumulated batch.
 int64_t count_targets(const data::Batch& b);

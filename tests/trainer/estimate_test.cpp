@@ -8,6 +8,10 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
 #include <regex>
 #include <sys/wait.h>
 
@@ -204,13 +208,74 @@ TEST(EstimateCli, TableJsonAndErrors) {
 // the estimate. CPU peak RSS includes glibc's cached free blocks and libtorch's own allocations, so
 // only a loose bound holds (docs/memory.md, "CPU measurement").
 TEST(BenchCli, TinySmoke) {
-  // --no-gradient-checkpointing: LayerCheckpoint::apply with an undefined mask (unpadded rows)
-  // throws "tensor does not have a device" in trainer/model.cpp (reported; not this test's subject).
-  const CliRun r = run("bench --preset tiny --steps 3 --seq-len 128 --micro-batch-size 2 --no-gradient-checkpointing");
+  // gradient checkpointing on (the default), unpadded rows: the plain causal path
+  const CliRun r = run("bench --preset tiny --steps 3 --seq-len 128 --micro-batch-size 2");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(\n\s+128\s+2\s+[0-9.]+\s+[0-9]+)"))) << r.out;
+}
+
+// The activation term against a measurement: `qlora bench --preset small` (H 256, I 688, 4 layers,
+// V 32000; fp32 on CPU; no checkpointing, so every layer's saved activations count) at seq 256 and at seq 1024, one process
+// each so that each peak RSS starts clean. Everything but the token-dependent terms (saved
+// activations, loss buffers, logits chunk, backward temporaries) is the same in both runs, so the
+// growth of the estimated total is the estimator's activation growth and the growth of the measured
+// peak (VmHWM − RSS before the model) is the same thing as the process saw it.
+// One step per run (the peak is the first step's forward/backward; a second step only adds glibc
+// reuse noise). Measured here (2026-11-29, 2 shared cores, loaded): measured growth 354.2 MiB
+// (188.7 -> 542.9 MiB), estimated 380.2 MiB: +7.3% (an earlier build: 366.1 MiB, +3.9%); with
+// --steps 2: 342.4 vs 380.2 MiB, +11.0%; 128 -> 512 tokens: 185.3 vs 190.1 MiB, +2.6%.
+// Tolerance ±25%, about twice the worst error seen:
+// CPU RSS counts pages, not tensors (glibc keeps and reuses freed blocks, first-use thread-pool and
+// OpenMP buffers, page granularity); these mostly cancel in a difference of two runs, not fully.
+// The 5% goal of issue 7 applies to CUDA peak reserved (docs/memory.md, "CPU measurement").
+// Runtime: ~7 s on an idle machine (+4.5% there), ~20-40 s on a loaded one (two processes).
+struct BenchCsvPoint {
+  int64_t measured = 0, estimated = 0;
+};
+BenchCsvPoint bench_small_point(int64_t seq, const std::filesystem::path& dir) {
+  const std::string prefix = (dir / ("act-" + std::to_string(seq))).string();
+  const CliRun r = run("bench --preset small --steps 1 --no-gradient-checkpointing --sweep --seq-lens " +
+                       std::to_string(seq) + " --batch-sizes 1 --out " + prefix);
+  EXPECT_EQ(r.status, 0) << r.out;
+  std::ifstream f(prefix + ".csv");
+  std::string header, row;
+  std::getline(f, header);
+  std::getline(f, row);
+  // seq_len,micro_batch_size,fits,step_s,tokens_per_s,mfu,hfu,measured_peak_bytes,measured_reserved_bytes,
+  // estimated_bytes,relative_error,cost_per_million_tokens
+  std::vector<std::string> cols;
+  std::stringstream ss(row);
+  for (std::string c; std::getline(ss, c, ',');) cols.push_back(c);
+  BenchCsvPoint p;
+  if (cols.size() < 10) {
+    ADD_FAILURE() << "bad CSV row '" << row << "' in " << prefix << ".csv\n" << r.out;
+    return p;
+  }
+  EXPECT_EQ(cols[2], "true") << r.out;
+  p.measured = std::stoll(cols[7]);
+  p.estimated = std::stoll(cols[9]);
+  return p;
+}
+
+TEST(BenchCli, ActivationTermMatchesMeasuredCpuPeakGrowth) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("qlora-act-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const BenchCsvPoint a = bench_small_point(256, dir), b = bench_small_point(1024, dir);
+  std::filesystem::remove_all(dir);
+  ASSERT_GT(a.measured, 0);
+  ASSERT_GT(b.measured, a.measured);
+  const double measured = static_cast<double>(b.measured - a.measured);
+  const double estimated = static_cast<double>(b.estimated - a.estimated);
+  const double err = (estimated - measured) / measured;
+  RecordProperty("measured_growth_bytes", std::to_string(b.measured - a.measured));
+  RecordProperty("estimated_growth_bytes", std::to_string(b.estimated - a.estimated));
+  EXPECT_NEAR(err, 0.0, 0.25) << "peak growth 256 -> 1024 tokens: measured " << human_bytes(measured)
+                              << ", estimated " << human_bytes(estimated) << " (" << 100 * err << "%)";
+  std::printf("activation growth 256 -> 1024 tokens (small, fp32, CPU): measured %.1f MiB, estimated %.1f MiB, "
+              "error %+.1f%%\n", measured / (1 << 20), estimated / (1 << 20), 100 * err);
 }
 
 }  // namespace
