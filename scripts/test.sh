@@ -21,6 +21,12 @@ t2=$(date +%s)
 
 cd "$QLORA_BUILD"
 ctest --output-on-failure -j"${QLORA_TEST_JOBS:-2}" --timeout 1200
+# The GPU check script's CPU part (docs/gpu.md): syntax, and the dequant bench in CPU mode.
+bash -n "$QLORA_ROOT/scripts/device-check.sh" "$QLORA_ROOT/scripts/device-prepare.sh"
+if [ -x "$QLORA_BUILD/bench/quant4/bench_quant4" ]; then
+  echo "[test] GPU check, CPU dry run: bench_quant4 cpu"
+  "$QLORA_BUILD/bench/quant4/bench_quant4" cpu 1
+fi
 t3=$(date +%s)
 
 if [ "${QLORA_SKIP_ASAN:-0}" != 1 ]; then

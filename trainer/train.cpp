@@ -352,6 +352,15 @@ void Trainer::save_outputs(double seconds) {
             {"final_loss", losses_.empty() ? 0.0 : losses_.back()},
             {"peak_memory", memory_snapshot(device_)},
             {"preemption", preemption_}};
+  if (cfg_.cost.gpu_hour_price > 0) {
+    // cost.gpu_hour_price is currency-free: the same unit comes back.
+    const double run_cost = cfg_.cost.gpu_hour_price * seconds / 3600.0;
+    s["cost"] = {{"gpu_hour_price", cfg_.cost.gpu_hour_price},
+                 {"run", run_cost},
+                 {"per_million_tokens", tokens_trained_ > 0 ? run_cost / tokens_trained_ * 1e6 : 0.0}};
+    log::info("cost: ", run_cost, " for this run, ", s["cost"]["per_million_tokens"].get<double>(),
+              " per 1M training tokens (at ", cfg_.cost.gpu_hour_price, " per GPU-hour)");
+  }
   atomic_write_string((fs::path(cfg_.output_dir) / "summary.json").string(), s.dump(2) + "\n");
   log::info("done: ", step_, " steps, ", tokens_trained_, " tokens in ", seconds, " s; adapter in ",
             cfg_.output_dir);
