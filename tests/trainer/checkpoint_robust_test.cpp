@@ -25,6 +25,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "test_util.h"
+#include "tiny_run.h"
 #include "trainer/checkpoint.h"
 
 extern char** environ;
@@ -50,31 +51,9 @@ class CheckpointRobust : public ::testing::Test {
   static fs::path root;
   static void SetUpTestSuite() {
     root = qlora::test::fresh_temp_dir("ckpt_robust");
-    // 24 alpaca examples: micro_batch 2 → 12 batches/epoch, accumulation 2 → 6 steps/epoch.
-    json data = json::array();
-    std::ofstream corpus(root / "corpus.txt");
-    for (int i = 0; i < 24; ++i) {
-      const std::string q = "ticket " + std::to_string(i) + " printer jam in room " + std::to_string(i % 5);
-      const std::string a = i % 2 ? "hardware, urgent" : "hardware, low";
-      data.push_back({{"instruction", q}, {"output", a}});
-      corpus << q << "\n" << a << "\n";
-    }
-    corpus.close();
-    std::ofstream(root / "data.json") << data.dump();
-    std::ofstream(root / "data2.json") << data.dump();  // same examples, another file
-    Out o = sh(std::string(QLORA_BIN) + " init-model --preset tiny --out " + (root / "model").string() +
-               " --train-tokenizer " + (root / "corpus.txt").string() + " --vocab-size 400 --seed 3");
+    Out o = qlora::test::make_tiny_run(root, 1);
     ASSERT_EQ(o.status, 0) << o.out;
-    std::ofstream(root / "run.yaml") << "output_dir: " << (root / "unused").string() << "\n"
-                                     << "model: {path: " << (root / "model").string() << ", dtype: fp32}\n"
-                                     << "quantization: {method: nf4, blocksize: 64}\n"
-                                     << "lora: {r: 4, alpha: 8, dropout: 0.1, target_modules: all-linear}\n"
-                                     << "data: {train: " << (root / "data.json").string()
-                                     << ", template: alpaca, sequence_len: 512, val_set_size: 0}\n"
-                                     << "training: {micro_batch_size: 2, gradient_accumulation_steps: 2, num_epochs: 3,"
-                                     << " learning_rate: 1.0e-3, warmup_steps: 2, lr_scheduler: cosine,"
-                                     << " gradient_checkpointing: true, seed: 5}\n"
-                                     << "checkpoint: {save_steps: 1, save_minutes: 0, keep_last: 2, resume: auto}\n";
+    std::ofstream(root / "data2.json") << qlora::read_file((root / "data.json").string());  // same examples, another file
   }
   static void TearDownTestSuite() { fs::remove_all(root); }
 
