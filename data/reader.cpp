@@ -13,7 +13,7 @@
 
 namespace qlora::data {
 namespace fs = std::filesystem;
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // keeps key order (tools are rendered in file order)
 
 namespace {
 
@@ -102,6 +102,12 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
     if (!it->is_array()) bad("wrong type", "field '" + list + "' must be an array, got " + type_name(*it));
     if (it->empty()) bad("empty field", "field '" + list + "' is an empty array");
     append_system(j, o, &r);
+    const std::string tools_key = field_name(o, "tools");
+    if (auto tl = j.find(tools_key); tl != j.end() && !tl->is_null()) {
+      if (tl->is_array()) r.tools = tl->dump();
+      else if (tl->is_string()) r.tools = tl->get<std::string>();
+      else bad("wrong type", "field '" + tools_key + "' must be an array or a string, got " + type_name(*tl));
+    }
     for (size_t k = 0; k < it->size(); ++k) {
       const json& t = (*it)[k];
       const std::string where = list + "[" + std::to_string(k) + "]";
@@ -113,7 +119,10 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
       if (!rk->is_string()) bad("wrong type", where + "." + role_key + " must be a string, got " + type_name(*rk));
       if (!ck->is_string())
         bad("wrong type", where + "." + content_key + " must be a string, got " + type_name(*ck));
-      Turn turn{map_role(rk->get<std::string>(), o), ck->get<std::string>()};
+      const std::string raw_role = rk->get<std::string>();
+      Turn turn{map_role(raw_role, o), ck->get<std::string>()};
+      auto rm = o.role_map.find(raw_role);
+      turn.tool_call = (rm == o.role_map.end() ? raw_role : rm->second) == "function_call";
       if (turn.content.empty()) bad("empty field", where + "." + content_key + " is an empty string");
       r.turns.push_back(std::move(turn));
     }

@@ -2,8 +2,9 @@
 //
 // Formats (auto-detected from the first record's keys, after field_map):
 //   alpaca     {instruction, input?, output, system?}   -> [system?] user(instruction[\n\ninput]) assistant(output)
-//   sharegpt   {conversations: [{from, value}], system?} roles human|gpt|system|function_call|observation
-//   messages   {messages: [{role, content}]}            roles system|user|assistant|tool
+//   sharegpt   {conversations: [{from, value}], system?, tools?} roles human|gpt|system|function_call|observation
+//   messages   {messages: [{role, content}], tools?}    roles system|user|assistant|tool
+// `tools` (a JSON array, or a string holding one) lists the functions offered to the model.
 //   completion {text} in JSON/JSONL, or a .txt file split into documents on blank lines -> raw text
 // Roles are normalised to system|user|assistant|tool (role_map first, then the defaults
 // human->user, gpt->assistant, function_call->assistant, observation->tool).
@@ -23,11 +24,16 @@ namespace qlora::data {
 struct Turn {
   std::string role;
   std::string content;
+  /// An assistant turn that is a tool call (sharegpt `function_call`, after role_map): content is
+  /// the call as JSON text {"name": ..., "arguments": ...}. Templates with a tool-call form
+  /// (qwen2.5, qwen3) render it as <tool_call>; the others render the JSON text as the content.
+  bool tool_call = false;
 };
 
 /// A normalised record: a conversation, or (completion format) one raw text.
 struct Record {
   std::vector<Turn> turns;  ///< empty for raw text
+  std::string tools;        ///< the record's `tools` field as JSON text (array), "" when absent
   std::string text;         ///< raw text (completion format)
   bool is_text = false;
   std::string file;         ///< source file

@@ -1,6 +1,11 @@
 // qlora-cpp chat templates. The strings here are documented verbatim in docs/data.md.
 #include "data/template.h"
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "common/error.h"
 
 namespace qlora::data {
@@ -23,7 +28,7 @@ struct Builder {
   }
 };
 
-// System turns are folded into the next user turn (llama2, mistral) or the preamble.
+// System turns are folded into the next user turn (llama2) or the preamble.
 std::string leading_system(const Record& r, size_t* first) {
   std::string sys;
   size_t k = 0;
@@ -35,11 +40,20 @@ std::string leading_system(const Record& r, size_t* first) {
 }  // namespace
 
 const std::vector<std::string>& template_names() {
-  static const std::vector<std::string> k = {"alpaca", "chatml", "llama2", "mistral", "vicuna", "none"};
+  static const std::vector<std::string> k = {"alpaca", "chatml", "llama2", "vicuna", "none",
+                                             "smollm2", "qwen2.5", "qwen3", "llama3", "mistral"};
   return k;
 }
 
+bool is_family_template(const std::string& name) {
+  return name == "smollm2" || name == "qwen2.5" || name == "qwen3" || name == "llama3" || name == "mistral";
+}
+
 std::vector<Segment> render(const Record& r, const std::string& name, const Tokenizer& tok, bool add_eos) {
+  if (is_family_template(name) && !r.is_text) {
+    const auto piece = [&](int32_t id) { return id >= 0 ? tok.id_to_piece(id) : std::string(); };
+    return render_family(r, name, piece(tok.bos_id()), piece(tok.eos_id()));
+  }
   Builder b;
   const int32_t eos = add_eos ? tok.eos_id() : -1;
   b.special(tok.bos_id(), false);
@@ -62,20 +76,18 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
         b.text("<|im_start|>" + t.role + "\n" + t.content + "<|im_end|>\n", false);
       }
     }
-  } else if (name == "llama2" || name == "mistral") {
-    // llama2:  [INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] + " {assistant} " EOS
-    // mistral: [INST] {system}\n\n{user} [/INST]               + " {assistant}" EOS
-    const bool l2 = name == "llama2";
+  } else if (name == "llama2") {
+    // [INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] + " {assistant} " EOS
     for (; k < r.turns.size(); ++k) {
       const Turn& t = r.turns[k];
       if (t.role == "assistant") {
-        b.text(" " + t.content + (l2 ? " " : ""), true);
+        b.text(" " + t.content + " ", true);
         b.special(eos, true);
       } else if (t.role == "system") {
         sys += (sys.empty() ? "" : "\n") + t.content;
       } else {
         std::string u = t.content;
-        if (!sys.empty()) u = l2 ? "<<SYS>>\n" + sys + "\n<</SYS>>\n\n" + u : sys + "\n\n" + u;
+        if (!sys.empty()) u = "<<SYS>>\n" + sys + "\n<</SYS>>\n\n" + u;
         sys.clear();
         b.text("[INST] " + u + " [/INST]", false);
       }
@@ -115,7 +127,9 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
       if (t.role == "assistant") b.special(eos, true);
     }
   } else {
-    fail("data.template: unknown template '", name, "' (alpaca|chatml|llama2|mistral|vicuna|none)");
+    std::string names;
+    for (const std::string& n : template_names()) names += (names.empty() ? "" : "|") + n;
+    fail("data.template: unknown template '", name, "' (", names, ")");
   }
   return b.segs;
 }
@@ -138,10 +152,11 @@ Example tokenize(const std::vector<Segment>& segs, const Tokenizer& tok, bool tr
     starts.clear();
   };
   for (const Segment& seg : segs) {
-    if (seg.special_id >= 0) {
+    const int32_t id = seg.special_id >= 0 ? seg.special_id : seg.control ? tok.piece_to_id(seg.text) : -1;
+    if (id >= 0) {
       flush();
-      ex.input_ids.push_back(seg.special_id);
-      ex.labels.push_back(train_on_inputs || seg.trainable ? seg.special_id : kIgnoreIndex);
+      ex.input_ids.push_back(id);
+      ex.labels.push_back(train_on_inputs || seg.trainable ? id : kIgnoreIndex);
     } else if (!seg.text.empty()) {
       starts.emplace_back(chunk.size(), seg.trainable);
       chunk += seg.text;
@@ -155,6 +170,440 @@ std::string render_string(const std::vector<Segment>& segs, const Tokenizer& tok
   std::string s;
   for (const Segment& seg : segs) s += seg.special_id >= 0 ? tok.id_to_piece(seg.special_id) : seg.text;
   return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model-family templates. Each function below follows its jinja text in
+// tests/fixtures/chat_templates/ statement by statement (comments quote the jinja); messages are
+// the record's turns in order (role, content; a tool_call turn is an assistant message whose
+// tool_calls hold the parsed call and whose content is "").
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+const char* kSmolSystem = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+const char* kQwenSystem = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+const char* kQwenToolsHead =
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+const char* kQwenToolsTail =
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>";
+
+void py_dump(const ojson& v, std::string* out) {
+  if (v.is_object()) {
+    *out += '{';
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (!first) *out += ", ";
+      first = false;
+      *out += ojson(it.key()).dump();
+      *out += ": ";
+      py_dump(it.value(), out);
+    }
+    *out += '}';
+  } else if (v.is_array()) {
+    *out += '[';
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i) *out += ", ";
+      py_dump(v[i], out);
+    }
+    *out += ']';
+  } else {
+    // strings: nlohmann escapes exactly the characters json.dumps(ensure_ascii=False) escapes
+    // (" \\ \b \f \n \r \t, other < 0x20 as \u00xx); numbers: shortest round-trip form.
+    *out += v.dump();
+  }
+}
+
+std::string py_dump(const ojson& v) {
+  std::string s;
+  py_dump(v, &s);
+  return s;
+}
+
+struct Msg {
+  std::string role, content;
+  bool tool_call = false;
+  std::string call_name;  // tool_call: the function name
+  ojson call_args;        // tool_call: the arguments (object, or a string)
+};
+
+struct FamilyRenderer {
+  const Record& r;
+  const std::string& name;
+  std::vector<Msg> msgs;
+  std::vector<ojson> tools;  // empty = no tools
+  std::vector<Segment> segs;
+
+  [[noreturn]] void bad(const std::string& what) const {
+    fail(r.file.empty() ? std::string("record") : r.file, ":", r.line, ": template ", name, ": ", what);
+  }
+  void text(const std::string& t, bool train = false) {
+    if (!t.empty()) segs.push_back({t, -1, train, false});
+  }
+  void control(const std::string& piece, bool train = false) {
+    if (!piece.empty()) segs.push_back({piece, -1, train, true});
+  }
+
+  FamilyRenderer(const Record& rec, const std::string& n) : r(rec), name(n) {
+    for (size_t k = 0; k < r.turns.size(); ++k) {
+      const Turn& t = r.turns[k];
+      Msg m{t.role, t.content};
+      if (t.tool_call && (name == "qwen2.5" || name == "qwen3" || name == "mistral")) {
+        ojson call;
+        try {
+          call = ojson::parse(t.content);
+        } catch (const std::exception&) {
+          bad("turn " + std::to_string(k) + ": a function_call must be JSON {\"name\": ..., \"arguments\": ...}");
+        }
+        if (!call.is_object() || !call.contains("name") || !call["name"].is_string())
+          bad("turn " + std::to_string(k) + ": a function_call must be a JSON object with a string \"name\"");
+        m.tool_call = true;
+        m.content.clear();
+        m.call_name = call["name"].get<std::string>();
+        m.call_args = call.contains("arguments") ? call["arguments"] : ojson::object();
+      }
+      msgs.push_back(std::move(m));
+    }
+    if (!r.tools.empty()) {
+      ojson t;
+      try {
+        t = ojson::parse(r.tools);
+      } catch (const std::exception&) {
+        bad("tools: not valid JSON");
+      }
+      if (!t.is_array()) bad("tools: must be a JSON array");
+      for (const ojson& x : t) tools.push_back(x);
+    }
+  }
+
+  // <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call> (qwen2.5 tojson's the
+  // arguments; qwen3 writes a string argument as it is)
+  std::string qwen_call(const Msg& m, bool string_args_verbatim) const {
+    const std::string args =
+        string_args_verbatim && m.call_args.is_string() ? m.call_args.get<std::string>() : py_dump(m.call_args);
+    return "<tool_call>\n{\"name\": \"" + m.call_name + "\", \"arguments\": " + args + "}\n</tool_call>";
+  }
+
+  // {%- elif message.role == "tool" %} of qwen2.5 / qwen3: consecutive tool results share one user turn.
+  void qwen_tool(size_t i) {
+    if (i == 0 || msgs[i - 1].role != "tool") {
+      control("<|im_start|>");
+      text("user");
+    }
+    text("\n<tool_response>\n" + msgs[i].content + "\n</tool_response>");
+    if (i + 1 == msgs.size() || msgs[i + 1].role != "tool") {
+      control("<|im_end|>");
+      text("\n");
+    }
+  }
+
+  void qwen_tools_system(const std::string& head) {
+    control("<|im_start|>");
+    std::string s = "system\n" + head + kQwenToolsHead;
+    for (const ojson& t : tools) s += "\n" + py_dump(t);
+    text(s + kQwenToolsTail);
+    control("<|im_end|>");
+    text("\n");
+  }
+
+  void smollm2() {
+    // {% if loop.first and messages[0]['role'] != 'system' %} default system {% endif %}
+    // '<|im_start|>' + role + '\n' + content + '<|im_end|>' + '\n'
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      if (i == 0 && msgs[0].role != "system") {
+        control("<|im_start|>");
+        text(std::string("system\n") + kSmolSystem);
+        control("<|im_end|>");
+        text("\n");
+      }
+      const bool a = msgs[i].role == "assistant";
+      control("<|im_start|>");
+      text(msgs[i].role + "\n");
+      text(msgs[i].content, a);
+      control("<|im_end|>", a);
+      text("\n");
+    }
+  }
+
+  void qwen25() {
+    const bool sys0 = !msgs.empty() && msgs[0].role == "system";
+    if (!tools.empty()) {
+      qwen_tools_system(sys0 ? msgs[0].content : kQwenSystem);
+    } else {
+      control("<|im_start|>");
+      text("system\n" + (sys0 ? msgs[0].content : std::string(kQwenSystem)));
+      control("<|im_end|>");
+      text("\n");
+    }
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      const Msg& m = msgs[i];
+      if (m.role == "user" || (m.role == "system" && i > 0)) {
+        control("<|im_start|>");
+        text(m.role + "\n" + m.content);
+        control("<|im_end|>");
+        text("\n");
+      } else if (m.role == "assistant" && !m.tool_call) {
+        control("<|im_start|>");
+        text("assistant\n");
+        text(m.content, true);
+        control("<|im_end|>", true);
+        text("\n");
+      } else if (m.role == "assistant") {
+        // '<|im_start|>' + role [+ '\n' + content] + '\n<tool_call>...' + '<|im_end|>\n'
+        control("<|im_start|>");
+        text("assistant\n");
+        text(qwen_call(m, false), true);
+        control("<|im_end|>", true);
+        text("\n");
+      } else if (m.role == "tool") {
+        qwen_tool(i);
+      }
+    }
+  }
+
+  void qwen3() {
+    const bool sys0 = !msgs.empty() && msgs[0].role == "system";
+    if (!tools.empty()) {
+      qwen_tools_system(sys0 ? msgs[0].content + "\n\n" : std::string());
+    } else if (sys0) {
+      control("<|im_start|>");
+      text("system\n" + msgs[0].content);
+      control("<|im_end|>");
+      text("\n");
+    }
+    // last_query_index: the last user message that is not a wrapped tool response
+    size_t last_query = msgs.size() - 1;
+    for (size_t k = msgs.size(); k-- > 0;) {
+      const std::string& c = msgs[k].content;
+      const bool wrapped = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
+                           c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+      if (msgs[k].role == "user" && !wrapped) {
+        last_query = k;
+        break;
+      }
+    }
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      const Msg& m = msgs[i];
+      if (m.role == "user" || (m.role == "system" && i > 0)) {
+        control("<|im_start|>");
+        text(m.role + "\n" + m.content);
+        control("<|im_end|>");
+        text("\n");
+      } else if (m.role == "assistant") {
+        std::string content = m.content, reasoning;
+        const size_t close = content.find("</think>");
+        if (close != std::string::npos) {
+          // content.split('</think>')[-1].lstrip('\n'); split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n')
+          std::string head = content.substr(0, close);
+          content = content.substr(content.rfind("</think>") + 8);
+          content.erase(0, content.find_first_not_of('\n') == std::string::npos ? content.size() : content.find_first_not_of('\n'));
+          while (!head.empty() && head.back() == '\n') head.pop_back();
+          const size_t open = head.rfind("<think>");
+          reasoning = open == std::string::npos ? head : head.substr(open + 7);
+          reasoning.erase(0, std::min(reasoning.size(), reasoning.find_first_not_of('\n')));
+        }
+        control("<|im_start|>");
+        const bool last = i + 1 == msgs.size();
+        if (i > last_query && (last || !reasoning.empty())) {
+          // '\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n')
+          std::string rs = reasoning;
+          while (!rs.empty() && rs.back() == '\n') rs.pop_back();
+          rs.erase(0, std::min(rs.size(), rs.find_first_not_of('\n')));
+          content.erase(0, std::min(content.size(), content.find_first_not_of('\n')));
+          text("assistant\n");
+          // an empty think block (non-thinking form) is prompt-side; real reasoning is trained
+          text("<think>\n" + rs + "\n</think>\n\n", !rs.empty());
+        } else {
+          text("assistant\n");
+        }
+        text(content, true);
+        if (m.tool_call) text(std::string(content.empty() ? "" : "\n") + qwen_call(m, true), true);
+        control("<|im_end|>", true);
+        text("\n");
+      } else if (m.role == "tool") {
+        qwen_tool(i);
+      }
+    }
+  }
+
+  void llama3(const std::string& bos) {
+    // '<|start_header_id|>' + role + '<|end_header_id|>\n\n' + content|trim + '<|eot_id|>', bos_token first
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      const bool a = msgs[i].role == "assistant";
+      if (i == 0) control(bos);
+      control("<|start_header_id|>");
+      text(msgs[i].role);
+      control("<|end_header_id|>");
+      text("\n\n");
+      text(py_strip(msgs[i].content), a);
+      control("<|eot_id|>", a);
+    }
+  }
+
+  void mistral(const std::string& bos, const std::string& eos) {
+    size_t first = 0;
+    bool has_sys = false;
+    std::string sys;
+    if (!msgs.empty() && msgs[0].role == "system") {
+      has_sys = true;
+      sys = msgs[0].content;
+      first = 1;
+    }
+    size_t idx = 0;
+    for (size_t i = first; i < msgs.size(); ++i) {
+      const Msg& m = msgs[i];
+      if (m.role == "tool" || m.tool_call)
+        bad("tool turns are not supported (the jinja needs 9-character tool call ids); use qwen2.5 or qwen3");
+      if ((m.role == "user") != (idx % 2 == 0))
+        bad("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...");
+      ++idx;
+    }
+    control(bos);
+    for (size_t i = first; i < msgs.size(); ++i) {
+      const Msg& m = msgs[i];
+      if (m.role == "user") {
+        // '[INST] ' + [system + '\n\n' if last and system] + content + '[/INST]'
+        control("[INST]");
+        text(" " + (i + 1 == msgs.size() && has_sys ? sys + "\n\n" : std::string()) + m.content);
+        control("[/INST]");
+      } else if (m.role == "assistant") {
+        text(" " + py_strip(m.content), true);
+        control(eos, true);
+      } else {
+        bad("Only user and assistant roles are supported, with the exception of an initial optional system message!");
+      }
+    }
+  }
+};
+
+// Normalised jinja texts of the named family templates (tests/fixtures/chat_templates/*.jinja;
+// tests/data/test_templates.cpp recomputes each from its file).
+struct KnownTemplate {
+  const char* name;
+  uint64_t hash;
+};
+const KnownTemplate kKnown[] = {
+#include "data/template_hashes.inc"
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  QLORA_CHECK(f.good(), path, ": cannot open");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::vector<Segment> render_family(const Record& r, const std::string& name, const std::string& bos,
+                                   const std::string& eos) {
+  QLORA_CHECK(is_family_template(name), "data.template: '", name, "' is not a model-family template");
+  FamilyRenderer f(r, name);
+  if (f.msgs.empty()) f.bad("no turns");
+  if (name == "smollm2") f.smollm2();
+  else if (name == "qwen2.5") f.qwen25();
+  else if (name == "qwen3") f.qwen3();
+  else if (name == "llama3") f.llama3(bos);
+  else f.mistral(bos, eos);
+  return std::move(f.segs);
+}
+
+uint64_t template_text_hash(const std::string& jinja) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < jinja.size(); ++i) {
+    const char c = jinja[i];
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    if (c == '\\' && i + 1 < jinja.size() && jinja[i + 1] == 'n') {
+      ++i;
+      continue;
+    }
+    h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  }
+  return h;
+}
+
+std::string resolve_template(const std::string& name, const std::string& model_dir) {
+  if (name != "auto") return name;
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::is_directory(model_dir) ? fs::path(model_dir) : fs::path(model_dir).parent_path();
+  std::string text, source;
+  if (fs::is_regular_file(dir / "chat_template.jinja")) {
+    source = (dir / "chat_template.jinja").string();
+    text = read_file(source);
+  } else {
+    source = (dir / "tokenizer_config.json").string();
+    QLORA_CHECK(fs::is_regular_file(source), source,
+                ": not found; data.template: auto reads the model's chat template (set data.template: NAME)");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_file(source));
+    } catch (const nlohmann::json::exception& e) {
+      fail(source, ": invalid JSON (", e.what(), ")");
+    }
+    auto ct = j.find("chat_template");
+    QLORA_CHECK(ct != j.end() && !ct->is_null(), source,
+                ": chat_template: missing; the model has no chat template (set data.template: NAME)");
+    if (ct->is_array()) {  // [{"name": "default", "template": ...}, ...]
+      for (const auto& e : *ct)
+        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+          text = e["template"].get<std::string>();
+      QLORA_CHECK(!text.empty(), source, ": chat_template: no entry named \"default\" (set data.template: NAME)");
+    } else {
+      QLORA_CHECK(ct->is_string(), source, ": chat_template: must be a string, got ", ct->type_name());
+      text = ct->get<std::string>();
+    }
+  }
+  const uint64_t h = template_text_hash(text);
+  for (const KnownTemplate& k : kKnown)
+    if (k.hash == h) return k.name;
+  std::string names;
+  for (const std::string& n : template_names()) names += (names.empty() ? "" : ", ") + n;
+  fail(source, ": chat template matches none of the named templates (", names,
+       "); choose one with data.template: NAME (docs/data.md)");
+}
+
+std::string py_tojson(const std::string& json_text) {
+  ojson v;
+  try {
+    v = ojson::parse(json_text);
+  } catch (const std::exception& e) {
+    fail("tojson: not JSON: ", e.what());
+  }
+  return py_dump(v);
+}
+
+std::string py_strip(const std::string& s) {
+  // Python's str.isspace() code points: \t-\r, \x1c-\x1f, space, \x85, \xa0, \u1680,
+  // \u2000-\u200a, \u2028, \u2029, \u202f, \u205f, \u3000.
+  auto is_space = [](uint32_t c) {
+    return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+  };
+  auto decode = [&](size_t i, size_t* len) -> uint32_t {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b < 0x80) { *len = 1; return b; }
+    const int n = b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc0 ? 2 : 1;
+    if (n == 1 || i + n > s.size()) { *len = 1; return 0xFFFD; }
+    uint32_t c = b & (0x7f >> n);
+    for (int k = 1; k < n; ++k) c = (c << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+    *len = size_t(n);
+    return c;
+  };
+  size_t b = 0, len = 0;
+  while (b < s.size() && is_space(decode(b, &len))) b += len;
+  size_t e = s.size();
+  while (e > b) {
+    size_t st = e - 1;  // start of the last code point
+    while (st > b && (static_cast<unsigned char>(s[st]) & 0xc0) == 0x80) --st;
+    if (!is_space(decode(st, &len))) break;
+    e = st;
+  }
+  return s.substr(b, e - b);
 }
 
 }  // namespace qlora::data

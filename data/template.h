@@ -1,6 +1,16 @@
 // qlora-cpp chat templates: Record -> segments (text or one special id, each trainable or not)
-// -> token ids + labels. Exact strings are listed in docs/data.md; the jinja equivalents used as
-// the reference live in tests/fixtures/make_data_refs.py.
+// -> token ids + labels. Exact strings are listed in docs/data.md.
+//
+// Two kinds of templates:
+//  - the qlora-cpp templates alpaca, chatml, llama2, vicuna, none: strings of our own (docs/data.md;
+//    the Python equivalents used as the reference live in tests/fixtures/make_data_refs.py);
+//    BOS first from the tokenizer, EOS after each assistant turn when add_eos.
+//  - the model-family templates smollm2, qwen2.5, qwen3, llama3, mistral: each renders exactly what
+//    transformers' apply_chat_template renders with that family's real jinja template (kept in
+//    tests/fixtures/chat_templates/, checked by tests/data/test_templates.cpp). The template writes
+//    its own BOS (llama3, mistral) or none (smollm2, qwen*), and its own closing token of each turn
+//    (<|im_end|>, <|eot_id|>, </s>), which is the learned end of each assistant turn; add_eos does
+//    not apply (no second EOS).
 //
 // Tokenisation of a rendered example (how ids stay equal to transformers' tokenisation of the
 // rendered string): the segments between two special ids form one chunk; each chunk is
@@ -23,10 +33,13 @@ namespace qlora::data {
 constexpr int32_t kIgnoreIndex = -100;
 
 /// One piece of a rendered example: either `text` (special_id < 0) or one special token id.
+/// A `control` segment's text is one control token ("<|im_start|>", "<|eot_id|>", "</s>"): it
+/// becomes that single id when the vocabulary has the piece, else it is tokenised as text.
 struct Segment {
   std::string text;
   int32_t special_id = -1;
   bool trainable = false;  ///< assistant content, its template suffix and its EOS
+  bool control = false;
 };
 
 /// A tokenised example. input_ids and labels have the same length; labels[i] is input_ids[i]
@@ -37,13 +50,44 @@ struct Example {
   int64_t id = 0;  ///< index of the example in its dataset (what Batch::example_ids reports)
 };
 
-/// The template names: alpaca, chatml, llama2, mistral, vicuna, none.
+/// The template names: alpaca, chatml, llama2, vicuna, none, smollm2, qwen2.5, qwen3, llama3, mistral.
 const std::vector<std::string>& template_names();
 
+/// True for the model-family templates (smollm2, qwen2.5, qwen3, llama3, mistral).
+bool is_family_template(const std::string& name);
+
 /// Renders a record with template `name`: exactly one BOS first, EOS after every assistant turn
-/// when add_eos. Raw text (completion) renders as BOS text [EOS], all trainable.
-/// Throws qlora::Error for an unknown template name.
+/// when add_eos (family templates: see the file comment). Raw text (completion) renders as
+/// BOS text [EOS], all trainable. Throws qlora::Error for an unknown template name, and (family
+/// templates) `file:line: template NAME: problem` for a conversation the jinja template would
+/// refuse (mistral: roles not alternating, tool turns) or a malformed tool call / tools list.
 std::vector<Segment> render(const Record& r, const std::string& name, const Tokenizer& tok, bool add_eos);
+
+/// The family templates without a tokenizer: `bos` / `eos` are the tokenizer's bos_token and
+/// eos_token strings ("" = none). Same throws as render(). What tests compare with
+/// apply_chat_template(tokenize=False).
+std::vector<Segment> render_family(const Record& r, const std::string& name, const std::string& bos,
+                                   const std::string& eos);
+
+/// `data.template: auto`: the named family template whose jinja text equals the model's own
+/// (`<model_dir>/chat_template.jinja`, else tokenizer_config.json `chat_template`), compared
+/// after removing whitespace and "\n" escapes. Any other name is returned unchanged.
+/// Throws qlora::Error naming the file when the model has no chat template or an unknown one
+/// (the message lists the named templates and says to set data.template: NAME).
+std::string resolve_template(const std::string& name, const std::string& model_dir);
+
+/// The normalised-text hash that resolve_template compares (64-bit FNV-1a of the jinja text
+/// with whitespace and "\n" escapes removed). Exposed for the test that checks the known table
+/// against tests/fixtures/chat_templates/*.jinja.
+uint64_t template_text_hash(const std::string& jinja);
+
+/// json.dumps(x, ensure_ascii=False) of Python (", " and ": " separators, key order kept): the
+/// `tojson` filter of transformers' chat templates. `json_text` is parsed with key order kept.
+/// Throws qlora::Error when json_text is not JSON.
+std::string py_tojson(const std::string& json_text);
+
+/// Python str.strip() (Unicode whitespace, as jinja's `trim` filter) of UTF-8 text.
+std::string py_strip(const std::string& s);
 
 /// Tokenises rendered segments (see the file comment). train_on_inputs = true labels every token.
 Example tokenize(const std::vector<Segment>& segs, const Tokenizer& tok, bool train_on_inputs);

@@ -43,7 +43,7 @@ TEST(Labels, OnlyAssistantTokensAndTheirEos) {
   Record r;
   r.turns = {{"system", "Be nice."}, {"user", "Hi"}, {"assistant", "Hello there"}, {"tool", "{}"},
              {"user", "Bye"}, {"assistant", "Goodbye"}};
-  for (const std::string tpl : {"chatml", "llama2", "alpaca", "mistral", "vicuna", "none"}) {
+  for (const std::string tpl : {"chatml", "llama2", "alpaca", "vicuna", "none"}) {
     const Example ex = tokenize(render(r, tpl, tok, true), tok, false);
     std::string trained;
     int eos_trained = 0;

@@ -1,0 +1,180 @@
+// Model-family chat templates (smollm2, qwen2.5, qwen3, llama3, mistral) against transformers'
+// apply_chat_template with each family's real jinja text (tests/fixtures/make_template_refs.py),
+// their label rule, `template: auto`, and the jinja helpers (trim, tojson).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "data/reader.h"
+#include "data/template.h"
+#include "tests/test_util.h"
+
+using namespace qlora::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::map<std::string, std::string> kJinja = {{"smollm2", "smollm2.jinja"},   {"qwen2.5", "qwen2.5.jinja"},
+                                                   {"qwen3", "qwen3.jinja"},       {"llama3", "llama3.jinja"},
+                                                   {"mistral", "mistral_v0.3.jinja"}};
+
+std::vector<Record> records_of(const fs::path& jsonl) {
+  DataOptions o;
+  o.format = "messages";
+  ReadStats st;
+  return read_records(jsonl.string(), o, &st);
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::string concat(const std::vector<Segment>& segs, bool trainable_only) {
+  std::string s;
+  for (const Segment& g : segs)
+    if (!trainable_only || g.trainable) s += g.text;
+  return s;
+}
+
+}  // namespace
+
+// The rendered string of every conversation equals transformers' rendering with the real jinja.
+TEST(FamilyTemplates, RenderedStringsMatchTransformers) {
+  QLORA_REQUIRE_FIXTURE(refs, "templates/template_refs.json");
+  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  std::map<std::string, std::vector<Record>> recs;
+  std::map<std::string, int> checked;
+  for (const auto& [name, file] : kJinja) recs[name] = records_of(refs.parent_path() / (name + ".jsonl"));
+  for (const auto& c : j["cases"]) {
+    const std::string name = c["template"];
+    const Record& r = recs.at(name).at(c["index"].get<size_t>());
+    const auto segs = render_family(r, name, c["bos_str"], c["eos_str"]);
+    EXPECT_EQ(concat(segs, false), c["rendered"].get<std::string>()) << name << " #" << c["index"];
+    ++checked[name];
+  }
+  for (const auto& [name, file] : kJinja) {
+    EXPECT_GE(checked[name], 50) << name;
+    EXPECT_EQ(checked[name], j["counts"][name].get<int>()) << name;
+  }
+  EXPECT_EQ(checked["smollm2"] + checked["qwen2.5"] + checked["qwen3"] + checked["llama3"] + checked["mistral"], 396);
+}
+
+// Ids equal apply_chat_template(tokenize=True) with each family's tokenizer fixture; only
+// assistant turns carry labels: trained text = assistant contents + each one's closing token.
+TEST(FamilyTemplates, IdsMatchTransformersAndOnlyAssistantTurnsAreTrained) {
+  QLORA_REQUIRE_FIXTURE(refs, "templates/template_refs.json");
+  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  std::map<std::string, std::vector<Record>> recs;
+  std::map<std::string, Tokenizer> toks;
+  std::map<std::string, int> checked;
+  for (const auto& [name, file] : kJinja) recs[name] = records_of(refs.parent_path() / (name + ".jsonl"));
+  const std::map<std::string, std::string> closing = {{"smollm2", "<|im_end|>"}, {"qwen2.5", "<|im_end|>"},
+                                                      {"qwen3", "<|im_end|>"},   {"llama3", "<|eot_id|>"},
+                                                      {"mistral", "</s>"}};
+  for (const auto& c : j["cases"]) {
+    const std::string name = c["template"];
+    ASSERT_TRUE(c.contains("ids")) << "template refs were made without the tokenizer fixtures (build/fixtures/tokenizers/): "
+                                   << "run make_tokenizer_refs.py before make_template_refs.py";
+    const std::string tdir = c["tokenizer"];
+    if (!toks.count(tdir)) toks.emplace(tdir, Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers" / tdir).string()));
+    const Tokenizer& tok = toks.at(tdir);
+    const Record& r = recs.at(name).at(c["index"].get<size_t>());
+    const auto segs = render(r, name, tok, /*add_eos=*/true);
+    ASSERT_EQ(render_string(segs, tok), c["rendered"].get<std::string>()) << name << " #" << c["index"];
+    const Example ex = tokenize(segs, tok, false);
+    ASSERT_EQ(ex.input_ids, c["ids"].get<TokenIds>()) << name << " #" << c["index"] << ": " << c["rendered"];
+    // BOS: exactly one, first, for the templates that write it; none for Qwen (no BOS token)
+    const int32_t bos = tok.bos_id();
+    if (name == "llama3" || name == "mistral") {
+      EXPECT_EQ(ex.input_ids.front(), bos) << name;
+      EXPECT_EQ(std::count(ex.input_ids.begin(), ex.input_ids.end(), bos), 1) << name;
+    }
+    // label rule: the tokens with labels spell exactly the trainable segments (assistant content
+    // and its closing token); every assistant turn's closing token is learned
+    int closing_trained = 0, assistant_turns = 0;
+    const int32_t close_id = tok.piece_to_id(closing.at(name));
+    ASSERT_GE(close_id, 0) << name << ": " << closing.at(name) << " not in " << tdir;
+    for (size_t i = 0; i < ex.labels.size(); ++i) {
+      if (ex.labels[i] == kIgnoreIndex) continue;
+      EXPECT_EQ(ex.labels[i], ex.input_ids[i]);
+      closing_trained += ex.input_ids[i] == close_id;
+    }
+    for (const Turn& t : r.turns) assistant_turns += t.role == "assistant";
+    std::string want;
+    for (const Segment& g : segs)
+      if (g.trainable && !g.control) want += g.text;
+    TokenIds trained_ids;  // trained tokens without the closing ones
+
+    for (size_t i = 0; i < ex.labels.size(); ++i)
+      if (ex.labels[i] != kIgnoreIndex && ex.input_ids[i] != close_id) trained_ids.push_back(ex.input_ids[i]);
+    EXPECT_EQ(tok.decode(trained_ids), want) << name << " #" << c["index"];
+    EXPECT_EQ(closing_trained, assistant_turns) << name << " #" << c["index"];
+    ++checked[name];
+  }
+  for (const auto& [name, file] : kJinja) EXPECT_GE(checked[name], 50) << name;
+}
+
+// template: auto finds each named template from the model's jinja text, in either file.
+TEST(AutoTemplate, MatchesEachKnownJinjaAndRefusesOthers) {
+  const fs::path src = qlora::test::source_dir() / "tests" / "fixtures" / "chat_templates";
+  const fs::path d = qlora::test::fresh_temp_dir("auto_tmpl");
+  for (const auto& [name, file] : kJinja) {
+    const std::string text = read_text(src / file);
+    ASSERT_FALSE(text.empty()) << file;
+    fs::remove(d / "chat_template.jinja");
+    std::ofstream(d / "tokenizer_config.json") << nlohmann::json{{"chat_template", text}}.dump();
+    EXPECT_EQ(resolve_template("auto", d.string()), name) << file;
+    std::ofstream(d / "chat_template.jinja") << text;
+    EXPECT_EQ(resolve_template("auto", d.string()), name) << file;
+  }
+  EXPECT_EQ(resolve_template("chatml", "/nonexistent"), "chatml");  // a named template is kept
+  std::ofstream(d / "chat_template.jinja") << "{{ messages }}";
+  try {
+    resolve_template("auto", d.string());
+    FAIL() << "unknown template accepted";
+  } catch (const qlora::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find((d / "chat_template.jinja").string()), std::string::npos) << m;
+    EXPECT_NE(m.find("data.template: NAME"), std::string::npos) << m;
+    EXPECT_NE(m.find("qwen2.5"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  fs::remove(d / "chat_template.jinja");
+  std::ofstream(d / "tokenizer_config.json") << "{}";
+  EXPECT_THROW(resolve_template("auto", d.string()), qlora::Error);
+  fs::remove_all(d);
+}
+
+TEST(FamilyTemplates, MistralRefusesWhatItsJinjaRefuses) {
+  Record r;
+  r.file = "chats.jsonl";
+  r.line = 7;
+  r.turns = {{"user", "a"}, {"user", "b"}, {"assistant", "c"}};
+  try {
+    render_family(r, "mistral", "<s>", "</s>");
+    FAIL();
+  } catch (const qlora::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chats.jsonl:7: template mistral: After the optional system message, "
+                                         "conversation roles must alternate"),
+              std::string::npos)
+        << e.what();
+  }
+  r.turns = {{"user", "a"}, {"tool", "{}"}, {"assistant", "c"}};
+  EXPECT_THROW(render_family(r, "mistral", "<s>", "</s>"), qlora::Error);
+  r.turns = {{"user", "a"}, {"assistant", "{not json", true}};
+  EXPECT_THROW(render_family(r, "qwen2.5", "", "<|im_end|>"), qlora::Error);
+}
+
+TEST(JinjaHelpers, TrimIsPythonStripAndTojsonIsJsonDumps) {
+  EXPECT_EQ(py_strip(" \t\n x y \r\n"), "x y");
+  EXPECT_EQ(py_strip("\u3000\u00a0\u2028x\u2009"), "x");
+  EXPECT_EQ(py_strip("\u200bx"), "\u200bx");  // zero-width space is not whitespace in Python
+  EXPECT_EQ(py_strip("   "), "");
+  EXPECT_EQ(py_tojson(R"({"b": [1, 2.5, "é\n\u0001"], "a": {}, "c": null, "d": true})"),
+            "{\"b\": [1, 2.5, \"é\\n\\u0001\"], \"a\": {}, \"c\": null, \"d\": true}");
+}
