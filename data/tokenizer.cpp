@@ -1,18 +1,16 @@
-// qlora-cpp tokenizer: sentencepiece + HF special-token files. See tokenizer.h for the parity contract.
+// qlora-cpp tokenizer facade: picks the backend (tokenizer.json or tokenizer.model) and applies the
+// special tokens of the HF model dir. See tokenizer.h for the contracts.
 #include "data/tokenizer.h"
-
-#include <sentencepiece_processor.h>
-#include <sentencepiece_trainer.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <queue>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 
 #include "common/error.h"
+#include "data/tokenizer_backend.h"
 
 namespace qlora::data {
 namespace fs = std::filesystem;
@@ -43,96 +41,76 @@ nlohmann::json read_json_if_exists(const fs::path& p) {
   return j;
 }
 
-void check_status(const sentencepiece::util::Status& s, const std::string& what) {
-  QLORA_CHECK(s.ok(), what, ": ", s.ToString());
+bool is_json_path(const fs::path& p) { return p.extension() == ".json"; }
+
+// An id from generation_config.json / config JSON: an integer in int32 range, else an error.
+int32_t json_id(const nlohmann::json& v, const fs::path& file, const std::string& key) {
+  QLORA_CHECK(v.is_number_integer(), file.string(), ": ", key, ": expected an integer token id, got ", v.type_name());
+  const int64_t x = v.get<int64_t>();
+  QLORA_CHECK(x >= 0 && x < (int64_t(1) << 31), file.string(), ": ", key, ": token id ", x, " out of range");
+  return static_cast<int32_t>(x);
 }
 
 }  // namespace
 
-Tokenizer::Tokenizer(const std::string& tokenizer_model_path) { load(tokenizer_model_path); }
+Tokenizer::Tokenizer() = default;
+Tokenizer::Tokenizer(const std::string& path) {
+  load_file(path);
+  finish_specials();
+}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-// Byte length of the UTF-8 sequence starting with `c` (1 for an invalid lead byte).
-int utf8_seq_len(unsigned char c) {
-  if (c < 0x80) return 1;
-  if ((c >> 5) == 0x6) return 2;
-  if ((c >> 4) == 0xE) return 3;
-  if ((c >> 3) == 0x1E) return 4;
-  return 1;
+void Tokenizer::load_file(const std::string& path) {
+  is_json_ = is_json_path(path);
+  impl_ = is_json_ ? detail::load_hf_json(path) : detail::load_spm(path);
+  path_ = path;
+  vocab_size_ = impl_->vocab_size();
+  const detail::FileSpecials s = impl_->specials();
+  bos_id_ = s.bos;
+  eos_id_ = s.eos;
+  pad_id_ = s.pad;
+  unk_id_ = s.unk;
+  if (is_json_) {
+    prefix_ = s.prefix;
+    suffix_ = s.suffix;
+  } else {
+    prefix_.clear();
+    suffix_.clear();
+    if (bos_id_ >= 0) prefix_.push_back(bos_id_);  // LlamaTokenizer add_bos_token=True default
+  }
 }
 
-void Tokenizer::load(const std::string& path) {
-  QLORA_CHECK(fs::is_regular_file(path), path, ": tokenizer model not found");
-  const std::string bytes = read_file_bytes(path);
-  sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  check_status(sp_->LoadFromSerializedProto(bytes), path + ": not a sentencepiece model");
-  path_ = path;
-  vocab_size_ = sp_->GetPieceSize();
-  bos_id_ = sp_->bos_id();
-  eos_id_ = sp_->eos_id();
-  pad_id_ = sp_->pad_id();
-  unk_id_ = sp_->unk_id();
-
-  // Vocabulary and merges exactly as transformers' SentencePieceExtractor/generate_merges build
-  // them: every split of every piece whose two halves are pieces is a merge; rank order is
-  // (merged id, left length in code points). Control/unknown/unused pieces take no part, so
-  // plain text can never produce <s>, </s> or <unk> by merging.
-  piece_ids_.clear();
-  merges_.clear();
-  std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
-  std::vector<std::string> pieces(vocab_size_);
-  for (int32_t i = 0; i < vocab_size_; ++i) {
-    pieces[i] = sp_->IdToPiece(i);
-    if (sp_->IsByte(i)) {
-      const unsigned v = std::stoul(pieces[i].substr(3, 2), nullptr, 16);  // "<0xAB>"
-      if (v < 256) byte_ids_[v] = i;
-      continue;
-    }
-    if (sp_->IsControl(i) || sp_->IsUnknown(i) || sp_->IsUnused(i)) continue;
-    piece_ids_.emplace(pieces[i], i);
-  }
-  struct M { int32_t merged; size_t left_len; int32_t l, r; };
-  std::vector<M> ms;
-  for (int32_t i = 0; i < vocab_size_; ++i) {
-    const std::string& p = pieces[i];
-    if (!piece_ids_.count(p) || piece_ids_.at(p) != i) continue;
-    size_t cps = 0;
-    for (size_t k = utf8_seq_len(p[0]); k < p.size(); k += utf8_seq_len(p[k])) {
-      ++cps;
-      auto l = piece_ids_.find(p.substr(0, k));
-      auto r = piece_ids_.find(p.substr(k));
-      if (l != piece_ids_.end() && r != piece_ids_.end()) ms.push_back({i, cps, l->second, r->second});
-    }
-  }
-  std::stable_sort(ms.begin(), ms.end(), [](const M& a, const M& b) {
-    return a.merged != b.merged ? a.merged < b.merged : a.left_len < b.left_len;
-  });
-  for (size_t k = 0; k < ms.size(); ++k) {
-    const uint64_t key = (uint64_t(uint32_t(ms[k].l)) << 32) | uint32_t(ms[k].r);
-    merges_.emplace(key, std::pair<int32_t, int32_t>(int32_t(k), ms[k].merged));
-  }
-  auto sp = piece_ids_.find("\xe2\x96\x81");  // "▁"
-  space_id_ = sp == piece_ids_.end() ? -1 : sp->second;
+// Extends vocab_size over declared ids and puts eos_id first in eos_ids.
+void Tokenizer::finish_specials() {
+  for (int32_t id : {bos_id_, eos_id_, pad_id_, unk_id_})
+    if (id >= vocab_size_) vocab_size_ = id + 1;
+  if (eos_id_ >= 0 && std::find(eos_ids_.begin(), eos_ids_.end(), eos_id_) == eos_ids_.end())
+    eos_ids_.insert(eos_ids_.begin(), eos_id_);
+  for (int32_t id : eos_ids_)
+    if (id >= vocab_size_) vocab_size_ = id + 1;
 }
 
 Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
-  fs::path dir, model;
+  fs::path dir, file;
   if (fs::is_directory(dir_or_file)) {
     dir = dir_or_file;
-    model = dir / "tokenizer.model";
+    file = fs::exists(dir / "tokenizer.json") ? dir / "tokenizer.json" : dir / "tokenizer.model";
+    QLORA_CHECK(fs::exists(file), (dir / "tokenizer.model").string(),
+                ": tokenizer model not found (neither tokenizer.json nor tokenizer.model in ", dir.string(), ")");
   } else {
-    model = dir_or_file;
-    dir = model.parent_path();
+    file = dir_or_file;
+    dir = file.parent_path();
   }
-  QLORA_CHECK(fs::exists(model), model.string(), ": tokenizer model not found");
+  QLORA_CHECK(fs::exists(file), file.string(), ": tokenizer model not found");
   Tokenizer t;
-  t.load(model.string());
+  t.load_file(file.string());
 
-  const nlohmann::json tok_cfg = read_json_if_exists(dir / "tokenizer_config.json");
+  const fs::path tok_cfg_path = dir / "tokenizer_config.json", gen_cfg_path = dir / "generation_config.json";
+  const nlohmann::json tok_cfg = read_json_if_exists(tok_cfg_path);
   const nlohmann::json st_map = read_json_if_exists(dir / "special_tokens_map.json");
-  const nlohmann::json gen_cfg = read_json_if_exists(dir / "generation_config.json");
+  const nlohmann::json gen_cfg = read_json_if_exists(gen_cfg_path);
 
   // Added tokens declared by id in tokenizer_config.json (e.g. "<pad>" = 32000 beyond the sp vocab).
   std::unordered_map<std::string, int32_t> added;
@@ -142,19 +120,21 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
       const std::string c = token_content(v);
       if (c.empty()) continue;
       try {
-        added[c] = static_cast<int32_t>(std::stol(k));
+        size_t used = 0;
+        const long x = std::stol(k, &used);
+        QLORA_CHECK(used == k.size() && x >= 0 && x < (1L << 31), "");
+        added[c] = static_cast<int32_t>(x);
       } catch (const std::exception&) {
-        fail((dir / "tokenizer_config.json").string(), ":1: added_tokens_decoder key '", k,
-             "' is not an integer id");
+        fail(tok_cfg_path.string(), ":1: added_tokens_decoder key '", k, "' is not an integer id");
       }
     }
   }
   auto resolve = [&](const std::string& content, const fs::path& from) -> int32_t {
     if (auto it = added.find(content); it != added.end()) return it->second;
-    const int32_t id = t.piece_to_id(content);
-    QLORA_CHECK(id >= 0, from.string(), ":1: special token '", content,
-                "' is neither in tokenizer.model nor in added_tokens_decoder");
-    return id;
+    const int32_t id = t.impl_->piece_to_id(content);
+    if (id >= 0) return id;
+    fail(from.string(), ":1: special token '", content, "' is neither in ", fs::path(t.path_).filename().string(),
+         " nor in added_tokens_decoder");
   };
   auto pick = [&](const char* key, const char* id_key, int32_t current) -> int32_t {
     for (const auto& [j, file] : {std::pair{&tok_cfg, "tokenizer_config.json"},
@@ -166,8 +146,11 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
     }
     if (gen_cfg.is_object() && gen_cfg.contains(id_key)) {
       const auto& v = gen_cfg[id_key];
-      if (v.is_number_integer()) return v.get<int32_t>();
-      if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int32_t>();
+      if (v.is_array()) {
+        if (!v.empty()) return json_id(v[0], gen_cfg_path, std::string(id_key) + "[0]");
+      } else if (!v.is_null()) {
+        return json_id(v, gen_cfg_path, id_key);
+      }
     }
     return current;
   };
@@ -175,8 +158,31 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
   t.eos_id_ = pick("eos_token", "eos_token_id", t.eos_id_);
   t.pad_id_ = pick("pad_token", "pad_token_id", t.pad_id_);
   t.unk_id_ = pick("unk_token", "unk_token_id", t.unk_id_);
-  for (int32_t id : {t.bos_id_, t.eos_id_, t.pad_id_, t.unk_id_})
-    if (id >= t.vocab_size_) t.vocab_size_ = id + 1;
+
+  if (gen_cfg.is_object() && gen_cfg.contains("eos_token_id")) {
+    const auto& v = gen_cfg["eos_token_id"];
+    if (v.is_array()) {
+      for (size_t i = 0; i < v.size(); ++i)
+        t.eos_ids_.push_back(json_id(v[i], gen_cfg_path, "eos_token_id[" + std::to_string(i) + "]"));
+    } else if (!v.is_null()) {
+      t.eos_ids_.push_back(json_id(v, gen_cfg_path, "eos_token_id"));
+    }
+  }
+
+  if (!t.is_json_) {
+    // LlamaTokenizer: add_bos_token (default true) / add_eos_token (default false).
+    auto flag = [&](const char* key, bool def) {
+      if (!tok_cfg.is_object() || !tok_cfg.contains(key) || tok_cfg[key].is_null()) return def;
+      QLORA_CHECK(tok_cfg[key].is_boolean(), tok_cfg_path.string(), ": ", key, ": expected true/false, got ",
+                  tok_cfg[key].type_name());
+      return tok_cfg[key].get<bool>();
+    };
+    t.prefix_.clear();
+    t.suffix_.clear();
+    if (flag("add_bos_token", true) && t.bos_id_ >= 0) t.prefix_.push_back(t.bos_id_);
+    if (flag("add_eos_token", false) && t.eos_id_ >= 0) t.suffix_.push_back(t.eos_id_);
+  }
+  t.finish_specials();
   return t;
 }
 
@@ -184,166 +190,41 @@ TokenIds Tokenizer::encode(const std::string& text, bool add_bos, bool add_eos) 
   TokenIds ids;
   if (add_bos && bos_id_ >= 0) ids.push_back(bos_id_);
   if (!text.empty()) {
-    TokenIds v = encode_with_offsets(text, nullptr, true);
+    TokenIds v = impl_->encode(text, nullptr, true);
     ids.insert(ids.end(), v.begin(), v.end());
   }
   if (add_eos && eos_id_ >= 0) ids.push_back(eos_id_);
   return ids;
 }
 
-TokenIds Tokenizer::encode_with_offsets(const std::string& text, std::vector<int64_t>* offsets,
-                                        bool prefix) const {
-  // Symbols: a doubly linked list over the initial pieces; len == 0 marks a merged-away symbol.
-  struct Sym { int32_t id; int64_t offset; int32_t prev, next; bool alive; };
-  std::vector<Sym> syms;
-  syms.reserve(text.size() + 1);
-  auto push = [&](int32_t id, int64_t off) {
-    const int32_t n = static_cast<int32_t>(syms.size());
-    syms.push_back({id, off, n - 1, n + 1, true});
-  };
-  if (text.empty()) return {};
-  const std::string kSpace("\xe2\x96\x81");
-  const bool starts_with_space = text[0] == ' ' || text.compare(0, 3, kSpace) == 0;
-  if (prefix && !starts_with_space) push(space_id_ >= 0 ? space_id_ : unk_id_, 0);
-  for (size_t i = 0; i < text.size();) {
-    const int n = std::min<int>(utf8_seq_len(static_cast<unsigned char>(text[i])), int(text.size() - i));
-    auto it = text[i] == ' ' ? piece_ids_.find(kSpace) : piece_ids_.find(text.substr(i, n));
-    if (it != piece_ids_.end()) {
-      push(it->second, int64_t(i));
-    } else {
-      for (int b = 0; b < n; ++b) {
-        const int32_t bid = byte_ids_[static_cast<unsigned char>(text[i + b])];
-        if (bid >= 0) {
-          push(bid, int64_t(i + b));
-        } else if (syms.empty() || syms.back().id != unk_id_) {  // HF fuse_unk
-          push(unk_id_, int64_t(i + b));
-        }
-      }
-    }
-    i += n;
+TokenIds Tokenizer::encode_with_special_tokens(const std::string& text) const {
+  TokenIds ids = prefix_;
+  if (!text.empty()) {
+    TokenIds v = impl_->encode(text, nullptr, true);
+    ids.insert(ids.end(), v.begin(), v.end());
   }
-  if (!syms.empty()) syms.back().next = -1;
-
-  // HF BPE merge loop: lowest rank first, leftmost position on ties; stale entries are skipped.
-  struct Cand { int32_t rank, pos, merged; };
-  auto worse = [](const Cand& a, const Cand& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
-  std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> heap(worse);
-  auto lookup = [&](int32_t l, int32_t r) -> const std::pair<int32_t, int32_t>* {
-    auto it = merges_.find((uint64_t(uint32_t(l)) << 32) | uint32_t(r));
-    return it == merges_.end() ? nullptr : &it->second;
-  };
-  for (size_t k = 0; k + 1 < syms.size(); ++k)
-    if (auto m = lookup(syms[k].id, syms[k + 1].id)) heap.push({m->first, int32_t(k), m->second});
-  while (!heap.empty()) {
-    const Cand c = heap.top();
-    heap.pop();
-    Sym& s = syms[c.pos];
-    if (!s.alive || s.next < 0) continue;
-    Sym& r = syms[s.next];
-    auto m = lookup(s.id, r.id);
-    if (!m || m->second != c.merged) continue;
-    s.id = c.merged;
-    r.alive = false;
-    s.next = r.next;
-    if (s.next >= 0) syms[s.next].prev = c.pos;
-    if (s.prev >= 0)
-      if (auto pm = lookup(syms[s.prev].id, s.id)) heap.push({pm->first, s.prev, pm->second});
-    if (s.next >= 0)
-      if (auto nm = lookup(s.id, syms[s.next].id)) heap.push({nm->first, c.pos, nm->second});
-  }
-  TokenIds ids;
-  if (offsets) offsets->clear();
-  for (int32_t k = syms.empty() ? -1 : 0; k >= 0; k = syms[k].next) {
-    ids.push_back(syms[k].id);
-    if (offsets) offsets->push_back(syms[k].offset);
-  }
+  ids.insert(ids.end(), suffix_.begin(), suffix_.end());
   return ids;
 }
 
-std::string Tokenizer::decode(const TokenIds& ids) const {
-  std::vector<int> v;
-  v.reserve(ids.size());
-  const int n = sp_->GetPieceSize();
-  for (int32_t id : ids)
-    if (id >= 0 && id < n && !is_special(id)) v.push_back(id);
-  std::string out;
-  check_status(sp_->Decode(v, &out), path_ + ": decode");
-  return out;
+TokenIds Tokenizer::encode_with_offsets(const std::string& text, std::vector<int64_t>* offsets,
+                                        bool prefix) const {
+  return impl_->encode(text, offsets, prefix);
 }
 
-std::string Tokenizer::id_to_piece(int32_t id) const {
-  if (id < 0 || id >= sp_->GetPieceSize()) return "";
-  return sp_->IdToPiece(id);
+std::string Tokenizer::decode(const TokenIds& ids, bool skip_special_tokens) const {
+  return impl_->decode(ids, skip_special_tokens, *this);
 }
 
-int32_t Tokenizer::piece_to_id(const std::string& piece) const {
-  const int id = sp_->PieceToId(piece);
-  return (id >= 0 && sp_->IdToPiece(id) == piece) ? id : -1;
-}
+std::string Tokenizer::id_to_piece(int32_t id) const { return impl_->id_to_piece(id); }
+
+int32_t Tokenizer::piece_to_id(const std::string& piece) const { return impl_->piece_to_id(piece); }
 
 bool Tokenizer::is_special(int32_t id) const {
+  if (id < 0) return false;
   if (id == bos_id_ || id == eos_id_ || id == pad_id_ || id == unk_id_) return true;
-  if (id < 0 || id >= sp_->GetPieceSize()) return id >= 0;  // declared ids above the sp vocab
-  return sp_->IsControl(id);
-}
-
-namespace {
-
-class VectorIterator : public sentencepiece::SentenceIterator {
- public:
-  explicit VectorIterator(const std::vector<std::string>& v) : v_(v) {}
-  bool done() const override { return i_ >= v_.size(); }
-  void Next() override { ++i_; }
-  const std::string& value() const override { return v_[i_]; }
-  sentencepiece::util::Status status() const override { return {}; }
-
- private:
-  const std::vector<std::string>& v_;
-  size_t i_ = 0;
-};
-
-std::unordered_map<std::string, std::string> llama_like_args(int vocab_size, const std::string& prefix) {
-  return {{"model_prefix", prefix},
-          {"model_type", "bpe"},
-          {"vocab_size", std::to_string(vocab_size)},
-          {"byte_fallback", "true"},
-          {"split_digits", "true"},
-          {"remove_extra_whitespaces", "false"},
-          {"normalization_rule_name", "identity"},
-          {"character_coverage", "0.9995"},
-          {"unk_id", "0"},
-          {"bos_id", "1"},
-          {"eos_id", "2"},
-          {"pad_id", "-1"},
-          {"hard_vocab_limit", "false"},
-          {"num_threads", "1"},
-          {"minloglevel", "2"}};
-}
-
-}  // namespace
-
-std::string Tokenizer::train(const std::vector<std::string>& corpus_paths, int vocab_size,
-                             const std::string& out_prefix) {
-  QLORA_CHECK(!corpus_paths.empty(), "Tokenizer::train: no corpus files given");
-  std::string inputs;
-  for (const auto& p : corpus_paths) {
-    QLORA_CHECK(fs::is_regular_file(p), p, ": corpus file not found");
-    QLORA_CHECK(p.find(',') == std::string::npos, p, ": corpus path must not contain ','");
-    inputs += (inputs.empty() ? "" : ",") + p;
-  }
-  auto args = llama_like_args(vocab_size, out_prefix);
-  args["input"] = inputs;
-  check_status(sentencepiece::SentencePieceTrainer::Train(args), out_prefix + ": tokenizer training failed");
-  return out_prefix + ".model";
-}
-
-std::string Tokenizer::train_from_texts(const std::vector<std::string>& texts, int vocab_size,
-                                        const std::string& out_prefix) {
-  QLORA_CHECK(!texts.empty(), "Tokenizer::train_from_texts: no texts given");
-  VectorIterator it(texts);
-  check_status(sentencepiece::SentencePieceTrainer::Train(llama_like_args(vocab_size, out_prefix), &it),
-               out_prefix + ": tokenizer training failed");
-  return out_prefix + ".model";
+  if (id >= impl_->vocab_size()) return true;  // declared ids above the file's vocab
+  return impl_->is_special(id);
 }
 
 }  // namespace qlora::data

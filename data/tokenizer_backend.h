@@ -1,0 +1,44 @@
+// Internal interface behind qlora::data::Tokenizer (data/tokenizer.h): one implementation per
+// tokenizer file format. Not part of the public API; only data/tokenizer*.cpp include it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace qlora::data::detail {
+
+/// Special tokens a tokenizer file itself declares (-1 = none); the facade overrides them from
+/// tokenizer_config.json and friends.
+struct FileSpecials {
+  int32_t bos = -1, eos = -1, pad = -1, unk = -1;
+  TokenIds prefix, suffix;  // post-processor ids around a single sequence
+  bool has_post_processor = false;
+};
+
+class TokenizerBackend {
+ public:
+  virtual ~TokenizerBackend() = default;
+  /// Text -> ids (no post-processor specials); `offsets` (may be null) gets each token's first
+  /// byte in `text`. `prefix` as Tokenizer::encode_with_offsets.
+  virtual TokenIds encode(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const = 0;
+  /// Ids -> text; `is_special` is the facade's predicate (declared specials included).
+  virtual std::string decode(const TokenIds& ids, bool skip_special_tokens,
+                             const class Tokenizer& facade) const = 0;
+  virtual std::string id_to_piece(int32_t id) const = 0;
+  virtual int32_t piece_to_id(const std::string& piece) const = 0;
+  /// 1 + largest id the file defines.
+  virtual int32_t vocab_size() const = 0;
+  /// True for ids the file itself marks special (spm control pieces, added tokens with special=true).
+  virtual bool is_special(int32_t id) const = 0;
+  virtual FileSpecials specials() const = 0;
+};
+
+/// sentencepiece tokenizer.model (data/tokenizer_spm.cpp). Throws qlora::Error naming `path`.
+std::unique_ptr<TokenizerBackend> load_spm(const std::string& path);
+/// HF tokenizer.json (data/tokenizer_json.cpp). Throws qlora::Error naming `path` and the JSON path.
+std::unique_ptr<TokenizerBackend> load_hf_json(const std::string& path);
+
+}  // namespace qlora::data::detail

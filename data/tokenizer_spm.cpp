@@ -1,0 +1,283 @@
+// sentencepiece tokenizer.model backend of qlora::data::Tokenizer. See tokenizer.h for the parity
+// contract (HF LlamaTokenizer(legacy=True) ids: HF merge ranks + Metaspace, not spm scores).
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <queue>
+#include <sstream>
+#include <unordered_map>
+
+#include "common/error.h"
+#include "data/tokenizer_backend.h"
+
+namespace qlora::data::detail {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  QLORA_CHECK(f.good(), path, ": cannot open (missing or unreadable)");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void check_status(const sentencepiece::util::Status& s, const std::string& what) {
+  QLORA_CHECK(s.ok(), what, ": ", s.ToString());
+}
+
+// Byte length of the UTF-8 sequence starting with `c` (1 for an invalid lead byte).
+int utf8_seq_len(unsigned char c) {
+  if (c < 0x80) return 1;
+  if ((c >> 5) == 0x6) return 2;
+  if ((c >> 4) == 0xE) return 3;
+  if ((c >> 3) == 0x1E) return 4;
+  return 1;
+}
+
+class SpmBackend final : public TokenizerBackend {
+ public:
+  explicit SpmBackend(const std::string& path);
+  TokenIds encode(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const override;
+  std::string decode(const TokenIds& ids, bool skip_special_tokens, const Tokenizer& facade) const override;
+  std::string id_to_piece(int32_t id) const override {
+    if (id < 0 || id >= sp_->GetPieceSize()) return "";
+    return sp_->IdToPiece(id);
+  }
+  int32_t piece_to_id(const std::string& piece) const override {
+    const int id = sp_->PieceToId(piece);
+    return (id >= 0 && sp_->IdToPiece(id) == piece) ? id : -1;
+  }
+  int32_t vocab_size() const override { return sp_->GetPieceSize(); }
+  bool is_special(int32_t id) const override {
+    return id >= 0 && id < sp_->GetPieceSize() && (sp_->IsControl(id) || sp_->IsUnknown(id));
+  }
+  FileSpecials specials() const override {
+    FileSpecials s;
+    s.bos = sp_->bos_id();
+    s.eos = sp_->eos_id();
+    s.pad = sp_->pad_id();
+    s.unk = sp_->unk_id();
+    return s;
+  }
+
+ private:
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;  // vocab, piece types, decode
+  std::unordered_map<std::string, int32_t> piece_ids_;           // single-character pieces and all others
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (left<<32|right) -> (rank, merged id)
+  int32_t byte_ids_[256];                                        // <0xXX> piece per byte, -1 if absent
+  int32_t space_id_ = -1;                                        // "▁"
+  int32_t unk_id_ = -1;
+};
+
+SpmBackend::SpmBackend(const std::string& path) {
+  QLORA_CHECK(fs::is_regular_file(path), path, ": tokenizer model not found");
+  const std::string bytes = read_file_bytes(path);
+  sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  check_status(sp_->LoadFromSerializedProto(bytes), path + ": not a sentencepiece model");
+  const int32_t n = sp_->GetPieceSize();
+  unk_id_ = sp_->unk_id();
+
+  // Vocabulary and merges exactly as transformers' SentencePieceExtractor/generate_merges build
+  // them: every split of every piece whose two halves are pieces is a merge; rank order is
+  // (merged id, left length in code points). Control/unknown/unused pieces take no part, so
+  // plain text can never produce <s>, </s> or <unk> by merging.
+  std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
+  std::vector<std::string> pieces(n);
+  for (int32_t i = 0; i < n; ++i) {
+    pieces[i] = sp_->IdToPiece(i);
+    if (sp_->IsByte(i)) {
+      const unsigned v = std::stoul(pieces[i].substr(3, 2), nullptr, 16);  // "<0xAB>"
+      if (v < 256) byte_ids_[v] = i;
+      continue;
+    }
+    if (sp_->IsControl(i) || sp_->IsUnknown(i) || sp_->IsUnused(i)) continue;
+    piece_ids_.emplace(pieces[i], i);
+  }
+  struct M { int32_t merged; size_t left_len; int32_t l, r; };
+  std::vector<M> ms;
+  for (int32_t i = 0; i < n; ++i) {
+    const std::string& p = pieces[i];
+    if (!piece_ids_.count(p) || piece_ids_.at(p) != i) continue;
+    size_t cps = 0;
+    for (size_t k = utf8_seq_len(p[0]); k < p.size(); k += utf8_seq_len(p[k])) {
+      ++cps;
+      auto l = piece_ids_.find(p.substr(0, k));
+      auto r = piece_ids_.find(p.substr(k));
+      if (l != piece_ids_.end() && r != piece_ids_.end()) ms.push_back({i, cps, l->second, r->second});
+    }
+  }
+  std::stable_sort(ms.begin(), ms.end(), [](const M& a, const M& b) {
+    return a.merged != b.merged ? a.merged < b.merged : a.left_len < b.left_len;
+  });
+  for (size_t k = 0; k < ms.size(); ++k) {
+    const uint64_t key = (uint64_t(uint32_t(ms[k].l)) << 32) | uint32_t(ms[k].r);
+    merges_.emplace(key, std::pair<int32_t, int32_t>(int32_t(k), ms[k].merged));
+  }
+  auto sp = piece_ids_.find("\xe2\x96\x81");  // "▁"
+  space_id_ = sp == piece_ids_.end() ? -1 : sp->second;
+}
+
+TokenIds SpmBackend::encode(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const {
+  if (offsets) offsets->clear();
+  if (text.empty()) return {};
+  // Symbols: a doubly linked list over the initial pieces; alive == false marks a merged-away symbol.
+  struct Sym { int32_t id; int64_t offset; int32_t prev, next; bool alive; };
+  std::vector<Sym> syms;
+  syms.reserve(text.size() + 1);
+  auto push = [&](int32_t id, int64_t off) {
+    const int32_t n = static_cast<int32_t>(syms.size());
+    syms.push_back({id, off, n - 1, n + 1, true});
+  };
+  const std::string kSpace("\xe2\x96\x81");
+  const bool starts_with_space = text[0] == ' ' || text.compare(0, 3, kSpace) == 0;
+  if (prefix && !starts_with_space) push(space_id_ >= 0 ? space_id_ : unk_id_, 0);
+  for (size_t i = 0; i < text.size();) {
+    const int n = std::min<int>(utf8_seq_len(static_cast<unsigned char>(text[i])), int(text.size() - i));
+    auto it = text[i] == ' ' ? piece_ids_.find(kSpace) : piece_ids_.find(text.substr(i, n));
+    if (it != piece_ids_.end()) {
+      push(it->second, int64_t(i));
+    } else {
+      for (int b = 0; b < n; ++b) {
+        const int32_t bid = byte_ids_[static_cast<unsigned char>(text[i + b])];
+        if (bid >= 0) {
+          push(bid, int64_t(i + b));
+        } else if (syms.empty() || syms.back().id != unk_id_) {  // HF fuse_unk
+          push(unk_id_, int64_t(i + b));
+        }
+      }
+    }
+    i += n;
+  }
+  if (!syms.empty()) syms.back().next = -1;
+
+  // HF BPE merge loop: lowest rank first, leftmost position on ties; stale entries are skipped.
+  struct Cand { int32_t rank, pos, merged; };
+  auto worse = [](const Cand& a, const Cand& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
+  std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> heap(worse);
+  auto lookup = [&](int32_t l, int32_t r) -> const std::pair<int32_t, int32_t>* {
+    auto it = merges_.find((uint64_t(uint32_t(l)) << 32) | uint32_t(r));
+    return it == merges_.end() ? nullptr : &it->second;
+  };
+  for (size_t k = 0; k + 1 < syms.size(); ++k)
+    if (auto m = lookup(syms[k].id, syms[k + 1].id)) heap.push({m->first, int32_t(k), m->second});
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    Sym& s = syms[c.pos];
+    if (!s.alive || s.next < 0) continue;
+    Sym& r = syms[s.next];
+    auto m = lookup(s.id, r.id);
+    if (!m || m->second != c.merged) continue;
+    s.id = c.merged;
+    r.alive = false;
+    s.next = r.next;
+    if (s.next >= 0) syms[s.next].prev = c.pos;
+    if (s.prev >= 0)
+      if (auto pm = lookup(syms[s.prev].id, s.id)) heap.push({pm->first, s.prev, pm->second});
+    if (s.next >= 0)
+      if (auto nm = lookup(s.id, syms[s.next].id)) heap.push({nm->first, c.pos, nm->second});
+  }
+  TokenIds ids;
+  for (int32_t k = syms.empty() ? -1 : 0; k >= 0; k = syms[k].next) {
+    ids.push_back(syms[k].id);
+    if (offsets) offsets->push_back(syms[k].offset);
+  }
+  return ids;
+}
+
+std::string SpmBackend::decode(const TokenIds& ids, bool skip_special_tokens, const Tokenizer& facade) const {
+  // Runs of ordinary ids go through sentencepiece; special ids are dropped or written as pieces.
+  std::string out;
+  std::vector<int> run;
+  const int n = sp_->GetPieceSize();
+  auto flush = [&]() {
+    if (run.empty()) return;
+    std::string s;
+    check_status(sp_->Decode(run, &s), "tokenizer.model: decode");
+    out += s;
+    run.clear();
+  };
+  for (int32_t id : ids) {
+    if (facade.is_special(id)) {
+      if (skip_special_tokens) continue;
+      flush();
+      out += facade.id_to_piece(id);
+    } else if (id >= 0 && id < n) {
+      run.push_back(id);
+    }
+  }
+  flush();
+  return out;
+}
+
+class VectorIterator : public sentencepiece::SentenceIterator {
+ public:
+  explicit VectorIterator(const std::vector<std::string>& v) : v_(v) {}
+  bool done() const override { return i_ >= v_.size(); }
+  void Next() override { ++i_; }
+  const std::string& value() const override { return v_[i_]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  const std::vector<std::string>& v_;
+  size_t i_ = 0;
+};
+
+std::unordered_map<std::string, std::string> llama_like_args(int vocab_size, const std::string& prefix) {
+  return {{"model_prefix", prefix},
+          {"model_type", "bpe"},
+          {"vocab_size", std::to_string(vocab_size)},
+          {"byte_fallback", "true"},
+          {"split_digits", "true"},
+          {"remove_extra_whitespaces", "false"},
+          {"normalization_rule_name", "identity"},
+          {"character_coverage", "0.9995"},
+          {"unk_id", "0"},
+          {"bos_id", "1"},
+          {"eos_id", "2"},
+          {"pad_id", "-1"},
+          {"hard_vocab_limit", "false"},
+          {"num_threads", "1"},
+          {"minloglevel", "2"}};
+}
+
+}  // namespace
+
+std::unique_ptr<TokenizerBackend> load_spm(const std::string& path) { return std::make_unique<SpmBackend>(path); }
+
+}  // namespace qlora::data::detail
+
+namespace qlora::data {
+namespace fs = std::filesystem;
+
+std::string Tokenizer::train(const std::vector<std::string>& corpus_paths, int vocab_size,
+                             const std::string& out_prefix) {
+  QLORA_CHECK(!corpus_paths.empty(), "Tokenizer::train: no corpus files given");
+  std::string inputs;
+  for (const auto& p : corpus_paths) {
+    QLORA_CHECK(fs::is_regular_file(p), p, ": corpus file not found");
+    QLORA_CHECK(p.find(',') == std::string::npos, p, ": corpus path must not contain ','");
+    inputs += (inputs.empty() ? "" : ",") + p;
+  }
+  auto args = detail::llama_like_args(vocab_size, out_prefix);
+  args["input"] = inputs;
+  detail::check_status(sentencepiece::SentencePieceTrainer::Train(args), out_prefix + ": tokenizer training failed");
+  return out_prefix + ".model";
+}
+
+std::string Tokenizer::train_from_texts(const std::vector<std::string>& texts, int vocab_size,
+                                        const std::string& out_prefix) {
+  QLORA_CHECK(!texts.empty(), "Tokenizer::train_from_texts: no texts given");
+  detail::VectorIterator it(texts);
+  detail::check_status(
+      sentencepiece::SentencePieceTrainer::Train(detail::llama_like_args(vocab_size, out_prefix), &it),
+      out_prefix + ": tokenizer training failed");
+  return out_prefix + ".model";
+}
+
+}  // namespace qlora::data
