@@ -123,6 +123,18 @@ std::string DataStats::summary() const {
 
 std::string render_masked(const Example& ex, const Tokenizer& tok) {
   std::string out;
+  if (tok.is_hf_json()) {
+    // tokenizer.json pieces are byte-level ("Ġ", "Ċ") or metaspace: decode each run of equal
+    // label state with the tokenizer's decoder, special tokens written out
+    for (size_t i = 0; i < ex.input_ids.size();) {
+      const bool m = ex.labels[i] == kIgnoreIndex;
+      TokenIds run;
+      for (; i < ex.input_ids.size() && (ex.labels[i] == kIgnoreIndex) == m; ++i) run.push_back(ex.input_ids[i]);
+      const std::string text = tok.decode(run, /*skip_special_tokens=*/false);
+      out += m ? "[[" + text + "]]" : text;
+    }
+    return out;
+  }
   bool masked = false;
   std::string bytes;  // pending byte-fallback bytes
   auto flush_bytes = [&]() { out += bytes; bytes.clear(); };

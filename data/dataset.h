@@ -48,7 +48,8 @@ Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok);
 /// with masked spans in [[double brackets]], their token counts, and stats.summary().
 std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n);
 
-/// An example's tokens as text, masked runs wrapped in [[ ]] (special ids shown as pieces).
+/// An example's tokens as text, masked runs wrapped in [[ ]] (special ids shown as pieces;
+/// tokenizer.json: each run decoded by the tokenizer's decoder).
 std::string render_masked(const Example& ex, const Tokenizer& tok);
 
 }  // namespace qlora::data

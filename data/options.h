@@ -14,7 +14,7 @@ struct DataOptions {
   std::string train;                 ///< path to the training file (.json array, .jsonl or .txt)
   std::string eval;                  ///< optional separate eval file ("" = none; then val_set_size applies)
   std::string format = "auto";       ///< auto | alpaca | sharegpt | messages | completion
-  std::string template_name = "chatml";  ///< YAML key `template`: alpaca|chatml|llama2|mistral|vicuna|none
+  std::string template_name = "chatml";  ///< YAML key `template`: a data::template_names() entry or auto
   int64_t sequence_len = 2048;       ///< tokens per row (> 0)
   std::string truncation = "drop";   ///< drop | truncate (keep the start, cut the end)
   bool train_on_inputs = false;      ///< false: prompt/system/user/tool tokens get label -100

@@ -260,6 +260,17 @@ void read_json_array(const std::string& path, const std::string& buf, size_t pos
 
 }  // namespace
 
+Record record_from_json(const std::string& json_text, const std::string& path, const DataOptions& opts) {
+  ReadStats s;
+  DataOptions o = opts;
+  o.skip_invalid = false;
+  Collector c(path, o, &s);
+  c.add_json(json_text, 1);
+  std::vector<Record> v = c.take();
+  QLORA_CHECK(v.size() == 1, path, ":1: expected one record");
+  return std::move(v[0]);
+}
+
 bool is_valid_utf8(const std::string& s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const size_t n = s.size();

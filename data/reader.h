@@ -56,6 +56,10 @@ struct ReadStats {
 /// records are skipped and counted in `stats` instead (a file with no records still throws).
 std::vector<Record> read_records(const std::string& path, const DataOptions& opts, ReadStats* stats);
 
+/// One record from the JSON text of one object (format detected as in read_records), e.g. a
+/// single conversation a user is debugging. Errors read `path:LINE: problem` (line 1 + offset).
+Record record_from_json(const std::string& json_text, const std::string& path, const DataOptions& opts);
+
 /// True when `s` is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
 bool is_valid_utf8(const std::string& s);
 

@@ -185,7 +185,7 @@ using ojson = nlohmann::ordered_json;
 const char* kSmolSystem = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 const char* kQwenSystem = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 const char* kQwenToolsHead =
-    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
 const char* kQwenToolsTail =
     "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
@@ -332,7 +332,7 @@ struct FamilyRenderer {
   void qwen25() {
     const bool sys0 = !msgs.empty() && msgs[0].role == "system";
     if (!tools.empty()) {
-      qwen_tools_system(sys0 ? msgs[0].content : kQwenSystem);
+      qwen_tools_system((sys0 ? msgs[0].content : std::string(kQwenSystem)) + "\n\n");
     } else {
       control("<|im_start|>");
       text("system\n" + (sys0 ? msgs[0].content : std::string(kQwenSystem)));

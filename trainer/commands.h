@@ -34,8 +34,26 @@ struct GenerateCliOptions {
   std::string adapter;     ///< PEFT adapter directory to apply ("" = base model only)
   GenerateOptions gen;
 };
-/// `qlora generate MODEL_DIR --prompt TEXT [...]`: prints the continuation (or its ids).
+/// `qlora generate MODEL_DIR --prompt TEXT [...]`: prints the continuation (or its ids). Stops at
+/// any id of the tokenizer's eos_ids() (generation_config.json's eos_token_id list).
 std::string cmd_generate(const GenerateCliOptions& o);
+
+struct TokenizeOptions {
+  std::string model_dir;      ///< model dir (or tokenizer file) to load the tokenizer from
+  std::string text;           ///< --text
+  std::string file;           ///< --file: tokenise this file's bytes
+  bool json = false;          ///< --json
+  bool no_special = false;    ///< --no-special: no post-processor BOS/EOS (add_special_tokens=False)
+  std::string chat;           ///< --chat FILE.json: one conversation {"messages": [...], "tools"?}
+  std::string template_name;  ///< --template NAME (or auto) for --chat
+};
+/// `qlora tokenize MODEL_DIR (--text S | --file F) [--json] [--no-special]`: the ids and pieces of
+/// the text (= tokenizers' encode(text, add_special_tokens=!no_special)); json: {"ids", "pieces"}.
+/// `--chat FILE.json --template NAME`: renders that one conversation as training does (render,
+/// tokenize, and data preview's masked view) and marks each token trained or masked; json adds
+/// "labels" (-100 = masked) and "trained". Throws qlora::Error for an unreadable file, a chat file
+/// that is not one valid conversation (file:line: problem), or an unknown template name.
+std::string cmd_tokenize(const TokenizeOptions& o);
 
 struct InitModelOptions {
   std::string preset;
@@ -86,7 +104,7 @@ struct EvalOptions {
 /// mean next-token CE (nats) and perplexity over the eval set (the config's data.eval or its
 /// val_set_size hold-out; with --data, that whole file), memory bounded by one batch. With
 /// exact_match also greedy-generates each example's last assistant answer from its prompt
-/// (stopping at EOS or after reference length + 8 tokens) and counts trimmed exact matches.
+/// (stopping at any id of the tokenizer's eos_ids() or after reference length + 8 tokens) and counts trimmed exact matches.
 /// Writes eval.json; returns the text it printed. Throws qlora::Error for bad input.
 std::string cmd_eval(const EvalOptions& o);
 

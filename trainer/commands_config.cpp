@@ -17,7 +17,9 @@ std::string cmd_data_preview(const DataPreviewOptions& o) {
               ": model.tokenizer: a preset model needs a tokenizer (a tokenizer.model file or a model dir)");
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   QLORA_CHECK(o.n >= 0, "data preview: --n must be >= 0, got ", o.n);
-  return data::render_preview(cfg.data, tok, o.n);
+  data::DataOptions dopts = cfg.data;
+  dopts.template_name = data::resolve_template(dopts.template_name, tok_src);  // "auto" -> a name
+  return data::render_preview(dopts, tok, o.n);
 }
 
 void cmd_train(const TrainCliOptions& o) {

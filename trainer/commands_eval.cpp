@@ -83,7 +83,7 @@ ExactMatch exact_match(const LlamaModel& model, const data::Tokenizer& tok, cons
     GenerateOptions g;
     g.max_new_tokens = static_cast<int64_t>(end - start) + 8;
     g.temperature = 0.0;
-    g.eos_token_id = tok.eos_id();
+    g.eos_token_ids.assign(tok.eos_ids().begin(), tok.eos_ids().end());
     data::TokenIds out;
     for (int64_t id : generate_tokens(model, prompt, g))
       if (!tok.is_special(static_cast<int32_t>(id))) out.push_back(static_cast<int32_t>(id));
@@ -111,6 +111,7 @@ std::string cmd_eval(const EvalOptions& o) {
   QLORA_CHECK(!tok_src.empty(), "model.tokenizer: a preset model needs a tokenizer (tokenizer.model or a model dir)");
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   data::DataOptions dopts = cfg.data;
+  dopts.template_name = data::resolve_template(dopts.template_name, tok_src);  // "auto" -> a name
   if (!o.data.empty()) {
     dopts.train = o.data;
     dopts.eval.clear();

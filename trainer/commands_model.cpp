@@ -1,6 +1,7 @@
 // `qlora inspect`, `qlora generate`, `qlora init-model`.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -218,7 +219,7 @@ std::string cmd_generate(const GenerateCliOptions& o) {
   std::vector<int64_t> prompt;
   for (int32_t id : tok.encode(o.prompt, /*add_bos=*/true, /*add_eos=*/false)) prompt.push_back(id);
   GenerateOptions g = o.gen;
-  if (g.eos_token_id < 0) g.eos_token_id = tok.eos_id();
+  if (g.eos_token_ids.empty()) g.eos_token_ids.assign(tok.eos_ids().begin(), tok.eos_ids().end());
   const std::vector<int64_t> ids = generate_tokens(model, prompt, g);
   std::ostringstream os;
   if (o.print_ids) {
@@ -227,7 +228,8 @@ std::string cmd_generate(const GenerateCliOptions& o) {
   } else {
     data::TokenIds t;
     for (int64_t id : ids)
-      if (id != g.eos_token_id) t.push_back(static_cast<int32_t>(id));
+      if (std::find(g.eos_token_ids.begin(), g.eos_token_ids.end(), id) == g.eos_token_ids.end())
+        t.push_back(static_cast<int32_t>(id));
     os << tok.decode(t) << "\n";
   }
   return os.str();

@@ -1,5 +1,7 @@
 #include "trainer/generate.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 
 namespace qlora {
@@ -33,7 +35,7 @@ std::vector<int64_t> generate_tokens(const LlamaModel& model, const std::vector<
       next = at::multinomial(probs, 1, false, gen).item<int64_t>();
     }
     out.push_back(next);
-    if (next == opts.eos_token_id) break;
+    if (std::find(opts.eos_token_ids.begin(), opts.eos_token_ids.end(), next) != opts.eos_token_ids.end()) break;
     in.input_ids = torch::tensor({next}, torch::kLong).view({1, 1});
   }
   return out;

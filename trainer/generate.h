@@ -12,11 +12,14 @@ struct GenerateOptions {
   double temperature = 0.0;  ///< 0 = greedy (argmax, ties to the lowest id as torch.argmax)
   double top_p = 1.0;        ///< nucleus sampling mass in (0, 1]
   uint64_t seed = 0;         ///< sampling seed (CPU generator)
-  int64_t eos_token_id = -1; ///< stop after emitting it (-1: never)
+  /// Stop after emitting any of these ids (empty: never). Callers pass Tokenizer::eos_ids():
+  /// generation_config.json's whole `eos_token_id` list, as transformers' generate() stops at
+  /// any of them (Llama 3 Instruct: <|end_of_text|>, <|eom_id|>, <|eot_id|>).
+  std::vector<int64_t> eos_token_ids;
 };
 
 /// Generates up to max_new_tokens after `prompt` (token ids, BOS included by the caller) and
-/// returns only the new ids (the EOS included when it ended generation). Matches transformers'
+/// returns only the new ids (the EOS id included when one ended generation). Matches transformers'
 /// `generate(do_sample=False)` for temperature 0. Throws qlora::Error for an empty prompt, a
 /// negative temperature, or top_p outside (0, 1].
 std::vector<int64_t> generate_tokens(const LlamaModel& model, const std::vector<int64_t>& prompt,

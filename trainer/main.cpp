@@ -44,6 +44,18 @@ int run(int argc, char** argv) {
   generate->add_flag("--ids", gen.print_ids, "print the new token ids instead of text");
   generate->add_option("--adapter", gen.adapter, "PEFT LoRA adapter directory to apply");
 
+  qlora::TokenizeOptions tkz;
+  auto* tokenize = app.add_subcommand("tokenize", "ids and pieces of a text, or one chat rendered with labels");
+  tokenize->add_option("model_dir", tkz.model_dir, "Hugging Face model directory (or tokenizer file)")->required();
+  auto* tkz_src = tokenize->add_option_group("input", "what to tokenise");
+  tkz_src->add_option("--text", tkz.text, "text to tokenise");
+  tkz_src->add_option("--file", tkz.file, "tokenise this file's bytes");
+  tkz_src->add_option("--chat", tkz.chat, "one conversation {\"messages\": [...]} (JSON) to render with --template");
+  tkz_src->require_option(1);
+  tokenize->add_option("--template", tkz.template_name, "chat template for --chat: a name or auto");
+  tokenize->add_flag("--json", tkz.json, "machine-readable output {\"ids\", \"pieces\"}");
+  tokenize->add_flag("--no-special", tkz.no_special, "no BOS/EOS from the tokenizer's post-processor");
+
   qlora::InitModelOptions init;
   auto* init_model = app.add_subcommand("init-model", "write a random-init HF model directory");
   init_model->add_option("--preset", init.preset, "tiny|small|llama2-7b|...")->required();
@@ -145,6 +157,7 @@ int run(int argc, char** argv) {
 
   if (*inspect) std::cout << qlora::cmd_inspect(ins);
   if (*generate) std::cout << qlora::cmd_generate(gen);
+  if (*tokenize) std::cout << qlora::cmd_tokenize(tkz);
   if (*init_model) qlora::cmd_init_model(init);
   if (*merge_cmd) qlora::cmd_merge(mrg);
   if (*data_preview) std::cout << qlora::cmd_data_preview(preview);

@@ -138,6 +138,7 @@ void Trainer::setup() {
   const std::string tok_src = !cfg_.model.tokenizer.empty() ? cfg_.model.tokenizer : cfg_.model.path;
   QLORA_CHECK(!tok_src.empty(), "model.tokenizer: a preset model needs a tokenizer (tokenizer.model or a model dir)");
   tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::from_pretrained(tok_src));
+  cfg_.data.template_name = data::resolve_template(cfg_.data.template_name, tok_src);  // "auto" -> a name
   data_ = data::load_datasets(cfg_.data, *tok_);
   log::info("data: ", data_.stats.train_examples, " train / ", data_.stats.eval_examples, " eval examples, ",
             data_.stats.tokens_trainable, " trainable tokens");

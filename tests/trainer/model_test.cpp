@@ -87,7 +87,7 @@ TEST(Generate, GreedyMatchesTransformersGenerate) {
   LlamaModel m = LlamaModel::load(dir.parent_path().string(), torch::kFloat32, torch::kCPU);
   GenerateOptions g;
   g.max_new_tokens = 32;
-  g.eos_token_id = 2;
+  g.eos_token_ids = {2};
   auto ids = generate_tokens(m, j["prompt_ids"].get<std::vector<int64_t>>(), g);
   EXPECT_EQ(ids, j["new_ids"].get<std::vector<int64_t>>());
 }

@@ -63,7 +63,10 @@ const std::vector<std::string> kQuantMethods = {"nf4", "fp4", "none"};
 const std::vector<std::string> kSchedulers = {"constant", "linear", "cosine"};
 const std::vector<std::string> kInits = {"pretrained", "random"};
 const std::vector<std::string> kFormats = {"auto", "alpaca", "sharegpt", "messages", "completion"};
-const std::vector<std::string> kTemplates = {"alpaca", "chatml", "llama2", "mistral", "vicuna", "none"};
+// = data::template_names() plus "auto" (resolved from the model's chat template when the data
+// is loaded: data::resolve_template). Keep in sync (tests/badinput pins this list).
+const std::vector<std::string> kTemplates = {"alpaca", "chatml",  "llama2", "vicuna", "none", "smollm2",
+                                             "qwen2.5", "qwen3", "llama3", "mistral", "auto"};
 const std::vector<std::string> kTruncations = {"drop", "truncate"};
 const std::vector<std::string> kPaddingSides = {"right", "left"};
 

@@ -1,0 +1,88 @@
+// `qlora tokenize`: ids and pieces of a text, or one conversation rendered as training sees it.
+#include <algorithm>
+#include <fstream>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.h"
+#include "data/dataset.h"
+#include "data/reader.h"
+#include "data/template.h"
+#include "data/tokenizer.h"
+#include "trainer/commands.h"
+
+namespace qlora {
+
+namespace {
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  QLORA_CHECK(f.good(), path, ": cannot open (missing or unreadable)");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  QLORA_CHECK(!f.bad(), path, ": cannot read");
+  return ss.str();
+}
+
+/// A piece as a JSON string literal, so spaces, newlines and control bytes are visible.
+std::string quoted(const std::string& piece) {
+  return nlohmann::json(piece).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
+
+std::string cmd_tokenize(const TokenizeOptions& o) {
+  const int sources = int(!o.text.empty()) + int(!o.file.empty()) + int(!o.chat.empty());
+  QLORA_CHECK(sources == 1, "tokenize: give exactly one of --text, --file, --chat");
+  QLORA_CHECK(o.chat.empty() || !o.template_name.empty(), "tokenize: --chat needs --template NAME (or auto)");
+  QLORA_CHECK(!o.chat.empty() || o.template_name.empty(), "tokenize: --template applies to --chat only");
+  const data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
+  data::TokenIds ids;
+  std::vector<int32_t> labels;
+  std::string masked_view;
+  if (!o.chat.empty()) {
+    data::DataOptions dopts;  // training's defaults: add_eos, train_on_inputs = false
+    dopts.format = "auto";
+    const data::Record r = data::record_from_json(read_bytes(o.chat), o.chat, dopts);
+    QLORA_CHECK(!r.is_text, o.chat, ":1: expected a conversation ({\"messages\": [...]}), got a text record");
+    const std::string name = data::resolve_template(o.template_name, o.model_dir);
+    const data::Example ex = data::tokenize(data::render(r, name, tok, dopts.add_eos), tok, dopts.train_on_inputs);
+    ids = ex.input_ids;
+    labels = ex.labels;
+    masked_view = data::render_masked(ex, tok);
+  } else {
+    const std::string text = !o.file.empty() ? read_bytes(o.file) : o.text;
+    ids = o.no_special ? tok.encode(text) : tok.encode_with_special_tokens(text);
+  }
+  std::ostringstream os;
+  if (o.json) {
+    nlohmann::json j;
+    j["ids"] = ids;
+    std::vector<std::string> pieces;
+    for (int32_t id : ids) pieces.push_back(tok.id_to_piece(id));
+    j["pieces"] = pieces;
+    if (!labels.empty()) {
+      j["labels"] = labels;
+      std::vector<bool> trained;
+      for (int32_t l : labels) trained.push_back(l != data::kIgnoreIndex);
+      j["trained"] = trained;
+    }
+    os << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    return os.str();
+  }
+  os << ids.size() << " tokens";
+  if (!labels.empty()) {
+    const auto n = std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l != data::kIgnoreIndex; });
+    os << ", " << n << " trained  ([[masked]] = label -100)\n" << masked_view;
+  }
+  os << "\n";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    os << std::setw(6) << i << std::setw(8) << ids[i] << "  ";
+    if (!labels.empty()) os << (labels[i] == data::kIgnoreIndex ? "masked   " : "trained  ");
+    os << quoted(tok.id_to_piece(ids[i])) << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace qlora
