@@ -151,6 +151,19 @@ Example tokenize(const std::vector<Segment>& segs, const Tokenizer& tok, bool tr
     chunk.clear();
     starts.clear();
   };
+  if (tok.is_hf_json()) {
+    // tokenizer.json: the whole rendered string in one pass, as HF tokenises apply_chat_template's
+    // output: the tokenizer splits the added tokens (control pieces, BOS/EOS) out of it itself,
+    // and its pre-tokenizer sees each split as HF does (Metaspace prepend_scheme, ByteLevel).
+    for (const Segment& seg : segs) {
+      const std::string t = seg.special_id >= 0 ? tok.id_to_piece(seg.special_id) : seg.text;
+      if (t.empty()) continue;
+      starts.emplace_back(chunk.size(), seg.trainable);
+      chunk += t;
+    }
+    flush();
+    return ex;
+  }
   for (const Segment& seg : segs) {
     const int32_t id = seg.special_id >= 0 ? seg.special_id : seg.control ? tok.piece_to_id(seg.text) : -1;
     if (id >= 0) {

@@ -13,9 +13,11 @@
 //    not apply (no second EOS).
 //
 // Tokenisation of a rendered example (how ids stay equal to transformers' tokenisation of the
-// rendered string): the segments between two special ids form one chunk; each chunk is
-// tokenised in one pass exactly as HF tokenises text between special tokens (legacy Llama: a
-// "▁" prefix per chunk), and each token takes the label of the segment holding its first byte.
+// rendered string): tokenizer.json: the whole rendered string in one pass (the tokenizer splits
+// added tokens out itself, as HF does); sentencepiece: the segments between two special ids form
+// one chunk, each tokenised in one pass exactly as HF tokenises text between special tokens
+// (legacy Llama: a "▁" prefix per chunk). Each token takes the label of the segment holding its
+// first byte.
 // Labels are therefore computed while rendering, from the segment spans, never by searching
 // strings in the tokenised output. A token that straddles a segment boundary (only whitespace
 // runs can) belongs to the segment where it starts.
