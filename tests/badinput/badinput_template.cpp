@@ -1,0 +1,88 @@
+// Bad input for the chat templates: malformed tool calls / tools lists, conversations a family's
+// jinja refuses, and broken model chat templates for `template: auto`. Each is one line naming
+// the file (and line / JSON key). Torch-free; also run under ASan+UBSan by scripts/test.sh.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "common/error.h"
+#include "data/reader.h"
+#include "data/template.h"
+#include "tests/test_util.h"
+
+using namespace qlora::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string render_error(const std::string& json_text, const std::string& tpl) {
+  try {
+    DataOptions o;
+    const Record r = record_from_json(json_text, "chat.json", o);
+    render_family(r, tpl, "<s>", "</s>");
+  } catch (const qlora::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_prefix(const std::string& msg, const std::string& prefix) {
+  EXPECT_EQ(msg.rfind(prefix, 0), 0u) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+}
+
+std::string auto_error(const fs::path& dir) {
+  try {
+    resolve_template("auto", dir.string());
+  } catch (const qlora::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(BadInputTemplate, ToolCallsAndToolsLists) {
+  const std::string call = R"({"role": "function_call", "content": )";
+  expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}], "tools": 3})", "qwen2.5"),
+                "chat.json:1: field 'tools' must be an array or a string, got number");
+  expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}], "tools": "[{"})", "qwen2.5"),
+                "chat.json:1: template qwen2.5: tools: not valid JSON");
+  expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}], "tools": "{}"})", "qwen3"),
+                "chat.json:1: template qwen3: tools: must be a JSON array");
+  expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}, )" + call + R"("{\"name\": "}]})", "qwen2.5"),
+                "chat.json:1: template qwen2.5: turn 1: a function_call must be JSON");
+  expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}, )" + call + R"("{\"arguments\": {}}"}]})", "qwen3"),
+                "chat.json:1: template qwen3: turn 1: a function_call must be a JSON object with a string \"name\"");
+  // templates without a tool-call form render the call's text as it is
+  EXPECT_EQ(render_error(R"({"messages": [{"role": "user", "content": "u"}, )" + call + R"("not json"}]})", "llama3"), "");
+}
+
+TEST(BadInputTemplate, ConversationsTheJinjaRefuses) {
+  expect_prefix(render_error(R"({"messages": [{"role": "assistant", "content": "a"}]})", "mistral"),
+                "chat.json:1: template mistral: After the optional system message, conversation roles must alternate");
+  expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}, {"role": "tool", "content": "{}"}]})", "mistral"),
+                "chat.json:1: template mistral: tool turns are not supported");
+  expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}]})", "chatml"),
+                "data.template: 'chatml' is not a model-family template");
+}
+
+TEST(BadInputTemplate, AutoWithBrokenModelTemplates) {
+  const fs::path d = qlora::test::fresh_temp_dir("badinput_auto");
+  const std::string cfg = (d / "tokenizer_config.json").string();
+  expect_prefix(auto_error(d), cfg + ": not found");
+  std::ofstream(d / "tokenizer_config.json") << R"({"chat_template": )";
+  expect_prefix(auto_error(d), cfg + ": invalid JSON");
+  std::ofstream(d / "tokenizer_config.json") << R"({"chat_template": 42})";
+  expect_prefix(auto_error(d), cfg + ": chat_template: must be a string, got number");
+  std::ofstream(d / "tokenizer_config.json") << R"({"chat_template": [{"name": "tool_use", "template": "x"}]})";
+  expect_prefix(auto_error(d), cfg + ": chat_template: no entry named \"default\"");
+  std::ofstream(d / "tokenizer_config.json") << R"({"bos_token": "<s>"})";
+  expect_prefix(auto_error(d), cfg + ": chat_template: missing");
+  std::ofstream(d / "chat_template.jinja") << "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}";
+  const std::string m = auto_error(d);
+  expect_prefix(m, (d / "chat_template.jinja").string() + ": chat template matches none of the named templates (");
+  EXPECT_NE(m.find("smollm2, qwen2.5, qwen3, llama3, mistral"), std::string::npos) << m;
+  EXPECT_NE(m.find("choose one with data.template: NAME"), std::string::npos) << m;
+  fs::remove_all(d);
+}
