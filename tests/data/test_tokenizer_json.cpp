@@ -1,0 +1,241 @@
+// HF tokenizer.json parity with the Rust `tokenizers` library (reference: tests/fixtures/
+// make_tokenizer_refs.py): for each fixture tokenizer and each of the >= 2,000 corpus strings,
+// encode without / with special tokens and decode (skip_special_tokens true / false) of the
+// reference ids must be identical. Plus: Llama 2 tokenizer.json == our sentencepiece path, offsets,
+// precedence of tokenizer.json over tokenizer.model, special ids and the eos list.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "data/tokenizer.h"
+#include "tests/test_util.h"
+
+using qlora::data::TokenIds;
+using qlora::data::Tokenizer;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Case {
+  std::string kind, text;  // text: raw bytes (invalid UTF-8 cases from hex)
+};
+
+std::vector<Case> load_corpus(const fs::path& p) {
+  const auto j = nlohmann::json::parse(std::ifstream(p));
+  std::vector<Case> out;
+  for (const auto& c : j["cases"]) {
+    Case k;
+    k.kind = c["kind"];
+    if (c.contains("hex")) {
+      const std::string h = c["hex"];
+      for (size_t i = 0; i + 1 < h.size(); i += 2) k.text += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
+    } else {
+      k.text = c["text"];
+    }
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
+std::string show(const std::string& s) { return s.size() > 80 ? s.substr(0, 80) + "..." : s; }
+
+// Returns the number of strings checked; every mismatch is reported (first 5 in detail).
+void check_parity(const std::string& name, size_t* checked) {
+  const fs::path dir = qlora::test::fixtures_dir() / "tokenizers" / name;
+  const fs::path refs_path = qlora::test::fixtures_dir() / "tokenizers" / (name + "_refs.json");
+  const fs::path corpus_path = qlora::test::fixtures_dir() / "tokenizers" / "corpus.json";
+  ASSERT_TRUE(fs::exists(refs_path) && fs::exists(corpus_path) && fs::exists(dir / "tokenizer.json"))
+      << "missing fixture " << refs_path << " (made by tests/fixtures/make_tokenizer_refs.py; run scripts/test.sh)";
+  const Tokenizer tok = Tokenizer::from_pretrained(dir.string());
+  EXPECT_TRUE(tok.is_hf_json());
+  const auto corpus = load_corpus(corpus_path);
+  const auto refs = nlohmann::json::parse(std::ifstream(refs_path));
+  ASSERT_EQ(refs["cases"].size(), corpus.size());
+  EXPECT_EQ(tok.vocab_size(), refs["vocab_size"].get<int>());
+  int bad_enc = 0, bad_sp = 0, bad_dec = 0, bad_skip = 0, shown = 0;
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    const auto& r = refs["cases"][i];
+    const std::string& text = corpus[i].text;
+    const TokenIds want = r["ids"].get<TokenIds>(), want_sp = r["ids_special"].get<TokenIds>();
+    const TokenIds got = tok.encode(text), got_sp = tok.encode_with_special_tokens(text);
+    const std::string dec = tok.decode(want_sp, false), dec_skip = tok.decode(want_sp, true);
+    const bool e1 = got != want, e2 = got_sp != want_sp, e3 = dec != r["decode"].get<std::string>(),
+               e4 = dec_skip != r["decode_skip"].get<std::string>();
+    bad_enc += e1;
+    bad_sp += e2;
+    bad_dec += e3;
+    bad_skip += e4;
+    if ((e1 || e2 || e3 || e4) && shown++ < 5) {
+      ADD_FAILURE() << name << " case " << i << " (" << corpus[i].kind << ") '" << show(text) << "': encode "
+                    << (e1 ? "DIFFERS" : "ok") << ", encode+special " << (e2 ? "DIFFERS" : "ok") << ", decode "
+                    << (e3 ? "DIFFERS got '" + show(dec) + "'" : "ok") << ", decode skip "
+                    << (e4 ? "DIFFERS got '" + show(dec_skip) + "'" : "ok");
+    }
+  }
+  EXPECT_EQ(bad_enc, 0) << name;
+  EXPECT_EQ(bad_sp, 0) << name;
+  EXPECT_EQ(bad_dec, 0) << name;
+  EXPECT_EQ(bad_skip, 0) << name;
+  *checked = corpus.size();
+}
+
+}  // namespace
+
+TEST(TokenizerJson, SmolLM2MatchesTokenizers) {
+  size_t n = 0;
+  check_parity("smollm2", &n);
+  EXPECT_GE(n, 2000u);
+}
+
+TEST(TokenizerJson, Llama3StyleBpeMatchesTokenizers) {
+  size_t n = 0;
+  check_parity("llama3_bpe", &n);
+  EXPECT_GE(n, 2000u);
+}
+
+TEST(TokenizerJson, Qwen2StyleBpeMatchesTokenizers) {
+  size_t n = 0;
+  check_parity("qwen2_bpe", &n);
+  EXPECT_GE(n, 2000u);
+}
+
+TEST(TokenizerJson, Llama2ConvertedMatchesTokenizers) {
+  size_t n = 0;
+  check_parity("llama2_hf", &n);
+  EXPECT_GE(n, 2000u);
+}
+
+// (c): the Llama 2 tokenizer.json transformers converts from tokenizer.model gives the ids of our
+// sentencepiece path on every corpus string that is valid UTF-8 and names no special token (the
+// sentencepiece path never splits "<s>" out of text, on purpose; invalid bytes go to byte
+// fallback there, to U+FFFD in tokenizers).
+TEST(TokenizerJson, Llama2JsonEqualsSentencepiecePath) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_FIXTURE(corpus_path, "tokenizers/corpus.json");
+  const Tokenizer spm(model.string());
+  const Tokenizer hf = Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers/llama2_hf").string());
+  ASSERT_FALSE(spm.is_hf_json());
+  ASSERT_TRUE(hf.is_hf_json());
+  EXPECT_EQ(spm.vocab_size(), hf.vocab_size());
+  int n = 0, bad = 0;
+  for (const auto& c : load_corpus(corpus_path)) {
+    if (c.kind == "invalid_utf8" || c.text.find("<s>") != std::string::npos ||
+        c.text.find("</s>") != std::string::npos || c.text.find("<unk>") != std::string::npos)
+      continue;
+    ++n;
+    if (spm.encode(c.text) != hf.encode(c.text) && bad++ < 5) ADD_FAILURE() << "differs: '" << show(c.text) << "'";
+    if (spm.encode_with_special_tokens(c.text) != hf.encode_with_special_tokens(c.text)) ++bad;
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GE(n, 2000);
+}
+
+// Byte length of the text a byte-level token stands for: GPT-2 alphabet characters are one byte
+// each (printable bytes map to themselves, the rest to U+0100..U+0143), others their own UTF-8.
+size_t byte_level_len(const std::string& piece) {
+  size_t n = 0;
+  for (size_t i = 0; i < piece.size();) {
+    const unsigned char c = static_cast<unsigned char>(piece[i]);
+    const int k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+    int32_t cp = k == 1 ? c : k == 2 ? ((c & 0x1F) << 6) | (piece[i + 1] & 0x3F) : -1;
+    const bool in_alphabet = (cp >= 0x21 && cp <= 0x7E) || (cp >= 0xA1 && cp <= 0xFF && cp != 0xAD) ||
+                             (cp >= 0x100 && cp <= 0x143);
+    n += in_alphabet ? 1 : k;
+    i += k;
+  }
+  return n;
+}
+
+// Offsets: for byte-level tokenizers without a normalizer every token covers exactly the bytes it
+// stands for, so offset[i] = sum of the byte lengths of tokens before i, and they add up to the
+// text (added tokens: their matched text).
+TEST(TokenizerJson, OffsetsCoverTheTextForByteLevel) {
+  QLORA_REQUIRE_FIXTURE(corpus_path, "tokenizers/corpus.json");
+  for (const std::string name : {"smollm2", "llama3_bpe"}) {
+    const Tokenizer tok = Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers" / name).string());
+    int n = 0, bad = 0;
+    for (const auto& c : load_corpus(corpus_path)) {
+      // <mask> strips the spaces around it (lstrip/rstrip): its match is longer than its text
+      if (c.kind == "invalid_utf8" || c.text.find("<mask>") != std::string::npos) continue;
+      std::vector<int64_t> offs;
+      const TokenIds ids = tok.encode_with_offsets(c.text, &offs);
+      ASSERT_EQ(ids.size(), offs.size());
+      ASSERT_EQ(ids, tok.encode(c.text));
+      size_t at = 0;
+      bool ok = true;
+      for (size_t i = 0; i < ids.size() && ok; ++i) {
+        ok = offs[i] == int64_t(at);
+        at += byte_level_len(tok.id_to_piece(ids[i]));
+      }
+      ok = ok && at == c.text.size();
+      if (!ok && bad++ < 5) ADD_FAILURE() << name << ": offsets wrong for '" << show(c.text) << "'";
+      ++n;
+    }
+    EXPECT_EQ(bad, 0) << name;
+    EXPECT_GT(n, 2000) << name;
+  }
+}
+
+TEST(TokenizerJson, AddedTokenOffsetsAndContinuation) {
+  QLORA_REQUIRE_FIXTURE(dir, "tokenizers/llama2_hf");
+  const Tokenizer tok = Tokenizer::from_pretrained(dir.string());
+  std::vector<int64_t> offs;
+  // "Hello <s>world": [▁Hello, ▁, <s>, ▁world]; "world" after <s> gets "▁" (prepend_scheme always)
+  const TokenIds ids = tok.encode_with_offsets("Hello <s>world", &offs);
+  ASSERT_EQ(ids, tok.encode("Hello <s>world"));
+  ASSERT_EQ(ids.size(), 4u);
+  EXPECT_EQ(ids[2], 1);
+  EXPECT_EQ(offs, (std::vector<int64_t>{0, 5, 6, 9}));
+  // prefix=false: no "▁" before the first piece of continuing text
+  EXPECT_EQ(tok.encode_with_offsets("Hello", &offs, false), (TokenIds{tok.piece_to_id("Hello")}));
+  EXPECT_EQ(tok.encode_with_offsets("Hello", &offs, true), (TokenIds{tok.piece_to_id("\xe2\x96\x81Hello")}));
+}
+
+TEST(TokenizerJson, SpecialsFlagsAndEosList) {
+  QLORA_REQUIRE_FIXTURE(l3, "tokenizers/llama3_bpe");
+  const Tokenizer t = Tokenizer::from_pretrained(l3.string());
+  EXPECT_EQ(t.id_to_piece(t.bos_id()), "<|begin_of_text|>");
+  EXPECT_EQ(t.id_to_piece(t.eos_id()), "<|eot_id|>");
+  EXPECT_EQ(t.id_to_piece(t.pad_id()), "<|end_of_text|>");
+  EXPECT_TRUE(t.add_bos_default());
+  EXPECT_FALSE(t.add_eos_default());
+  const int32_t eot = t.piece_to_id("<|eot_id|>"), eot_text = t.piece_to_id("<|end_of_text|>");
+  EXPECT_EQ(t.eos_ids(), (std::vector<int32_t>{eot_text, eot}));  // generation_config.json order
+  EXPECT_TRUE(t.is_special(t.piece_to_id("<|start_header_id|>")));
+  EXPECT_FALSE(t.is_special(t.piece_to_id("wordtok")));
+  EXPECT_EQ(t.piece_to_id("no such piece"), -1);
+  EXPECT_EQ(t.id_to_piece(-5), "");
+  EXPECT_EQ(t.encode_with_special_tokens(""), (TokenIds{t.bos_id()}));
+
+  QLORA_REQUIRE_FIXTURE(smol, "tokenizers/smollm2");
+  const Tokenizer s = Tokenizer::from_pretrained(smol.string());
+  EXPECT_EQ(s.id_to_piece(s.eos_id()), "<|im_end|>");
+  EXPECT_FALSE(s.add_bos_default());
+  EXPECT_FALSE(s.add_eos_default());
+  EXPECT_EQ(s.encode_with_special_tokens("Hi"), s.encode("Hi"));
+  EXPECT_EQ(s.vocab_size(), 49152);
+
+  QLORA_REQUIRE_FIXTURE(qw, "tokenizers/qwen2_bpe");
+  const Tokenizer q = Tokenizer::from_pretrained(qw.string());
+  EXPECT_EQ(q.bos_id(), -1);
+  EXPECT_EQ(q.eos_ids(), (std::vector<int32_t>{q.piece_to_id("<|im_end|>"), q.piece_to_id("<|endoftext|>")}));
+  EXPECT_FALSE(q.is_special(q.piece_to_id("<tool_call>")));
+  EXPECT_EQ(q.encode("<tool_call>").size(), 1u);
+}
+
+TEST(TokenizerJson, TokenizerJsonTakesPrecedenceOverModel) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_FIXTURE(src, "tokenizers/llama2_hf");
+  const fs::path dir = qlora::test::fresh_temp_dir("tok_precedence");
+  fs::copy_file(model, dir / "tokenizer.model");
+  EXPECT_FALSE(Tokenizer::from_pretrained(dir.string()).is_hf_json());
+  fs::copy_file(src / "tokenizer.json", dir / "tokenizer.json");
+  const Tokenizer t = Tokenizer::from_pretrained(dir.string());
+  EXPECT_TRUE(t.is_hf_json());
+  EXPECT_EQ(t.path(), (dir / "tokenizer.json").string());
+  // A file path picks its format by extension.
+  EXPECT_TRUE(Tokenizer((dir / "tokenizer.json").string()).is_hf_json());
+  fs::remove_all(dir);
+}
