@@ -583,7 +583,9 @@ std::string Trainer::claim_output_dir() {
   if (fs::is_directory(out))
     for (const auto& e : fs::directory_iterator(out))
       if (!is_temp_leftover(e.path().filename().string())) entries.push_back(e.path().filename().string());
-  const bool used = !entries.empty();
+  // memory_report.json alone is what a run that failed while loading (before it owned the
+  // directory) leaves behind: the directory is still unused.
+  const bool used = !entries.empty() && !(entries.size() == 1 && entries[0] == "memory_report.json");
   if (used && run_.overwrite_output_dir) {
     const std::string stamp = new_run_id().substr(0, 16);
     aside_ = out.string() + ".old-" + stamp;
