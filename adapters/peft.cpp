@@ -1,12 +1,19 @@
 #include "adapters/peft.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "common/error.h"
 #include "common/files.h"
 #include "common/tensor_io.h"
+#include "adapters/lora.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 namespace qlora {
 namespace fs = std::filesystem;
@@ -20,7 +27,69 @@ const std::string kSuffixB = ".lora_B.weight";
 bool ends_with(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
+/// PCRE2 match of `pattern` against `subject`: anchored at the start (Python re.match), and at the
+/// end too when `full` (re.fullmatch). Returns the text of group `group` ("" = whole match) when
+/// it matched, std::nullopt otherwise.
+std::optional<std::string> re_match(const std::string& pattern, const std::string& subject, bool full,
+                                    const char* group = nullptr) {
+  int err = 0;
+  PCRE2_SIZE off = 0;
+  std::unique_ptr<pcre2_code, void (*)(pcre2_code*)> code(
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), 0, &err, &off, nullptr),
+      &pcre2_code_free);
+  if (!code) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    fail("adapter_config.json: regular expression '", pattern, "' does not compile at offset ", off, ": ",
+         reinterpret_cast<const char*>(msg));
+  }
+  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(
+      pcre2_match_data_create_from_pattern(code.get(), nullptr), &pcre2_match_data_free);
+  const uint32_t opts = PCRE2_ANCHORED | (full ? PCRE2_ENDANCHORED : 0);
+  const int rc = pcre2_match(code.get(), reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(), 0, opts,
+                             md.get(), nullptr);
+  if (rc < 0) return std::nullopt;
+  PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+  int n = 0;
+  if (group) {
+    n = pcre2_substring_number_from_name(code.get(), reinterpret_cast<PCRE2_SPTR>(group));
+    if (n < 0 || n >= rc || ov[2 * n] == PCRE2_UNSET) return std::nullopt;
+  }
+  return subject.substr(ov[2 * n], ov[2 * n + 1] - ov[2 * n]);
+}
+
+bool name_or_suffix(const std::string& module, const std::vector<std::string>& names) {
+  for (const std::string& t : names)
+    if (module == t || (module.size() > t.size() && ends_with(module, "." + t))) return true;
+  return false;
+}
 }  // namespace
+
+bool peft_targets_module(const PeftConfig& c, const std::string& module) {
+  if (!c.exclude_regex.empty() && re_match(c.exclude_regex, module, true)) return false;
+  if (name_or_suffix(module, c.exclude_modules)) return false;
+  if (!c.target_regex.empty()) return re_match(c.target_regex, module, true).has_value();
+  for (const std::string& t : c.target_modules)
+    if (module == t) return true;  // an exact full path: no layer filter (as PEFT)
+  std::vector<std::string> names;
+  for (const std::string& t : c.target_modules) {
+    if (t == "all-linear") names.insert(names.end(), llama_linear_names().begin(), llama_linear_names().end());
+    else names.push_back(t);
+  }
+  bool found = false;
+  for (const std::string& t : names) found = found || ends_with(module, "." + t);
+  if (!found || c.layers_to_transform.empty()) return found;
+  std::optional<std::string> idx;
+  if (c.layers_pattern.empty()) {
+    idx = re_match(R"(.*?\.[^.]*\.(?P<idx>\d+)\.)", module, false, "idx");
+  } else {
+    for (const std::string& p : c.layers_pattern)
+      if ((idx = re_match("(?:^|.*?\\.)" + p + R"(\.(?P<idx>\d+)\.)", module, false, "idx"))) break;
+  }
+  if (!idx) return false;
+  const int64_t layer = std::stoll(*idx);
+  return std::find(c.layers_to_transform.begin(), c.layers_to_transform.end(), layer) != c.layers_to_transform.end();
+}
 
 std::string peft_key(const std::string& module, bool is_a) {
   return kPrefix + module + (is_a ? kSuffixA : kSuffixB);
@@ -96,12 +165,50 @@ PeftConfig read_peft_config(const std::string& dir) {
     c.use_rslora = rs->get<bool>();
   }
   auto tm = j.find("target_modules");
-  if (tm != j.end() && tm->is_string()) c.target_modules = {tm->get<std::string>()};
-  else if (tm != j.end() && tm->is_array())
+  if (tm != j.end() && tm->is_string()) {
+    if (tm->get<std::string>() == "all-linear") c.target_modules = {"all-linear"};
+    else c.target_regex = tm->get<std::string>();
+  } else if (tm != j.end() && tm->is_array()) {
     for (const json& t : *tm) {
       QLORA_CHECK(t.is_string(), path, ": field 'target_modules': expected strings");
       c.target_modules.push_back(t.get<std::string>());
     }
+  }
+  auto em = j.find("exclude_modules");
+  if (em != j.end() && em->is_string()) c.exclude_regex = em->get<std::string>();
+  else if (em != j.end() && em->is_array())
+    for (const json& t : *em) {
+      QLORA_CHECK(t.is_string(), path, ": field 'exclude_modules': expected strings");
+      c.exclude_modules.push_back(t.get<std::string>());
+    }
+  auto lt = j.find("layers_to_transform");
+  if (lt != j.end() && lt->is_number_integer()) c.layers_to_transform = {lt->get<int64_t>()};
+  else if (lt != j.end() && lt->is_array())
+    for (const json& t : *lt) {
+      QLORA_CHECK(t.is_number_integer(), path, ": field 'layers_to_transform': expected integers, got ", t.dump());
+      c.layers_to_transform.push_back(t.get<int64_t>());
+    }
+  else QLORA_CHECK(lt == j.end() || lt->is_null(), path, ": field 'layers_to_transform': expected an integer or a list");
+  auto lp = j.find("layers_pattern");
+  if (lp != j.end() && lp->is_string()) {
+    if (!lp->get<std::string>().empty()) c.layers_pattern = {lp->get<std::string>()};
+  } else if (lp != j.end() && lp->is_array()) {
+    for (const json& t : *lp) {
+      QLORA_CHECK(t.is_string(), path, ": field 'layers_pattern': expected strings");
+      c.layers_pattern.push_back(t.get<std::string>());
+    }
+  }
+  // Fields that would change the result and are not implemented: refused, never ignored.
+  for (const char* k : {"rank_pattern", "alpha_pattern"}) {
+    auto it = j.find(k);
+    QLORA_CHECK(it == j.end() || it->is_null() || it->empty(), path, ": field '", k,
+                "' is not empty: per-module ranks / alphas are not supported");
+  }
+  for (const char* k : {"use_dora", "fan_in_fan_out"}) {
+    auto it = j.find(k);
+    QLORA_CHECK(it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()), path, ": field '", k,
+                "' is ", it == j.end() ? "" : it->dump(), ": not supported");
+  }
   return c;
 }
 
@@ -124,7 +231,8 @@ LoraWeights load_peft_adapter(const std::string& dir, PeftConfig* cfg,
     const std::string module = t.name.substr(kPrefix.size(), t.name.size() - kPrefix.size() - kSuffixA.size());
     auto it = expected.find(module);
     if (it == expected.end()) {
-      problems.push_back("unexpected key '" + t.name + "' (no such target module in the model)");
+      problems.push_back("unexpected key '" + t.name +
+                         "' (not a module of this model that adapter_config.json's target_modules selects)");
       continue;
     }
     const auto [in, out_f] = it->second;

@@ -21,7 +21,29 @@ struct PeftConfig {
   std::vector<std::string> target_modules;  ///< as configured (e.g. ["q_proj", "v_proj"] or ["all-linear"])
   bool use_rslora = false;
   std::string base_model_name_or_path;
+  /// target_modules given as a string other than "all-linear": PEFT full-matches it as a regular
+  /// expression against each module path (re.fullmatch); target_modules is then empty.
+  std::string target_regex;
+  /// Only these layer indices (PEFT layers_to_transform; empty = every layer). Applies to the
+  /// list form of target_modules, not to a regex or an exact full-path entry (as in PEFT).
+  std::vector<int64_t> layers_to_transform;
+  /// The module-path component before the layer index (PEFT layers_pattern, e.g. ["layers"]);
+  /// empty = the first "<name>.<digits>." in the path.
+  std::vector<std::string> layers_pattern;
+  /// PEFT exclude_modules: a regex string (exclude_regex) or a list of names / path suffixes.
+  std::vector<std::string> exclude_modules;
+  std::string exclude_regex;
 };
+
+/// Whether the adapter config `c` adapts the module at HF path `module` ("model.layers.1.mlp.down_proj"),
+/// exactly as PEFT's check_target_module_exists (peft/tuners/tuners_utils.py, PEFT 0.18+): excluded
+/// modules first; a string target_modules is re.fullmatch'ed; else the path equals an entry
+/// (no layer filter), or ends with "." + an entry ("all-linear": the seven Llama projections),
+/// then layers_to_transform keeps only the listed layer indices, the index being the number after
+/// the first path component named in layers_pattern (or the first "<name>.<digits>." when empty).
+/// Regexes use PCRE2 (Python `re` and PCRE2 agree on the syntax PEFT configs use). Throws
+/// qlora::Error naming the pattern when it does not compile.
+bool peft_targets_module(const PeftConfig& c, const std::string& module);
 
 /// LoRA weights by HF module path ("model.layers.0.self_attn.q_proj"): {A [r, in], B [out, r]}.
 using LoraWeights = std::map<std::string, std::pair<torch::Tensor, torch::Tensor>>;
@@ -41,7 +63,10 @@ void save_peft_adapter(const std::string& dir, const PeftConfig& cfg, const Lora
 LoraWeights load_peft_adapter(const std::string& dir, PeftConfig* cfg,
                               const std::map<std::string, std::pair<int64_t, int64_t>>& expected);
 
-/// Parses adapter_config.json alone. Throws qlora::Error naming the file and field.
+/// Parses adapter_config.json alone (target_modules as a list or a regex string, layers_to_transform
+/// as an int or a list, layers_pattern as a string or a list, exclude_modules). Throws qlora::Error
+/// naming the file and field, also for fields that would change the result and are not supported
+/// (non-empty rank_pattern / alpha_pattern, use_dora, fan_in_fan_out true).
 PeftConfig read_peft_config(const std::string& dir);
 
 }  // namespace qlora

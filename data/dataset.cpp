@@ -29,6 +29,8 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
       continue;
     }
     Example ex = tokenize(render(r, opts.template_name, tok, opts.add_eos), tok, opts.train_on_inputs);
+    const bool had_trainable =
+        std::any_of(ex.labels.begin(), ex.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
     if (int64_t(ex.input_ids.size()) > opts.sequence_len) {
       if (opts.truncation == "drop") {
         ++st->dropped_too_long;
@@ -39,7 +41,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
       ++st->truncated;
     }
     if (std::none_of(ex.labels.begin(), ex.labels.end(), [](int32_t l) { return l != kIgnoreIndex; })) {
-      ++st->dropped_no_trainable;
+      ++(had_trainable ? st->dropped_truncated_away : st->dropped_no_trainable);
       continue;
     }
     ex.id = int64_t(out.size());
@@ -66,13 +68,16 @@ Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
   Datasets d;
   std::vector<Record> recs = read_records(opts.train, opts, &d.stats.read);
   std::vector<Example> all = build_examples(recs, opts, tok, &d.stats);
-  QLORA_CHECK(!all.empty(), opts.train, ": no example has a trainable token (", d.stats.read.records_read,
-              " records read, ", d.stats.dropped_too_long, " longer than sequence_len ", opts.sequence_len, ", ",
-              d.stats.dropped_no_trainable, " without an assistant turn)");
+  QLORA_CHECK(!all.empty(), opts.train, ": no example has a trainable token (", drop_reasons(d.stats), ")",
+              d.stats.dropped_truncated_away > 0 ? "; raise data.sequence_len or use data.truncation: drop" : "");
   if (!opts.eval.empty()) {
-    DataStats est;
+    DataStats& est = d.eval_stats;
     std::vector<Record> erecs = read_records(opts.eval, opts, &est.read);
     d.eval = build_examples(erecs, opts, tok, &est);
+    est.eval_examples = int64_t(d.eval.size());
+    QLORA_CHECK(!d.eval.empty(), opts.eval, ": data.eval: no eval example is left (", drop_reasons(est), ")",
+                est.dropped_truncated_away > 0 ? "; raise data.sequence_len or use data.truncation: drop"
+                                               : "; fix the file or unset data.eval");
     d.train = std::move(all);
   } else if (opts.val_set_size > 0) {
     QLORA_CHECK(opts.val_set_size < 1 || std::floor(opts.val_set_size) == opts.val_set_size,
@@ -81,6 +86,8 @@ Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
     const int64_t k = opts.val_set_size < 1 ? int64_t(std::llround(opts.val_set_size * double(n)))
                                             : int64_t(opts.val_set_size);
     QLORA_CHECK(k < n, "data.val_set_size: ", opts.val_set_size, " leaves no training example out of ", n);
+    QLORA_CHECK(k > 0, "data.val_set_size: ", opts.val_set_size, " of ", n,
+                " examples is 0 eval examples (an eval set that evaluates nothing); raise it or set 0");
     // Held-out examples: the first k of a permutation from a stream separate from the epochs'.
     const auto perm = epoch_permutation(n, opts.seed ^ 0x5EED0A15ull, 0, true);
     std::vector<char> is_eval(size_t(n), 0);
@@ -97,6 +104,15 @@ Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
   return d;
 }
 
+std::string drop_reasons(const DataStats& st) {
+  std::ostringstream o;
+  o << st.read.records_read << " records read, " << st.dropped_too_long << " longer than sequence_len "
+    << st.sequence_len << " (dropped), " << st.dropped_truncated_away << " whose trainable tokens were all past sequence_len "
+    << st.sequence_len << " (truncated away), " << st.dropped_no_trainable << " without an assistant turn";
+  if (st.read.skipped_invalid > 0) o << ", " << st.read.skipped_invalid << " skipped as invalid";
+  return o.str();
+}
+
 std::string DataStats::summary() const {
   std::ostringstream o;
   o << "format: " << read.format << "\n"
@@ -105,7 +121,8 @@ std::string DataStats::summary() const {
   o << "\n";
   for (const auto& m : read.skip_examples) o << "  skipped: " << m << "\n";
   o << "dropped: " << dropped_too_long << " longer than sequence_len " << sequence_len << ", "
-    << dropped_no_trainable << " without trainable tokens; truncated: " << truncated << "\n"
+    << dropped_no_trainable << " without trainable tokens, " << dropped_truncated_away
+    << " whose trainable tokens were all truncated away; truncated: " << truncated << "\n"
     << "examples: " << train_examples << " train, " << eval_examples << " eval\n"
     << "tokens (train): " << tokens_total << " total, " << tokens_trainable << " trainable";
   if (tokens_total > 0) o << " (" << (100.0 * double(tokens_trainable) / double(tokens_total)) << "%)";
@@ -176,6 +193,8 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n)
       << render_masked(e, tok) << "\n";
   }
   o << "----\n" << d.stats.summary();
+  if (!opts.eval.empty())
+    o << "eval " << opts.eval << ": " << d.eval.size() << " examples kept; " << drop_reasons(d.eval_stats) << "\n";
   return o.str();
 }
 

@@ -18,7 +18,8 @@ struct DataStats {
   ReadStats read;                     ///< records read / skipped (reasons) and the format
   int64_t dropped_too_long = 0;       ///< truncation = drop and longer than sequence_len
   int64_t truncated = 0;              ///< truncation = truncate and cut
-  int64_t dropped_no_trainable = 0;   ///< no label left != -100
+  int64_t dropped_no_trainable = 0;   ///< no label != -100 even before truncation (no assistant turn)
+  int64_t dropped_truncated_away = 0; ///< truncation = truncate cut every trainable token away
   int64_t train_examples = 0, eval_examples = 0;
   int64_t tokens_total = 0, tokens_trainable = 0;
   int64_t max_len = 0;
@@ -30,8 +31,14 @@ struct DataStats {
 
 struct Datasets {
   std::vector<Example> train, eval;
-  DataStats stats;
+  DataStats stats;       ///< the train file (and a val_set_size hold-out)
+  DataStats eval_stats;  ///< a separate data.eval file: its reads and drops
 };
+
+/// "N records read, a longer than sequence_len L (dropped), b whose trainable tokens were all past
+/// sequence_len L (truncated away), c without an assistant turn, d skipped as invalid": the drop
+/// reasons of one file, for the "no example" errors.
+std::string drop_reasons(const DataStats& st);
 
 /// Tokenises the records of one file with opts (template, add_eos, train_on_inputs, length).
 /// Examples get ids 0..n-1 in file order. Stats are accumulated into `stats`.
@@ -41,7 +48,9 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
 /// Loads opts.train (and opts.eval, or holds out val_set_size examples: a fraction if < 1,
 /// a count if >= 1, chosen by a seeded permutation) into tokenised examples.
 /// Throws qlora::Error for reader errors, for a val_set_size that leaves no training example,
-/// and when no example has a trainable token ("<file>: no example has a trainable token ...").
+/// when no example has a trainable token ("<file>: no example has a trainable token (<counts per
+/// drop reason>)"), and when a data.eval file is set but none of its examples is left (same form:
+/// an eval set that silently evaluates nothing is refused).
 Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok);
 
 /// Loads the data as load_datasets does and returns the first `n` training examples rendered

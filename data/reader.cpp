@@ -4,6 +4,7 @@
 #include "data/reader.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -271,7 +272,7 @@ Record record_from_json(const std::string& json_text, const std::string& path, c
   return std::move(v[0]);
 }
 
-bool is_valid_utf8(const std::string& s) {
+size_t first_invalid_utf8(const std::string& s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const size_t n = s.size();
   for (size_t i = 0; i < n;) {
@@ -282,18 +283,49 @@ bool is_valid_utf8(const std::string& s) {
     if ((c >> 5) == 0x6) { len = 2; cp = c & 0x1F; }
     else if ((c >> 4) == 0xE) { len = 3; cp = c & 0x0F; }
     else if ((c >> 3) == 0x1E) { len = 4; cp = c & 0x07; }
-    else return false;
-    if (i + len > n) return false;
+    else return i;
+    if (i + len > n) return i;
     for (int k = 1; k < len; ++k) {
-      if ((p[i + k] >> 6) != 0x2) return false;
+      if ((p[i + k] >> 6) != 0x2) return i;
       cp = (cp << 6) | (p[i + k] & 0x3F);
     }
     if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
         cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-      return false;
+      return i;
     i += len;
   }
-  return true;
+  return std::string::npos;
+}
+
+bool is_valid_utf8(const std::string& s) { return first_invalid_utf8(s) == std::string::npos; }
+
+size_t check_encoding(const std::string& path, const std::string& buf, bool skip_invalid) {
+  auto starts = [&](const char* bom, size_t n) { return buf.size() >= n && buf.compare(0, n, bom, n) == 0; };
+  const char* other = starts("\x00\x00\xFE\xFF", 4)   ? "UTF-32BE (byte-order mark 00 00 FE FF"
+                      : starts("\xFF\xFE\x00\x00", 4) ? "UTF-32LE (byte-order mark FF FE 00 00"
+                      : starts("\xFE\xFF", 2)           ? "UTF-16BE (byte-order mark FE FF"
+                      : starts("\xFF\xFE", 2)           ? "UTF-16LE (byte-order mark FF FE"
+                                                        : nullptr;
+  QLORA_CHECK(!other, path, ": the file is ", other, " at byte offset 0); only UTF-8 is read: convert it, e.g. ",
+              "iconv -f ", std::string(other).substr(0, 8), " -t UTF-8");
+  const size_t start = starts("\xEF\xBB\xBF", 3) ? 3 : 0;  // a UTF-8 byte-order mark is skipped
+  const size_t nul = buf.find('\0', start);
+  if (nul != std::string::npos) {
+    const int64_t line = 1 + std::count(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(nul), '\n');
+    fail(path, ":", line, ": NUL byte at byte offset ", nul,
+         ": the file looks like UTF-16 or UTF-32 without a byte-order mark (only UTF-8 is read)");
+  }
+  if (!skip_invalid) {  // with skip_invalid such records are skipped one by one
+    const size_t bad_at = first_invalid_utf8(buf);
+    if (bad_at != std::string::npos) {
+      const int64_t line = 1 + std::count(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(bad_at), '\n');
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(buf[bad_at]));
+      fail(path, ":", line, ": invalid UTF-8 at byte offset ", bad_at, " (byte ", hex,
+           "); the file must be UTF-8 (or set data.skip_invalid: true to skip such records)");
+    }
+  }
+  return start;
 }
 
 std::vector<Record> read_records(const std::string& path, const DataOptions& opts, ReadStats* stats) {
@@ -302,19 +334,23 @@ std::vector<Record> read_records(const std::string& path, const DataOptions& opt
   QLORA_CHECK(fs::is_regular_file(path), path, ": dataset file not found");
   Collector c(path, opts, s);
   const std::string ext = fs::path(path).extension().string();
+  const std::string file = read_all(path);
+  const size_t start = check_encoding(path, file, opts.skip_invalid);
   if (ext == ".txt") {
     // Plain text: documents separated by blank lines; each keeps its first line number.
     QLORA_CHECK(opts.format == "auto" || opts.format == "completion", path,
                 ": a .txt file is read as format 'completion', not '", opts.format, "'");
-    std::ifstream f(path, std::ios::binary);
-    QLORA_CHECK(f.good(), path, ": cannot open (missing or unreadable)");
-    std::string line, doc;
+    std::string doc;
     int64_t ln = 0, doc_line = 0;
     auto flush = [&]() {
       if (!doc.empty()) c.add_text(doc, doc_line);
       doc.clear();
     };
-    while (std::getline(f, line)) {
+    for (size_t begin = start; begin < file.size();) {
+      size_t end = file.find('\n', begin);
+      if (end == std::string::npos) end = file.size();
+      std::string line = file.substr(begin, end - begin);
+      begin = end + 1;
       ++ln;
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (std::all_of(line.begin(), line.end(), [](char ch) { return ch == ' ' || ch == '\t'; })) {
@@ -327,7 +363,7 @@ std::vector<Record> read_records(const std::string& path, const DataOptions& opt
     }
     flush();
   } else {
-    const std::string buf = read_all(path);
+    const std::string buf = file.substr(start);
     size_t pos = 0;
     int64_t line = 1;
     while (pos < buf.size() && is_ws(buf[pos])) line += buf[pos++] == '\n';

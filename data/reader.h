@@ -52,7 +52,8 @@ struct ReadStats {
 
 /// Reads and normalises every record of `path` (format from opts.format, or detected).
 /// Throws qlora::Error `path:line: problem` for a missing/empty file, malformed JSON, wrong
-/// types, missing or empty fields, unknown roles, invalid UTF-8; with opts.skip_invalid such
+/// types, missing or empty fields, unknown roles, invalid UTF-8, a UTF-16/32 file (see
+/// check_encoding; a UTF-8 byte-order mark is skipped in every format); with opts.skip_invalid such
 /// records are skipped and counted in `stats` instead (a file with no records still throws).
 std::vector<Record> read_records(const std::string& path, const DataOptions& opts, ReadStats* stats);
 
@@ -62,5 +63,14 @@ Record record_from_json(const std::string& json_text, const std::string& path, c
 
 /// True when `s` is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
 bool is_valid_utf8(const std::string& s);
+
+/// Byte offset of the first byte of `s` that does not start a valid UTF-8 sequence, or npos.
+size_t first_invalid_utf8(const std::string& s);
+
+/// Checks a data file's bytes before parsing and returns where its text starts: 3 after a UTF-8
+/// byte-order mark (EF BB BF, skipped), else 0. Throws qlora::Error naming `path` and the byte
+/// offset for a UTF-16/UTF-32 byte-order mark, a NUL byte (UTF-16/32 without a mark), or, unless
+/// `skip_invalid`, the first invalid UTF-8 byte ("path:line: invalid UTF-8 at byte offset N").
+size_t check_encoding(const std::string& path, const std::string& buf, bool skip_invalid);
 
 }  // namespace qlora::data

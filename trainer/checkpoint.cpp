@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <ctime>
 #include <map>
+#include <random>
 #include <thread>
 
 #include "common/error.h"
@@ -49,7 +51,10 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"tokens_trained", s.tokens_trained},
           {"train_seconds", s.train_seconds},
           {"optimizer_steps", o.steps},
-          {"config", s.config_yaml}};
+          {"config", s.config_yaml},
+          {"run_id", s.run_id},
+          {"fingerprint", s.fingerprint},
+          {"data_sha256", s.data_sha256}};
 }
 
 void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>* out) {
@@ -163,8 +168,16 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
-std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::string>* skipped) {
+std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::string>* skipped,
+                                    const std::string& run_id) {
   for (const std::string& c : list_checkpoints(dir)) {
+    if (!run_id.empty()) {
+      const std::string other = checkpoint_run_id(c);
+      if (other != run_id) {
+        if (skipped) skipped->push_back(c + ": written by run " + (other.empty() ? "(no run id)" : other) + ", not this run " + run_id);
+        continue;
+      }
+    }
     const std::string why = verify_checkpoint(c);
     if (why.empty()) return c;
     if (skipped) skipped->push_back(c + ": " + why);
@@ -172,10 +185,11 @@ std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::str
   return "";
 }
 
-std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last) {
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last, const std::string& run_id) {
   std::vector<std::string> removed;
   int64_t kept = 0;
   for (const std::string& c : list_checkpoints(dir)) {
+    if (!run_id.empty() && checkpoint_run_id(c) != run_id) continue;  // another run's: never ours to delete
     if (kept < keep_last && verify_checkpoint(c).empty()) {
       ++kept;
       continue;
@@ -205,6 +219,9 @@ LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
     c.state.train_seconds = j.at("train_seconds").get<double>();
     c.state.config_yaml = j.at("config").get<std::string>();
     c.opt.steps = j.at("optimizer_steps").get<std::vector<int64_t>>();
+    c.state.run_id = j.value("run_id", std::string());
+    c.state.fingerprint = j.value("fingerprint", std::string());
+    if (j.contains("data_sha256")) c.state.data_sha256 = j["data_sha256"].get<std::map<std::string, std::string>>();
   } catch (const json::exception& e) {
     fail(sp, ": ", e.what());
   }
@@ -220,6 +237,62 @@ LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
   c.rng_cpu = load_tensor(r, r.info("cpu")).clone();
   if (r.contains("cuda")) c.rng_cuda = load_tensor(r, r.info("cuda")).clone();
   return c;
+}
+
+std::string checkpoint_run_id(const std::string& ckpt_dir) {
+  try {
+    const json j = json::parse(read_file((fs::path(ckpt_dir) / "trainer_state.json").string()));
+    return j.value("run_id", std::string());
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+std::string new_run_id() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  std::random_device rd;
+  char tail[16];
+  std::snprintf(tail, sizeof tail, "-%08x", static_cast<unsigned>(rd()));
+  return std::string(buf) + tail;
+}
+
+std::string run_fingerprint(const std::string& config_yaml, const std::map<std::string, std::string>& data_sha256) {
+  std::map<std::string, std::string> flat;
+  flatten(YAML::Load(config_yaml), "", &flat);
+  std::string text;
+  for (const auto& [k, v] : flat)
+    if (!ignored_key(k)) text += k + "=" + v + "\n";
+  for (const auto& [path, sha] : data_sha256) text += "data " + path + " " + sha + "\n";
+  return sha256_hex(text);
+}
+
+RunRecord read_run_record(const std::string& output_dir) {
+  RunRecord r;
+  const fs::path p = fs::path(output_dir) / "run.json";
+  if (!fs::exists(p)) return r;
+  try {
+    const json j = json::parse(read_file(p.string()));
+    r.run_id = j.at("run_id").get<std::string>();
+    r.fingerprint = j.value("fingerprint", std::string());
+    if (j.contains("data_sha256")) r.data_sha256 = j["data_sha256"].get<std::map<std::string, std::string>>();
+    r.started_utc = j.value("started_utc", std::string());
+  } catch (const json::exception& e) {
+    fail(p.string(), ": not a run record (", e.what(), "); move it away or use --overwrite-output-dir");
+  }
+  QLORA_CHECK(!r.run_id.empty(), p.string(), ": run_id is empty");
+  return r;
+}
+
+void write_run_record(const std::string& output_dir, const RunRecord& r) {
+  const json j = {{"run_id", r.run_id},
+                  {"fingerprint", r.fingerprint},
+                  {"data_sha256", r.data_sha256},
+                  {"started_utc", r.started_utc}};
+  atomic_write_string((fs::path(output_dir) / "run.json").string(), j.dump(2) + "\n");
 }
 
 std::vector<std::string> config_differences(const std::string& saved_yaml, const std::string& current_yaml) {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct TrainerState {
   int64_t tokens_trained = 0;
   double train_seconds = 0;         ///< wall time spent training before this checkpoint
   std::string config_yaml;          ///< the resolved config of the run that wrote it
+  std::string run_id;               ///< the run that wrote it (output_dir/run.json); "" = older format
+  std::string fingerprint;          ///< run_fingerprint() of that run's config and data
+  std::map<std::string, std::string> data_sha256;  ///< data file path → SHA-256 of its content
 };
 
 /// The tensors of a checkpoint besides the adapter.
@@ -54,12 +58,40 @@ std::string verify_checkpoint(const std::string& ckpt_dir);
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
 /// The newest checkpoint under `dir` that verifies, or "" when none does; `skipped` receives
-/// "path: reason" for each newer one passed over.
-std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::string>* skipped);
+/// "path: reason" for each newer one passed over. With a non-empty `run_id`, only checkpoints
+/// written by that run (trainer_state.json "run_id") are considered; the others are listed in
+/// `skipped` as "path: written by run <id>, not this run".
+std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::string>* skipped,
+                                    const std::string& run_id = "");
 
 /// Deletes all but the newest `keep_last` complete checkpoints under `dir` (call only after a new
-/// one is complete). Returns the deleted paths.
-std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last);
+/// one is complete). With a non-empty `run_id` only that run's checkpoints are counted or deleted:
+/// another run's checkpoint is never pruned. Returns the deleted paths.
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last, const std::string& run_id = "");
+
+/// The run id stored in `ckpt_dir`/trainer_state.json, or "" when absent or unreadable.
+std::string checkpoint_run_id(const std::string& ckpt_dir);
+
+/// A new run id: UTC time + 32 random bits, e.g. "20261130T170512Z-3fa9c2d1".
+std::string new_run_id();
+
+/// SHA-256 (hex) over the run-meaning keys of a resolved config (the keys config_differences
+/// compares) and the data files' content hashes: two runs with the same fingerprint train the same
+/// adapter from the same starting point.
+std::string run_fingerprint(const std::string& config_yaml, const std::map<std::string, std::string>& data_sha256);
+
+/// `output_dir`/run.json: which run owns the directory (docs/checkpoints.md, "Run safety").
+struct RunRecord {
+  std::string run_id;       ///< "" when there is no run.json
+  std::string fingerprint;  ///< run_fingerprint() of the run's config and data
+  std::map<std::string, std::string> data_sha256;
+  std::string started_utc;
+};
+/// Reads `output_dir`/run.json; an absent file gives a record with an empty run_id. Throws
+/// qlora::Error naming the file when it exists but is not a valid run record.
+RunRecord read_run_record(const std::string& output_dir);
+/// Writes `output_dir`/run.json atomically. Throws qlora::Error naming the file on an I/O error.
+void write_run_record(const std::string& output_dir, const RunRecord& r);
 
 /// Loaded checkpoint contents.
 struct LoadedCheckpoint {

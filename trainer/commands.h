@@ -84,10 +84,14 @@ struct TrainCliOptions {
   std::vector<std::string> overrides;  ///< --set key=value
   bool force = false;                  ///< resume despite changed run-meaning settings
   double max_time_s = 0;               ///< --max-time budget in seconds (0 = none)
+  bool overwrite_output_dir = false;   ///< a fresh run moves a used output_dir aside instead of refusing
 };
 /// `qlora train CONFIG [--set k=v]`: validates the config, trains, writes the adapter and reports
 /// into output_dir. Bad config or data: qlora::Error before anything is written to output_dir.
-/// Stopped by SIGTERM/SIGINT/SIGUSR1 or --max-time: checkpoint written, then qlora::Interrupted.
+/// Stopped by SIGTERM/SIGINT/SIGUSR1 or --max-time: checkpoint written, then qlora::Interrupted
+/// whose message gives the exact command that resumes. A fresh run in a used output_dir, a resume
+/// path without a valid checkpoint, or changed data content on resume: qlora::Error
+/// (docs/checkpoints.md, "Run safety").
 void cmd_train(const TrainCliOptions& o);
 
 struct EvalOptions {

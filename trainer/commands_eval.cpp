@@ -27,7 +27,7 @@ using json = nlohmann::json;
 PeftConfig attach_peft_adapter(LlamaModel& model, const std::string& adapter_dir) {
   QLORA_CHECK(fs::is_directory(adapter_dir), adapter_dir, ": adapter directory not found");
   PeftConfig pc = read_peft_config(adapter_dir);
-  LoraWeights w = load_peft_adapter(adapter_dir, &pc, model.lora_shapes(pc.target_modules));
+  LoraWeights w = load_peft_adapter(adapter_dir, &pc, peft_module_shapes(model, pc));
   model.set_lora(w, lora_scale(pc.r, pc.lora_alpha, pc.use_rslora), /*dropout=*/0.0);
   log::info("adapter: ", adapter_dir, " (r=", pc.r, " alpha=", pc.lora_alpha, ", ", w.size(), " modules)");
   return pc;
@@ -135,6 +135,8 @@ std::string cmd_eval(const EvalOptions& o) {
                              mc.vocab_size = tok.vocab_size();
                              return LlamaModel::random_init(mc, cfg.training.seed, dtype, device, q);
                            }();
+  const std::string honoured = honour_quant_request(model, q);
+  if (!honoured.empty()) log::warn(honoured);
   QLORA_CHECK(model.config().vocab_size >= tok.vocab_size(), "model.tokenizer: the tokenizer has ", tok.vocab_size(),
               " pieces but the model's vocab_size is ", model.config().vocab_size);
   if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);

@@ -73,6 +73,7 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--set", train.overrides, "override a config key: section.key=value");
   train_cmd->add_flag("--force", train.force, "resume even if run-meaning settings changed");
   train_cmd->add_option("--max-time", train.max_time_s, "wall-clock budget in seconds: stop cleanly with a checkpoint");
+  train_cmd->add_flag("--overwrite-output-dir", train.overwrite_output_dir, "a fresh run moves a used output_dir aside");
 
   qlora::EvalOptions ev;
   auto* eval_cmd = app.add_subcommand("eval", "held-out loss / perplexity, or greedy exact-match accuracy");

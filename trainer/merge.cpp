@@ -14,6 +14,7 @@
 #include "common/tensor_io.h"
 #include "trainer/commands.h"
 #include "trainer/model.h"
+#include "trainer/train.h"
 
 namespace qlora {
 namespace fs = std::filesystem;
@@ -105,7 +106,7 @@ void cmd_merge(const MergeOptions& o) {
   // re-quantized) and dequantized below.
   LlamaModel model = LlamaModel::load(o.base_dir, torch::kFloat32, torch::kCPU);
   PeftConfig pc = read_peft_config(o.adapter_dir);
-  const LoraWeights lw = load_peft_adapter(o.adapter_dir, &pc, model.lora_shapes(pc.target_modules));
+  const LoraWeights lw = load_peft_adapter(o.adapter_dir, &pc, peft_module_shapes(model, pc));
   const double s = lora_scale(pc.r, pc.lora_alpha, pc.use_rslora);
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors;

@@ -22,6 +22,8 @@
 #include <sstream>
 #include <thread>
 #include <atomic>
+#include <set>
+#include <algorithm>
 
 namespace qlora {
 namespace fs = std::filesystem;
@@ -116,6 +118,46 @@ QuantOptions quant_options(const QuantConfig& q) {
   return o;
 }
 
+std::map<std::string, std::pair<int64_t, int64_t>> peft_module_shapes(const LlamaModel& model, const PeftConfig& pc) {
+  std::map<std::string, std::pair<int64_t, int64_t>> out;
+  for (const FrozenLinear* f : model.linears())
+    if (peft_targets_module(pc, f->name)) out[f->name] = {f->in_features(), f->out_features()};
+  return out;
+}
+
+std::string honour_quant_request(LlamaModel& model, const QuantOptions& q) {
+  int64_t requantized = 0, dequantized = 0;
+  std::string stored;
+  for (FrozenLinear* f : model.linears()) {
+    if (!f->quantized()) continue;
+    const QuantizedWeight& w = *f->qweight;
+    if (stored.empty())
+      stored = std::string(quant_type_name(w.type)) + " blocksize " + std::to_string(w.blocksize) + " double_quant " +
+               (w.double_quant ? "true" : "false");
+    if (!q.enabled() || !q.quantizes(f->name)) {
+      f->weight = w.dequantize(model.dtype());
+      f->qweight = nullptr;
+      ++dequantized;
+    } else if (w.blocksize != q.blocksize || w.double_quant != q.double_quant) {
+      f->qweight = std::make_shared<const QuantizedWeight>(
+          quantize(w.dequantize(torch::kFloat32), q.type(), q.blocksize, q.double_quant));
+      ++requantized;
+    }
+  }
+  if (requantized + dequantized == 0) return "";
+  std::string msg = "quantization: the base is stored as bitsandbytes " + stored + ";";
+  if (requantized)
+    msg += " requantized " + std::to_string(requantized) + " linears to blocksize " + std::to_string(q.blocksize) +
+           " double_quant " + (q.double_quant ? "true" : "false") + " as configured (dequantize, then quantize)";
+  if (dequantized)
+    msg += std::string(requantized ? ";" : "") + " dequantized " + std::to_string(dequantized) + " linears to " +
+           (model.dtype() == torch::kFloat32 ? "fp32" : model.dtype() == torch::kBFloat16 ? "bf16" : "fp16") +
+           " as configured (" +
+           (q.enabled() ? "quantization.keep_16bit" : "quantization.method: none") +
+           "; their values are the stored 4-bit ones)";
+  return msg;
+}
+
 namespace {
 Schedule schedule_of(LrScheduler s) {
   switch (s) {
@@ -143,11 +185,20 @@ void Trainer::setup() {
   log::info("data: ", data_.stats.train_examples, " train / ", data_.stats.eval_examples, " eval examples, ",
             data_.stats.tokens_trainable, " trainable tokens");
 
+  // The run's identity: its run-meaning settings and the content (not only the paths) of its data;
+  // which run owns output_dir and what to resume is decided before anything is written.
+  data_sha_[cfg_.data.train] = sha256_file(cfg_.data.train);
+  if (!cfg_.data.eval.empty()) data_sha_[cfg_.data.eval] = sha256_file(cfg_.data.eval);
+  fingerprint_ = run_fingerprint(to_yaml(cfg_), data_sha_);
+  const std::string ckpt = claim_output_dir();
+
   memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_);  // warns if it will not fit
   const torch::Dtype dtype = compute_dtype(cfg_.model.dtype, device_);
   const QuantOptions q = quant_options(cfg_.quantization);
   if (!cfg_.model.path.empty()) {
     model_ = std::make_unique<LlamaModel>(LlamaModel::load(cfg_.model.path, dtype, device_, q));
+    const std::string honoured = honour_quant_request(*model_, q);
+    if (!honoured.empty()) log::warn(honoured);
   } else {
     ModelConfig mc = preset_config(cfg_.model.preset);
     mc.vocab_size = tok_->vocab_size();
@@ -181,16 +232,49 @@ void Trainer::setup() {
   if (const char* f = std::getenv("QLORA_FAULT_SIGTERM_AT"))
     QLORA_CHECK(std::sscanf(f, "%ld:%ld", &fault_.step, &fault_.micro) == 2,
                 "QLORA_FAULT_SIGTERM_AT: expected STEP:MICRO, got '", f, "'");
+  if (const char* d = std::getenv("QLORA_FAULT_STEP_DELAY_MS")) step_delay_ms_ = std::atoll(d);  // test hook
   preemption_ = {{"interruptions", 0}, {"time_lost_s", 0.0}, {"checkpoints", json::array()}};
-  maybe_resume();  // may refuse (changed settings) before anything is written
+  if (!ckpt.empty()) resume_from(ckpt);         // may refuse (changed settings, data, shapes)
+  if (!aside_.empty()) {
+    std::error_code ec;
+    fs::rename(cfg_.output_dir, aside_, ec);
+    QLORA_CHECK(!ec, "--overwrite-output-dir: cannot move ", cfg_.output_dir, " to ", aside_, ": ", ec.message());
+    log::warn("output_dir: --overwrite-output-dir: moved the previous contents of ", cfg_.output_dir, " to ", aside_);
+  }
   fs::create_directories(cfg_.output_dir);
+  if (read_run_record(cfg_.output_dir).run_id != run_id_) {
+    RunRecord rr;
+    rr.run_id = run_id_;
+    rr.fingerprint = fingerprint_;
+    rr.data_sha256 = data_sha_;
+    rr.started_utc = run_id_.substr(0, run_id_.find('-'));
+    write_run_record(cfg_.output_dir, rr);
+  }
   atomic_write_string((fs::path(cfg_.output_dir) / "config.resolved.yaml").string(), to_yaml(cfg_));
-  if (step_ == 0) std::ofstream(fs::path(cfg_.output_dir) / "metrics.jsonl", std::ios::trunc);
+  atomic_write_string((fs::path(cfg_.output_dir) / "metrics.jsonl").string(), step_ == 0 ? std::string() : kept_metrics_);
+  log::info("run: ", run_id_, step_ == 0 ? " (from step 0)" : " (resumed)", " in ", cfg_.output_dir);
   log::info("train: ", total_steps_, " steps of ", t.micro_batch_size, " x ", t.gradient_accumulation_steps,
             " rows, warmup ", warmup_steps_, ", device ", device_.str());
 }
 
 namespace {
+/// Appends `line` + "\n" to `path` and flushes it to the kernel; a failed open, write, flush or
+/// close (ENOSPC, EIO, EACCES, EFBIG, ...) throws qlora::Error naming the file and the errno text.
+void append_line(const std::string& path, const std::string& line) {
+  std::FILE* f = std::fopen(path.c_str(), "ab");
+  if (!f) fail("cannot write ", path, ": ", std::strerror(errno));
+  std::error_code ec;
+  const auto before = fs::file_size(path, ec);
+  const std::string text = line + "\n";
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+  int err = errno;
+  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
+  if (!ok) {
+    if (!ec) fs::resize_file(path, before, ec);  // no partial line stays behind
+    fail("cannot write ", path, ": ", std::strerror(err));
+  }
+}
+
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
@@ -272,9 +356,10 @@ void Trainer::train() {
     }
     if (sig || (out_of_time && !last)) {
       model_->training = false;
-      throw Interrupted("stopped at step " + std::to_string(step_) + " by " + why +
-                        " after writing a checkpoint; run the same command again to resume");
+      throw Interrupted("stopped at step " + std::to_string(step_) + " by " + why + " after writing " +
+                        last_checkpoint_ + "; " + resume_advice(last_checkpoint_));
     }
+    if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
   }
   model_->training = false;
   memory_.finish();  // peak; estimated vs measured into memory_report.json and the log
@@ -294,7 +379,7 @@ void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seco
             {"skipped", r.skipped},
             {"memory", memory_snapshot(device_)}};
   if (!std::isnan(eval_loss)) j["eval_loss"] = eval_loss;
-  std::ofstream(fs::path(cfg_.output_dir) / "metrics.jsonl", std::ios::app) << j.dump() << "\n";
+  append_line((fs::path(cfg_.output_dir) / "metrics.jsonl").string(), j.dump());
   // ETA = mean step time of this invocation × remaining steps. The running sum lives in statics
   // (log_step's body is all this needs to own); it restarts for a new Trainer or a step that goes back.
   static const Trainer* eta_owner = nullptr;
@@ -345,7 +430,22 @@ void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seco
 
 void Trainer::save_outputs(double seconds) {
   save_peft_adapter(cfg_.output_dir, peft_config(), model_->lora_weights());
+  // The record in metrics.jsonl must be complete: one line per step 1..step_.
+  std::set<int64_t> logged;
+  {
+    std::istringstream in(read_file((fs::path(cfg_.output_dir) / "metrics.jsonl").string()));
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_discarded() && j.contains("step") && j["step"].is_number_integer()) logged.insert(j["step"].get<int64_t>());
+    }
+  }
+  const bool complete = static_cast<int64_t>(logged.size()) == step_ && (logged.empty() || *logged.rbegin() == step_);
+  if (!complete)
+    log::warn("metrics.jsonl holds ", logged.size(), " of ", step_, " steps (summary.json: metrics_complete false)");
   json s = {{"steps", step_},
+            {"run_id", run_id_},
+            {"metrics_lines", static_cast<int64_t>(logged.size())},
+            {"metrics_complete", complete},
             {"skipped_steps", skipped_steps_},
             {"tokens_trained", tokens_trained_},
             {"wall_seconds", seconds},
@@ -396,6 +496,9 @@ void Trainer::save_checkpoint(const std::string& why) {
   st.nonfinite_in_a_row = nonfinite_in_a_row_;
   st.tokens_trained = tokens_trained_;
   st.config_yaml = to_yaml(cfg_);
+  st.run_id = run_id_;
+  st.fingerprint = fingerprint_;
+  st.data_sha256 = data_sha_;
   OptimizerTensors ot;
   for (const torch::Tensor& p : model_->lora_parameters()) {
     auto it = opt_->state().find(p.unsafeGetTensorImpl());
@@ -414,7 +517,8 @@ void Trainer::save_checkpoint(const std::string& why) {
   if (device_.is_cuda()) rng_cuda = at::globalContext().defaultGenerator(c10::DeviceType::CUDA).get_state();
   const std::string path = write_checkpoint(checkpoint_dir(), st, peft_config(), model_->lora_weights(), ot,
                                             at::detail::getDefaultCPUGenerator().get_state(), rng_cuda);
-  const auto removed = prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last);
+  last_checkpoint_ = path;
+  const auto removed = prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last, run_id_);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t bytes = 0;
   for (const auto& e : fs::directory_iterator(path)) bytes += static_cast<int64_t>(fs::file_size(e.path()));
@@ -431,34 +535,175 @@ void Trainer::save_checkpoint(const std::string& why) {
   }
 }
 
-void Trainer::maybe_resume() {
-  const CheckpointConfig& c = cfg_.checkpoint;
-  if (c.resume == ResumeMode::kNever) return;
-  std::string ckpt;
-  if (c.resume == ResumeMode::kPath) {
-    ckpt = c.resume_path;
-    QLORA_CHECK(fs::is_directory(ckpt), "checkpoint.resume: ", ckpt, " is not a directory");
-  } else {
-    const std::string dir = c.resume_from_dir.empty() ? checkpoint_dir() : c.resume_from_dir;
+namespace {
+/// `s` quoted for a POSIX shell when it holds anything but [A-Za-z0-9_./=:,+-].
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./=:,+-") ==
+                        std::string::npos)
+    return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+/// True for the leftovers of an interrupted atomic write ("<name>.tmp.<pid>"), which do not make
+/// an output_dir "used".
+bool is_temp_leftover(const std::string& name) {
+  const size_t at = name.rfind(".tmp.");
+  return at != std::string::npos && at + 5 < name.size() &&
+         std::all_of(name.begin() + static_cast<std::ptrdiff_t>(at + 5), name.end(), ::isdigit);
+}
+
+/// The checkpoint that `checkpoint.resume: PATH` names: PATH itself (a checkpoint-<N> directory, or
+/// a file inside one), or the newest valid checkpoint of a checkpoints/ directory or of a run's
+/// output_dir. Throws qlora::Error when PATH does not exist or holds no valid checkpoint.
+std::string resolve_resume_path(const std::string& path) {
+  fs::path p(path);
+  QLORA_CHECK(fs::exists(p), "checkpoint.resume: ", path, " does not exist (expected a checkpoint-<N> directory)");
+  if (fs::is_regular_file(p)) p = p.parent_path();
+  if (fs::exists(p / "manifest.json") || fs::exists(p / "trainer_state.json")) return p.string();
+  for (const fs::path& dir : {p, p / "checkpoints"}) {
+    if (list_checkpoints(dir.string()).empty()) continue;
     std::vector<std::string> skipped;
-    ckpt = newest_valid_checkpoint(dir, &skipped);
-    for (const std::string& s : skipped) log::warn("resume: skipping ", s);
-    if (ckpt.empty()) {
-      if (!skipped.empty()) log::warn("resume: no complete checkpoint in ", dir, "; starting from scratch");
-      return;
+    const std::string c = newest_valid_checkpoint(dir.string(), &skipped);
+    std::string why;
+    for (const auto& s : skipped) why += (why.empty() ? "" : "; ") + s;
+    QLORA_CHECK(!c.empty(), "checkpoint.resume: ", path, " holds no valid checkpoint (", why, ")");
+    return c;
+  }
+  fail("checkpoint.resume: ", path, " holds no checkpoint (expected a checkpoint-<N> directory with manifest.json, ",
+       "a checkpoints/ directory, or a run's output_dir)");
+}
+}  // namespace
+
+std::string Trainer::claim_output_dir() {
+  const CheckpointConfig& c = cfg_.checkpoint;
+  const fs::path out(cfg_.output_dir);
+  QLORA_CHECK(!fs::exists(out) || fs::is_directory(out), "output_dir: ", out.string(), " exists and is not a directory");
+  std::vector<std::string> entries;
+  if (fs::is_directory(out))
+    for (const auto& e : fs::directory_iterator(out))
+      if (!is_temp_leftover(e.path().filename().string())) entries.push_back(e.path().filename().string());
+  // memory_report.json alone is what a run that failed while loading (before it owned the
+  // directory) leaves behind: the directory is still unused.
+  const bool used = !entries.empty() && !(entries.size() == 1 && entries[0] == "memory_report.json");
+  if (used && run_.overwrite_output_dir) {
+    const std::string stamp = new_run_id().substr(0, 16);
+    aside_ = out.string() + ".old-" + stamp;
+    for (int i = 2; fs::exists(aside_); ++i) aside_ = out.string() + ".old-" + stamp + "-" + std::to_string(i);
+  }
+  const bool owned = used && !run_.overwrite_output_dir;  // the old state stays in place
+  const RunRecord owner = owned ? read_run_record(out.string()) : RunRecord{};
+  auto describe = [&] {
+    std::string d = "output_dir " + out.string();
+    if (!owner.run_id.empty()) {
+      const auto ck = list_checkpoints(checkpoint_dir());
+      d += " already holds run " + owner.run_id + " (" + std::to_string(ck.size()) + " checkpoint" +
+           (ck.size() == 1 ? "" : "s") + (ck.empty() ? "" : ", newest " + fs::path(ck[0]).filename().string()) + ")";
+    } else {
+      d += " is not empty and holds no run.json (" + std::to_string(entries.size()) + " entries, e.g. " + entries[0] +
+           "): not a run of this version";
+    }
+    return d;
+  };
+  const std::string fix = "use another output_dir, or --overwrite-output-dir to move the old contents aside to " +
+                          out.string() + ".old-<time>";
+  switch (c.resume) {
+    case ResumeMode::kNever:
+      QLORA_CHECK(!owned, describe(), "; a fresh run (checkpoint.resume: never) would mix with it: ", fix,
+                  owner.run_id.empty() ? "" : ", or checkpoint.resume: auto to continue that run");
+      run_id_ = new_run_id();
+      return "";
+    case ResumeMode::kPath: {
+      const std::string ckpt = resolve_resume_path(c.resume_path);
+      const std::string rid = checkpoint_run_id(ckpt);
+      QLORA_CHECK(!owned || (!owner.run_id.empty() && owner.run_id == rid), describe(), "; checkpoint.resume ", ckpt,
+                  " belongs to run ", rid.empty() ? std::string("(none)") : rid, ": ", fix);
+      run_id_ = rid.empty() ? new_run_id() : rid;
+      return ckpt;
+    }
+    case ResumeMode::kAuto: {
+      const std::string dir = c.resume_from_dir.empty() ? checkpoint_dir() : c.resume_from_dir;
+      std::vector<std::string> skipped;
+      if (owned) {
+        QLORA_CHECK(!owner.run_id.empty(), describe(), ": ", fix);
+        const std::string ckpt = newest_valid_checkpoint(dir, &skipped, owner.run_id);
+        for (const std::string& s : skipped) log::warn("resume: skipping ", s);
+        run_id_ = owner.run_id;
+        if (!ckpt.empty()) return ckpt;
+        QLORA_CHECK(owner.fingerprint == fingerprint_, describe(),
+                    " with other run-meaning settings or data, and no checkpoint of it to resume: ", fix);
+        log::info("resume: run ", run_id_, " has no complete checkpoint yet; starting it again from step 0");
+        return "";
+      }
+      if (!c.resume_from_dir.empty()) {
+        const std::string ckpt = newest_valid_checkpoint(dir, &skipped);
+        for (const std::string& s : skipped) log::warn("resume: skipping ", s);
+        if (!ckpt.empty()) {
+          const std::string rid = checkpoint_run_id(ckpt);
+          run_id_ = rid.empty() ? new_run_id() : rid;
+          return ckpt;
+        }
+        log::warn("resume: no complete checkpoint in ", dir, "; starting a new run");
+      }
+      run_id_ = new_run_id();
+      return "";
     }
   }
+  return "";
+}
+
+std::string Trainer::resume_advice(const std::string& ckpt) const {
+  const CheckpointConfig& c = cfg_.checkpoint;
+  const std::string cmd = run_.command.empty() ? "qlora train CONFIG" : run_.command;
+  if (c.resume == ResumeMode::kAuto && c.resume_from_dir.empty())
+    return run_.overwrite_output_dir ? "to resume, run the same command without --overwrite-output-dir: " + cmd
+                                     : "run the same command again to resume: " + cmd;
+  std::string how = cmd + " --set checkpoint.resume=" + shell_quote(ckpt);
+  if (!c.resume_from_dir.empty()) how += " --set checkpoint.resume_from_dir=";
+  if (c.resume == ResumeMode::kNever)
+    return "checkpoint.resume is never, so the same command will NOT resume (it refuses the used output_dir); "
+           "to resume, run: " + how;
+  if (c.resume == ResumeMode::kPath)
+    return "checkpoint.resume names " + c.resume_path + ", so the same command would go back to it; to resume from " +
+           "this checkpoint, run: " + how;
+  return "checkpoint.resume_from_dir (" + c.resume_from_dir + ") may not hold this checkpoint; to resume from it, run: " +
+         how;
+}
+
+void Trainer::resume_from(const std::string& ckpt) {
   std::map<std::string, std::pair<int64_t, int64_t>> shapes;
   for (const FrozenLinear* f : const_cast<const LlamaModel&>(*model_).linears())
     if (f->lora) shapes[f->name] = {f->in_features(), f->out_features()};
   LoadedCheckpoint lc = read_checkpoint(ckpt, shapes);
-  const std::vector<std::string> diffs = config_differences(lc.state.config_yaml, to_yaml(cfg_));
+  std::vector<std::string> diffs = config_differences(lc.state.config_yaml, to_yaml(cfg_));
+  // The same data path with other content is a different run too.
+  for (const auto& [path, sha] : data_sha_) {
+    auto it = lc.state.data_sha256.find(path);
+    if (it != lc.state.data_sha256.end() && it->second != sha)
+      diffs.push_back("content of " + path + " changed since the checkpoint was written (sha256 " +
+                      it->second.substr(0, 12) + " -> " + sha.substr(0, 12) + ")");
+  }
   if (!diffs.empty()) {
     std::string list;
     for (const auto& d : diffs) list += (list.empty() ? "" : "; ") + d;
     QLORA_CHECK(run_.force, "resume from ", ckpt, " refused: settings that change the run differ: ", list,
-                " (use --force to resume anyway)");
+                " (use --force to resume anyway, or --overwrite-output-dir to start a new run)");
     log::warn("resume: --force: continuing although settings differ: ", list);
+  }
+  // LoRA shapes must match exactly, --force or not (the optimizer state is per element).
+  {
+    const std::string file = (fs::path(ckpt) / "adapter_model.safetensors").string();
+    for (const FrozenLinear* f : const_cast<const LlamaModel&>(*model_).linears()) {
+      if (!f->lora) continue;
+      const auto& ab = lc.adapter.at(f->name);
+      for (const bool is_a : {true, false}) {
+        const torch::Tensor& have = is_a ? ab.first : ab.second;
+        const torch::Tensor& want = is_a ? f->lora->A : f->lora->B;
+        QLORA_CHECK(have.sizes() == want.sizes(), file, ": '", peft_key(f->name, is_a), "' has shape ", have.sizes(),
+                    ", expected ", want.sizes(), " (lora.r cannot change on resume, even with --force)");
+      }
+    }
   }
   // Adapter weights in place (the optimizer holds these very tensors).
   {
@@ -475,6 +720,8 @@ void Trainer::maybe_resume() {
               " tensors, the model has ", params.size(), " LoRA tensors");
   for (size_t i = 0; i < params.size(); ++i) {
     if (lc.opt.steps[i] == 0) continue;
+    QLORA_CHECK(lc.opt.exp_avg[i].sizes() == params[i].sizes(), ckpt, "/optimizer.safetensors: 'exp_avg.", i,
+                "' has shape ", lc.opt.exp_avg[i].sizes(), ", expected ", params[i].sizes());
     auto st = std::make_unique<torch::optim::AdamWParamState>();
     st->step(lc.opt.steps[i]);
     st->exp_avg(lc.opt.exp_avg[i].to(device_));
@@ -496,26 +743,30 @@ void Trainer::maybe_resume() {
   nonfinite_in_a_row_ = lc.state.nonfinite_in_a_row;
   tokens_trained_ = lc.state.tokens_trained;
   train_seconds_before_ = lc.state.train_seconds;
-  // metrics.jsonl: keep the lines up to the checkpoint; steps past it were lost and are redone.
+  // metrics.jsonl: keep the lines up to the checkpoint (written in setup()); steps past it were
+  // lost and are redone. A checkpoint from another output_dir (or one moved aside) brings none.
   const fs::path mp = fs::path(cfg_.output_dir) / "metrics.jsonl";
-  std::string kept;
   double lost = 0;
-  if (fs::exists(mp)) {
+  std::set<int64_t> steps_kept;
+  if (aside_.empty() && fs::exists(mp)) {
     std::istringstream in(read_file(mp.string()));
     for (std::string line; std::getline(in, line);) {
       if (line.empty()) continue;
       const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.contains("step")) continue;
-      if (j["step"].get<int64_t>() <= step_) {
-        kept += line + "\n";
+      if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+      const int64_t s = j["step"].get<int64_t>();
+      if (s <= step_) {
+        if (!steps_kept.insert(s).second) continue;  // a duplicate line
+        kept_metrics_ += line + "\n";
         losses_.push_back(j.value("loss", 0.0));
       } else {
         lost += j.value("step_seconds", 0.0);
       }
     }
   }
-  fs::create_directories(cfg_.output_dir);
-  atomic_write_string(mp.string(), kept);
+  if (static_cast<int64_t>(steps_kept.size()) < step_)
+    log::warn("resume: metrics.jsonl has lines for ", steps_kept.size(), " of the ", step_,
+              " steps before the checkpoint; summary.json records the gap (metrics_complete: false)");
   preemption_["interruptions"] = 1;
   preemption_["time_lost_s"] = lost;
   log::info("resume: from ", ckpt, " at step ", step_, " (epoch ", lc.state.sampler.epoch, ", cursor ",

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,11 +60,30 @@ StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std
 std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
                                          int64_t batch_size, const data::DataOptions& opts, int32_t pad_id);
 
+/// Module path → {in_features, out_features} of the decoder linears of `model` that the PEFT
+/// config `pc` adapts (peft_targets_module: list, regex, layers_to_transform, layers_pattern,
+/// exclude_modules): the `expected` argument of load_peft_adapter.
+std::map<std::string, std::pair<int64_t, int64_t>> peft_module_shapes(const LlamaModel& model, const PeftConfig& pc);
+
+/// A bitsandbytes 4-bit checkpoint is read as stored (LlamaModel::load). Where a linear's stored
+/// format differs from what `q` asks for, the request is honoured: a different blocksize or
+/// double_quant is dequantized (fp32) and quantized again as asked; a linear that `q` keeps in 16
+/// bit (method none, keep_16bit) is dequantized to the model's dtype. The values are then the
+/// stored 4-bit values, not the original 16-bit weights (a second rounding for requantization).
+/// Returns one line saying what was stored and what was done, or "" when nothing differed.
+std::string honour_quant_request(LlamaModel& model, const QuantOptions& q);
+
 /// Options of one invocation that are not part of the run's config.
 struct RunOptions {
   bool force = false;       ///< resume even when run-meaning settings changed (stated in the log)
   double max_time_s = 0;    ///< wall-clock budget in seconds; 0 = none. Stops cleanly with a checkpoint
                             ///< when the next step would likely not finish inside it.
+  /// A fresh run in a non-empty output_dir moves the old contents aside to the sibling
+  /// "<output_dir>.old-<UTC time>" instead of refusing (HF's --overwrite_output_dir).
+  bool overwrite_output_dir = false;
+  /// The command line that started this run (shell-quoted), for the interrupt message's resume
+  /// command; "" = "qlora train CONFIG".
+  std::string command;
 };
 
 /// The `qlora train` recipe.
@@ -86,8 +106,17 @@ class Trainer {
  private:
   void log_step(int64_t step, const StepResult& r, double lr, double seconds, double eval_loss);
   void save_outputs(double seconds);
-  /// resume: auto|PATH|never — restores adapter, AdamW state, sampler, RNG, counters, metrics.
-  void maybe_resume();
+  /// Decides which run this invocation is and which checkpoint (if any) it continues, from
+  /// output_dir/run.json, checkpoint.resume and --overwrite-output-dir (docs/checkpoints.md, "Run
+  /// safety"). Sets run_id_; returns the checkpoint to resume or "". Throws qlora::Error (nothing
+  /// written) for a fresh run in a used output_dir, a resume path with no valid checkpoint, or an
+  /// output_dir owned by another run.
+  std::string claim_output_dir();
+  /// Restores adapter, AdamW state, sampler, RNG, counters, metrics from `ckpt`. Refuses changed
+  /// run-meaning settings or data content (unless --force) and changed LoRA shapes (always).
+  void resume_from(const std::string& ckpt);
+  /// The message of the Interrupted thrown after the checkpoint `ckpt`: how to resume.
+  std::string resume_advice(const std::string& ckpt) const;
   /// Writes checkpoint-<step_> under checkpoint_dir(), prunes, starts the sync command.
   void save_checkpoint(const std::string& why);
   std::string checkpoint_dir() const;
@@ -114,6 +143,13 @@ class Trainer {
   int32_t pad_id_ = 0;
   std::vector<double> losses_;
   int64_t tokens_trained_ = 0, skipped_steps_ = 0;
+  std::string run_id_;                           ///< this run (output_dir/run.json)
+  std::map<std::string, std::string> data_sha_;  ///< data file → SHA-256 of its content
+  std::string fingerprint_;                      ///< run_fingerprint(config, data_sha_)
+  std::string aside_;                            ///< where --overwrite-output-dir moves the old state
+  std::string last_checkpoint_;                  ///< path of the newest checkpoint written
+  int64_t step_delay_ms_ = 0;                    ///< QLORA_FAULT_STEP_DELAY_MS test hook
+  std::string kept_metrics_;                     ///< metrics.jsonl lines up to the resumed checkpoint
 };
 
 }  // namespace qlora

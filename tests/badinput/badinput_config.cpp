@@ -54,6 +54,7 @@ const std::map<std::string, Expect>& expectations() {
       {"top_level_scalar.yaml", {1, "expected a map of sections at the top level, got \"just a string\""}},
       {"two_documents.yaml", {7, "expected one YAML document, found 2"}},
       {"undefined_alias.yaml", {7, "YAML syntax error"}},
+      {"undefined_env_variable.yaml", {5, "data.train: environment variable QLORA_TEST_UNDEFINED_VARIABLE_16 is not defined"}},
       {"unknown_quant_method.yaml", {7, "quantization.method: expected one of nf4|fp4|none, got \"int4\""}},
       {"unknown_scheduler.yaml", {7, "training.lr_scheduler: expected one of constant|linear|cosine, got \"polynomial\""}},
       {"unknown_target_module.yaml", {7, "lora.target_modules[1]: unknown module \"v_prj\"; did you mean \"v_proj\"?"}},

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "data/reader.h"
@@ -48,8 +50,8 @@ TEST(BadInputData, EachFileNamesFileLineAndProblem) {
   expect_error("wrong_type.json", "3: field 'instruction' must be a string, got number");
   expect_error("missing_field.jsonl", "2: missing field 'output'");
   expect_error("empty_string.jsonl", "1: conversations[1].value is an empty string");
-  expect_error("non_utf8.jsonl", "2: invalid JSON");
-  expect_error("non_utf8.txt", "3: invalid UTF-8 bytes in text");
+  expect_error("non_utf8.jsonl", "2: invalid UTF-8 at byte offset ");
+  expect_error("non_utf8.txt", "3: invalid UTF-8 at byte offset ");
   expect_error("empty.json", "1: empty file (no records)");
   expect_error("unterminated.json", "3: unterminated string");
   EXPECT_NE(error_of("/nonexistent/x.json").find("/nonexistent/x.json: dataset file not found"), std::string::npos);
@@ -85,5 +87,83 @@ TEST(BadInputData, TenMegabyteLine) {
   const std::string msg = error_of(dir / "big_bad.jsonl");
   EXPECT_EQ(msg.rfind((dir / "big_bad.jsonl").string() + ":2: invalid JSON", 0), 0u) << msg.substr(0, 300);
   EXPECT_LT(msg.size(), 1000u) << "the message must not echo the 10 MB line";
+  fs::remove_all(dir);
+}
+
+// Encodings (issue 16): a UTF-8 byte-order mark is skipped in every format; UTF-16/32 (with or
+// without a mark) and invalid UTF-8 give one line naming the file and the byte offset.
+TEST(BadInputData, EncodingsBomUtf16Utf32InvalidUtf8) {
+  const fs::path dir = qlora::test::fresh_temp_dir("encodings");
+  const std::string bom = "\xEF\xBB\xBF";
+  struct Same {
+    const char* name;
+    std::string text;
+  };
+  const std::vector<Same> files = {
+      {"a.json", R"([{"instruction": "caf\u00e9 \u2603", "output": "ok"}, {"instruction": "b", "output": "c"}])"},
+      {"a.jsonl", "{\"instruction\": \"x\", \"output\": \"y\"}\n{\"instruction\": \"z\", \"output\": \"w\"}\n"},
+      {"s.jsonl", R"({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]})" "\n"},
+      {"m.jsonl", R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})" "\n"},
+      {"t.txt", "first doc\nline two\n\nsecond doc\n"},
+  };
+  for (const Same& f : files) {
+    std::ofstream(dir / f.name, std::ios::binary) << f.text;
+    std::ofstream(dir / (std::string("bom_") + f.name), std::ios::binary) << bom << f.text;
+    ReadStats a, b;
+    const auto plain = read_records((dir / f.name).string(), DataOptions{}, &a);
+    const auto with_bom = read_records((dir / (std::string("bom_") + f.name)).string(), DataOptions{}, &b);
+    ASSERT_EQ(plain.size(), with_bom.size()) << f.name;
+    EXPECT_EQ(a.format, b.format) << f.name;
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_EQ(plain[i].text, with_bom[i].text) << f.name;
+      EXPECT_EQ(plain[i].line, with_bom[i].line) << f.name;
+      ASSERT_EQ(plain[i].turns.size(), with_bom[i].turns.size()) << f.name;
+      for (size_t k = 0; k < plain[i].turns.size(); ++k)
+        EXPECT_EQ(plain[i].turns[k].content, with_bom[i].turns[k].content) << f.name;
+    }
+  }
+  // UTF-16 / UTF-32 of the same JSONL (as Windows tools write them), with and without a mark.
+  auto widen = [](const std::string& s, int width, bool big) {
+    std::string o;
+    for (char c : s) {
+      std::string unit(size_t(width), '\0');
+      unit[big ? size_t(width - 1) : 0] = c;
+      o += unit;
+    }
+    return o;
+  };
+  const std::string jl = files[1].text;
+  struct Bad {
+    const char* name;
+    std::string bytes;
+    std::string error;
+  };
+  const std::vector<Bad> bad = {
+      {"u16le.jsonl", "\xFF\xFE" + widen(jl, 2, false), ": the file is UTF-16LE (byte-order mark FF FE at byte offset 0)"},
+      {"u16be.jsonl", "\xFE\xFF" + widen(jl, 2, true), ": the file is UTF-16BE (byte-order mark FE FF at byte offset 0)"},
+      {"u32le.json", std::string("\xFF\xFE\0\0", 4) + widen(jl, 4, false),
+       ": the file is UTF-32LE (byte-order mark FF FE 00 00 at byte offset 0)"},
+      {"u32be.txt", std::string("\0\0\xFE\xFF", 4) + widen("text\n", 4, true),
+       ": the file is UTF-32BE (byte-order mark 00 00 FE FF at byte offset 0)"},
+      {"u16le_nobom.jsonl", widen(jl, 2, false), ":1: NUL byte at byte offset 1: the file looks like UTF-16 or UTF-32"},
+      {"u16be_nobom.txt", widen("abc\n", 2, true), ":1: NUL byte at byte offset 0: the file looks like UTF-16 or UTF-32"},
+      {"latin1.jsonl", "{\"instruction\": \"x\", \"output\": \"y\"}\n{\"instruction\": \"caf\xE9\", \"output\": \"y\"}\n",
+       ":2: invalid UTF-8 at byte offset 56 (byte 0xE9)"},
+      {"overlong.txt", "ok\n\xC0\xAF\n", ":2: invalid UTF-8 at byte offset 3 (byte 0xC0)"},
+      {"bom_then_bad.json", bom + "[{\"instruction\": \"\xFF\", \"output\": \"y\"}]", ":1: invalid UTF-8 at byte offset 21 (byte 0xFF)"},
+  };
+  for (const Bad& b : bad) {
+    const fs::path p = dir / b.name;
+    std::ofstream(p, std::ios::binary) << b.bytes;
+    const std::string msg = error_of(p);
+    EXPECT_EQ(msg.rfind(p.string() + b.error, 0), 0u) << b.name << " -> " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  // skip_invalid still skips an invalid-UTF-8 record (and counts it) instead of failing the file.
+  DataOptions o;
+  o.skip_invalid = true;
+  ReadStats st;
+  EXPECT_EQ(read_records((dir / "latin1.jsonl").string(), o, &st).size(), 1u);
+  EXPECT_EQ(st.skip_reasons["invalid UTF-8"], 1);
   fs::remove_all(dir);
 }

@@ -266,5 +266,49 @@ TEST(Config, LoadConfigFileErrors) {
   }
 }
 
+TEST(Config, PathKeysExpandHomeAndEnvironmentVariables) {
+  ::setenv("HOME", "/home/tester", 1);
+  ::setenv("QLORA_T_DATA", "/data/sets", 1);
+  ::setenv("QLORA_T_RUN", "r1", 1);
+  ::unsetenv("QLORA_T_UNSET");
+  const Config c = parse(R"(
+output_dir: ~/runs/${QLORA_T_RUN}
+model: {path: $QLORA_T_DATA/model, tokenizer: "~"}
+data:
+  train: ${QLORA_T_DATA}/train.jsonl
+  eval: $QLORA_T_DATA/eval.jsonl
+checkpoint: {resume_from_dir: ~/bucket/$QLORA_T_RUN}
+)");
+  EXPECT_EQ(c.output_dir, "/home/tester/runs/r1");
+  EXPECT_EQ(c.model.path, "/data/sets/model");
+  EXPECT_EQ(c.model.tokenizer, "/home/tester");
+  EXPECT_EQ(c.data.train, "/data/sets/train.jsonl");
+  EXPECT_EQ(c.data.eval, "/data/sets/eval.jsonl");
+  EXPECT_EQ(c.checkpoint.resume_from_dir, "/home/tester/bucket/r1");
+  // checkpoint.resume as a path, and the literal forms: "$$", a "$" before a non-name, "~user", "a~b".
+  const Config p = parse(kMinimal, {"checkpoint.resume=${QLORA_T_DATA}/ckpt/checkpoint-5", "data.train=a$$b$-c~/x",
+                                    "model.path=~user/m", "output_dir=a~b"});
+  EXPECT_EQ(p.checkpoint.resume, ResumeMode::kPath);
+  EXPECT_EQ(p.checkpoint.resume_path, "/data/sets/ckpt/checkpoint-5");
+  EXPECT_EQ(p.data.train, "a$b$-c~/x");
+  EXPECT_EQ(p.model.path, "~user/m");
+  EXPECT_EQ(p.output_dir, "a~b");
+  // The resolved config records the expanded paths (and round-trips).
+  EXPECT_EQ(parse(to_yaml(c)), c);
+  // An undefined variable is an error naming it, the key and the line; so is a malformed ${.
+  std::string e = error_of(kMinimal, {"data.eval=${QLORA_T_UNSET}/e.jsonl"});
+  EXPECT_NE(e.find("data.eval: environment variable QLORA_T_UNSET is not defined"), std::string::npos) << e;
+  e = error_of("output_dir: runs/$QLORA_T_UNSET\nmodel: {path: m}\ndata: {train: t.jsonl}\n");
+  EXPECT_EQ(e.rfind("t.yaml:1: output_dir: environment variable QLORA_T_UNSET is not defined", 0), 0u) << e;
+  e = error_of(kMinimal, {"model.path=${QLORA_T_DATA"});
+  EXPECT_NE(e.find("model.path: unterminated \"${\""), std::string::npos) << e;
+  e = error_of(kMinimal, {"model.path=${1x}"});
+  EXPECT_NE(e.find("is not a variable name"), std::string::npos) << e;
+  ::unsetenv("HOME");
+  e = error_of(kMinimal, {"output_dir=~/r"});
+  EXPECT_NE(e.find("output_dir: cannot expand \"~\": HOME is not set"), std::string::npos) << e;
+  ::setenv("HOME", "/home/tester", 1);
+}
+
 }  // namespace
 }  // namespace qlora

@@ -143,7 +143,8 @@ TEST(Length, DropTruncateAndNoTrainable) {
   o.sequence_len = 8;  // the prompt alone fills the row: nothing trainable left
   DataStats st3;
   EXPECT_EQ(build_examples({longr}, o, tok, &st3).size(), 0u);
-  EXPECT_EQ(st3.dropped_no_trainable, 1);
+  EXPECT_EQ(st3.dropped_truncated_away, 1);  // it had an answer: truncation removed it
+  EXPECT_EQ(st3.dropped_no_trainable, 0);
 }
 
 namespace {

@@ -253,6 +253,69 @@ struct Context {
   }
 };
 
+/// `~` and environment variables in a path value (POSIX shell rules, a subset): a leading "~" or
+/// "~/" is $HOME; "${NAME}" and "$NAME" (NAME = [A-Za-z_][A-Za-z0-9_]*) are the variable's value;
+/// "$$" is a literal "$"; any other "$" stays as it is. An undefined variable (or $HOME for "~")
+/// sets `why` and returns "". "~user" is not expanded.
+std::string expand_path(const std::string& v, std::string* why) {
+  std::string out;
+  size_t i = 0;
+  if (!v.empty() && v[0] == '~' && (v.size() == 1 || v[1] == '/')) {
+    const char* home = std::getenv("HOME");
+    if (!home || !*home) {
+      *why = "cannot expand \"~\": HOME is not set";
+      return "";
+    }
+    out = home;
+    i = 1;
+  }
+  auto name_char = [](char c, bool first) {
+    return c == '_' || std::isalpha(static_cast<unsigned char>(c)) || (!first && std::isdigit(static_cast<unsigned char>(c)));
+  };
+  while (i < v.size()) {
+    if (v[i] != '$' || i + 1 == v.size()) {
+      out += v[i++];
+      continue;
+    }
+    std::string name;
+    size_t next;
+    if (v[i + 1] == '$') {
+      out += '$';
+      i += 2;
+      continue;
+    } else if (v[i + 1] == '{') {
+      const size_t close = v.find('}', i + 2);
+      if (close == std::string::npos) {
+        *why = "unterminated \"${\" in \"" + v + "\"";
+        return "";
+      }
+      name = v.substr(i + 2, close - i - 2);
+      bool ok = !name.empty() && name_char(name[0], true);
+      for (char c : name) ok = ok && name_char(c, false);
+      if (!ok) {
+        *why = "\"${" + name + "}\" is not a variable name";
+        return "";
+      }
+      next = close + 1;
+    } else if (name_char(v[i + 1], true)) {
+      next = i + 1;
+      while (next < v.size() && name_char(v[next], false)) ++next;
+      name = v.substr(i + 1, next - i - 1);
+    } else {
+      out += v[i++];
+      continue;
+    }
+    const char* val = std::getenv(name.c_str());
+    if (!val) {
+      *why = "environment variable " + name + " is not defined (in \"" + v + "\")";
+      return "";
+    }
+    out += val;
+    i = next;
+  }
+  return out;
+}
+
 /// One YAML map of the schema: checks its keys on construction (duplicates, unknown keys with a
 /// did-you-mean), then hands out typed values; each getter checks type and range.
 class Section {
@@ -327,6 +390,16 @@ class Section {
     else if (e->value.IsScalar()) v = e->value.Scalar();
     else error(key, "expected a string, got " + describe(e->value));
     if (v.empty() && !allow_empty) error(key, "expected a non-empty string, got " + describe(e->value));
+    return v;
+  }
+
+  /// A path key: get_string, then `~` and environment variables expanded (expand_path).
+  std::string get_path(const std::string& key, const std::string& def, bool allow_empty) const {
+    std::string why;
+    const std::string raw = get_string(key, def, allow_empty);
+    const std::string v = expand_path(raw, &why);
+    if (!why.empty()) error(key, why);
+    if (v.empty() && !allow_empty) error(key, "expected a non-empty path, got \"" + raw + "\" (after expansion)");
     return v;
   }
 
@@ -478,10 +551,10 @@ E enum_from(const std::string& s, const std::vector<std::string>& names) {
 ModelSource read_model(const Section& top) {
   const Section s = top.sub("model", kModelKeys, /*required=*/true);
   ModelSource m;
-  m.path = s.get_string("path", "", true);
+  m.path = s.get_path("path", "", true);
   if (s.has("preset")) m.preset = s.get_choice("preset", "", known_model_presets());
   m.random_init = s.get_choice("init", "pretrained", kInits) == "random";
-  m.tokenizer = s.get_string("tokenizer", "", true);
+  m.tokenizer = s.get_path("tokenizer", "", true);
   m.dtype = enum_from<DType>(s.get_choice("dtype", "bf16", kDTypes), kDTypes);
   if (m.path.empty() && m.preset.empty())
     s.section_error("set model.path (a Hugging Face model dir) or model.preset (with init: random)");
@@ -537,8 +610,8 @@ LoraConfig read_lora(const Section& top) {
 data::DataOptions read_data(const Section& top) {
   const Section s = top.sub("data", kDataKeys, /*required=*/true);
   data::DataOptions d;
-  d.train = s.get_string("train", "", /*allow_empty=*/false);
-  d.eval = s.get_string("eval", d.eval, true);
+  d.train = s.get_path("train", "", /*allow_empty=*/false);
+  d.eval = s.get_path("eval", d.eval, true);
   d.format = s.get_choice("format", d.format, kFormats);
   d.template_name = s.get_choice("template", d.template_name, kTemplates);
   d.sequence_len = s.get_int("sequence_len", d.sequence_len, kPositive, kPositiveInt);
@@ -620,9 +693,9 @@ CheckpointConfig read_checkpoint(const Section& top) {
     const std::string v = s.get_string("resume", "auto", false);
     if (v == "auto") c.resume = ResumeMode::kAuto;
     else if (v == "never") c.resume = ResumeMode::kNever;
-    else c.resume = ResumeMode::kPath, c.resume_path = v;
+    else c.resume = ResumeMode::kPath, c.resume_path = s.get_path("resume", "auto", false);
   }
-  c.resume_from_dir = s.get_string("resume_from_dir", "", true);
+  c.resume_from_dir = s.get_path("resume_from_dir", "", true);
   c.sync_command = s.get_string("sync_command", "", true);
   if (c.resume == ResumeMode::kPath && !c.resume_from_dir.empty())
     s.error("resume_from_dir", "is only used with resume: auto (resume names a checkpoint path)");
@@ -742,7 +815,7 @@ Config parse_tree(YAML::Node root, Context& ctx, const std::vector<std::string>&
 
   const Section top(ctx, "", root, YAML::Mark::null_mark(), kTopKeys);
   Config c;
-  c.output_dir = top.get_string("output_dir", "", /*allow_empty=*/false);
+  c.output_dir = top.get_path("output_dir", "", /*allow_empty=*/false);
   c.model = read_model(top);
   c.quantization = read_quantization(top);
   c.lora = read_lora(top);
