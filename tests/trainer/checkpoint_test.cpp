@@ -26,11 +26,13 @@ Out sh(const std::string& cmd) { return qlora::test::run_command(cmd); }
 class Resume : public ::testing::Test {
  protected:
   static fs::path root;
+  static qlora::test::SuiteSetup setup;
   static void SetUpTestSuite() {
     root = qlora::test::fresh_temp_dir("resume");
     Out o = qlora::test::make_tiny_run(root, 0);
-    ASSERT_EQ(o.status, 0) << o.out;
+    setup.expect(o.status == 0, "qlora init-model for the tiny run failed", o.out);
   }
+  void SetUp() override { QLORA_CHECK_SUITE_SETUP(setup); }
   static void TearDownTestSuite() { fs::remove_all(root); }
 
   static Out train(const fs::path& out, const std::string& extra = "", const std::string& env = "") {
@@ -49,6 +51,7 @@ class Resume : public ::testing::Test {
   }
 };
 fs::path Resume::root;
+qlora::test::SuiteSetup Resume::setup;
 
 struct Stop {
   const char* name;

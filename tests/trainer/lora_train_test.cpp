@@ -176,7 +176,7 @@ torch::Tensor python_logits(const fs::path& model_dir, const std::string& adapte
 }
 
 #define QLORA_REQUIRE_PYTHON()                                                                \
-  if (python().empty()) GTEST_SKIP() << "skipped: QLORA_PYTHON is empty (configure with the venv python)"
+  if (python().empty()) FAIL() << "QLORA_PYTHON is empty (configure with the venv python; scripts/build.sh does)"
 
 // ---------------------------------------------------------------------------------------------
 // Gradient parity with PEFT
@@ -430,7 +430,8 @@ TEST(LoraMerge, Fp32BaseMatchesBasePlusAdapter) {
   std::cout << "[merge fp32] merged vs base+adapter logits max |diff| " << d << "\n";
   const std::string err = error_of([&] { cmd_merge(merge_opts(root / "base", root / "adapter_trained", out, "fp32")); });
   EXPECT_NE(err.find("not empty"), std::string::npos) << err;
-  if (!python().empty()) {
+  {  // transformers on the merged directory
+    QLORA_REQUIRE_PYTHON();
     const torch::Tensor hf = python_logits(out, "-", ref, tmp.path);
     ASSERT_TRUE(hf.defined());
     EXPECT_LE(max_diff(hf, expect), kLogitTol);
@@ -454,7 +455,8 @@ TEST(LoraMerge, Nf4BaseDequantizesAndMatches) {
   const double d = max_diff(merged, expect);
   EXPECT_LE(d, kLogitTol);
   std::cout << "[merge nf4] merged vs nf4 base+adapter logits max |diff| " << d << "\n";
-  if (!python().empty()) {
+  {  // transformers on the merged directory
+    QLORA_REQUIRE_PYTHON();
     const torch::Tensor hf = python_logits(out, "-", ref, tmp.path);
     ASSERT_TRUE(hf.defined());
     EXPECT_LE(max_diff(hf, expect), kLogitTol);
@@ -493,7 +495,8 @@ TEST(LoraMerge, TiedEmbeddingsShardedOutput) {
   const torch::Tensor merged = logits_of(LlamaModel::load(out.string(), torch::kFloat32, torch::kCPU), ref);
   EXPECT_LE(max_diff(merged, expect), kLogitTol);
   std::cout << "[merge tied, " << shards.size() << " shards] logits max |diff| " << max_diff(merged, expect) << "\n";
-  if (!python().empty()) {
+  {  // transformers on the merged directory
+    QLORA_REQUIRE_PYTHON();
     const torch::Tensor hf = python_logits(out, "-", ref, tmp.path);
     ASSERT_TRUE(hf.defined());
     EXPECT_LE(max_diff(hf, expect), kLogitTol);

@@ -1,7 +1,7 @@
 // `qlora train` / `qlora eval` / `qlora generate --adapter` end to end through the built binary:
 //   - the main job on real input: a tiny NF4 Llama on the Llama-2 tokenizer trained on
 //     ../shared/data/alpaca_en_demo.json (100 steps); the training loss and the held-out loss fall, and the
-//     adapter loads in PEFT (tests/fixtures/peft_load_check.py, when QLORA_PYTHON is set);
+//     adapter loads in PEFT (tests/fixtures/peft_load_check.py; QLORA_PYTHON must be set);
 //   - bad input: every config in tests/badinput/configs/, a missing data file, a missing
 //     tokenizer: exit 1, one line on stderr, and output_dir never created.
 #include <gtest/gtest.h>
@@ -134,8 +134,8 @@ TEST(TrainE2E, TinyNf4OnAlpacaDemoLearnsAndLoadsInPeft) {
   r = run("generate " + q(d / "model") + " --adapter " + q(d / "run") + " --prompt 'Describe a cat.' --max-new-tokens 4 --ids");
   EXPECT_EQ(r.status, 0) << r.out;
 
-  const std::string python = QLORA_PYTHON;
-  if (!python.empty()) {
+  {  // PEFT loads the adapter
+    QLORA_REQUIRE_PYTHON_EXE(python);
     const fs::path check = ::qlora::test::source_dir() / "tests/fixtures/peft_load_check.py";
     FILE* p = popen((q(python) + " " + q(check) + " " + q(d / "model") + " " + q(d / "run") + " 2>&1").c_str(), "r");
     std::string out;
@@ -144,8 +144,6 @@ TEST(TrainE2E, TinyNf4OnAlpacaDemoLearnsAndLoadsInPeft) {
     while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
     EXPECT_EQ(pclose(p), 0) << out;
     EXPECT_NE(out.find("OK"), std::string::npos) << out;
-  } else {
-    std::cout << "PEFT load check skipped: QLORA_PYTHON is empty\n";
   }
   fs::remove_all(d);
 }
