@@ -51,10 +51,6 @@ void from_json(const nlohmann::json& j, SamplerState& s);
 
 /// The order of epoch `epoch`: Fisher-Yates over 0..n-1 driven by splitmix64 seeded from
 /// (seed, epoch), bounded draws by rejection; identity when !shuffle. Same on every platform.
-/// Exactly: state = splitmix64(seed) ^ (epoch · 0xD1B54A32D192ED03) (one draw from a generator whose
-/// state is `seed`); then for i = n−1 … 1: draw r = splitmix64(state) until r < 2^64−1 − (2^64−1) mod
-/// (i+1), swap p[i] and p[r mod (i+1)]. splitmix64: Vigna, splitmix64.c. (Pinned values computed
-/// independently in Python: tests/data/test_pipeline.cpp, Sampler.ResumeAnywhereGivesTheSameSequence.)
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, uint64_t epoch, bool shuffle);
 
 /// Yields batches of `batch_size` rows forever, epoch after epoch. A batch never spans two

@@ -203,7 +203,7 @@ TEST(Sampler, ResumeAnywhereGivesTheSameSequence) {
   }
   EXPECT_EQ(epoch_permutation(5, 1, 0, false), (std::vector<int64_t>{0, 1, 2, 3, 4}));
   // Fully specified PRNG: values pinned from an independent Python implementation of the algorithm
-  // documented in data/batch.h (splitmix64 as in Vigna's splitmix64.c, checked there against its
+  // documented in docs/data.md (splitmix64 as in Vigna's splitmix64.c, checked there against its
   // first output for seed 0, 0xe220a8397b1dcdaf):
   //   M = 2**64 - 1
   //   def sm(s): s = (s + 0x9E3779B97F4A7C15) & M; z = s
