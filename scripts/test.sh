@@ -9,10 +9,16 @@ t1=$(date +%s)
 
 FIX="$QLORA_BUILD/fixtures"
 mkdir -p "$FIX"
+# A fixture is remade when its generator, the pinned Python packages (requirements.lock) or
+# ../shared change: the stamp's name is a hash of the three (../shared by its file list, sizes and
+# mtimes, which is cheap).
+shared_key="$( (cd "$QLORA_SHARED" 2>/dev/null && find . -type f -printf '%P %s %T@\n' | LC_ALL=C sort) | sha256sum | cut -c1-16)"
 for f in "$QLORA_ROOT"/tests/fixtures/make_*.py; do
-  stamp="$FIX/.$(basename "$f").$(sha256sum "$f" | cut -c1-12)"
+  key="$(cat "$f" "$QLORA_ROOT/scripts/requirements.lock" <(echo "$shared_key") | sha256sum | cut -c1-16)"
+  stamp="$FIX/.$(basename "$f").$key"
   if [ ! -f "$stamp" ]; then
     echo "[test] fixtures: $(basename "$f")"
+    rm -f "$FIX/.$(basename "$f")."*
     "$QLORA_VENV/bin/python" "$f" --out "$FIX"
     touch "$stamp"
   fi
@@ -20,7 +26,21 @@ done
 t2=$(date +%s)
 
 cd "$QLORA_BUILD"
-ctest --output-on-failure -j"${QLORA_TEST_JOBS:-2}" --timeout 1200
+# Every test must run: a skip outside tests/skip_allowlist.txt fails the command (check_skips.py
+# reads ctest's JUnit report and lists every test that did not run, with its reason).
+have_gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then have_gpu=1; fi
+rm -f "$QLORA_BUILD/ctest-junit.xml"
+ctest_rc=0
+ctest --output-on-failure -j"${QLORA_TEST_JOBS:-2}" --timeout 1200 --output-junit "$QLORA_BUILD/ctest-junit.xml" \
+  ${QLORA_CTEST_ARGS:-} || ctest_rc=$?
+skips_rc=0
+"$QLORA_VENV/bin/python" "$QLORA_ROOT/scripts/check_skips.py" "$QLORA_BUILD/ctest-junit.xml" \
+  "$QLORA_ROOT/tests/skip_allowlist.txt" --have-gpu "$have_gpu" || skips_rc=$?
+if [ "$ctest_rc" != 0 ] || [ "$skips_rc" != 0 ]; then
+  echo "[test] FAILED: ctest exit $ctest_rc, skip check exit $skips_rc"
+  exit 1
+fi
 # The GPU check script's CPU part (docs/gpu.md): syntax, and the dequant bench in CPU mode.
 bash -n "$QLORA_ROOT/scripts/device-check.sh" "$QLORA_ROOT/scripts/device-prepare.sh"
 if [ -x "$QLORA_BUILD/bench/quant4/bench_quant4" ]; then
@@ -37,4 +57,11 @@ if [ "${QLORA_SKIP_ASAN:-0}" != 1 ]; then
     QLORA_FIXTURES="$FIX" "$ASAN/tests/test_badinput"
 fi
 t4=$(date +%s)
-echo "[test] wall: build $((t1-t0))s, fixtures $((t2-t1))s, ctest $((t3-t2))s, sanitizer $((t4-t3))s"
+
+# libFuzzer (clang, ASan+UBSan): >= 60 s per parser; any finding fails the command.
+if [ "${QLORA_SKIP_FUZZ:-0}" != 1 ]; then
+  echo "[test] fuzzing (scripts/fuzz.sh)"
+  "$QLORA_ROOT/scripts/fuzz.sh"
+fi
+t5=$(date +%s)
+echo "[test] wall: build $((t1-t0))s, fixtures $((t2-t1))s, ctest $((t3-t2))s, sanitizer $((t4-t3))s, fuzz $((t5-t4))s"

@@ -1,5 +1,7 @@
-// Shared helpers for the GoogleTest suites: where fixtures and ../shared live, and how a missing
-// one is treated (a failure under CI, a skip with a clear message elsewhere).
+// Shared helpers for the GoogleTest suites: where fixtures and ../shared live. A missing fixture,
+// ../shared file or Python interpreter FAILS the test (never a skip: scripts/test.sh fails on any
+// skip outside tests/skip_allowlist.txt). Suite-level setup reports through SuiteSetup, so a failed
+// SetUpTestSuite fails every test of the suite instead of GoogleTest's silent skip.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -13,8 +15,6 @@
 #include <string>
 
 namespace qlora::test {
-
-inline bool in_ci() { return std::getenv("CI") != nullptr; }
 
 /// Directory of generated fixtures (env QLORA_FIXTURES overrides the build-time default).
 inline std::filesystem::path fixtures_dir() {
@@ -57,7 +57,28 @@ inline std::filesystem::path fresh_temp_dir(const std::string& name) {
   return d;
 }
 
+/// The outcome of a suite's SetUpTestSuite. GoogleTest marks every test SKIPPED when an ASSERT
+/// fails in SetUpTestSuite (and ctest's skip pattern then reports success), so suites record the
+/// error here instead and call check() from SetUp(), which FAILs each test with the message.
+struct SuiteSetup {
+  std::string error;  ///< empty = setup succeeded
+  /// Records `what` + `detail` as the error when `ok` is false; returns ok.
+  bool expect(bool ok, const std::string& what, const std::string& detail = "") {
+    if (!ok && error.empty()) error = what + (detail.empty() ? "" : ":\n" + detail);
+    return ok;
+  }
+};
+
 }  // namespace qlora::test
+
+/// In a fixture's SetUp(): fails the test when the suite's SetUpTestSuite recorded an error.
+#define QLORA_CHECK_SUITE_SETUP(suite_setup) \
+  if (!(suite_setup).error.empty()) FAIL() << "suite setup failed: " << (suite_setup).error
+
+/// The Python interpreter of the test venv (configured as QLORA_PYTHON); empty fails the test.
+#define QLORA_REQUIRE_PYTHON_EXE(var)                                                      \
+  const std::string var = QLORA_PYTHON;                                                   \
+  if (var.empty()) FAIL() << "QLORA_PYTHON is empty: configure with -DQLORA_PYTHON=<venv python> (scripts/build.sh does)"
 
 /// Resolves `rel` under the fixtures dir into `var`; a missing fixture fails the test
 /// (fixtures are made by scripts/test.sh before ctest).
@@ -66,10 +87,8 @@ inline std::filesystem::path fresh_temp_dir(const std::string& name) {
   if (!std::filesystem::exists(var))                                                       \
   FAIL() << "missing fixture " << var << " (made by tests/fixtures/make_*.py; run scripts/test.sh)"
 
-/// Resolves `rel` under ../shared into `var`; missing: fail under CI, skip elsewhere.
+/// Resolves `rel` under ../shared (env QLORA_SHARED overrides) into `var`; missing fails the test.
 #define QLORA_REQUIRE_SHARED(var, rel)                                                      \
   const std::filesystem::path var = ::qlora::test::shared_dir() / (rel);                   \
-  if (!std::filesystem::exists(var)) {                                                     \
-    if (::qlora::test::in_ci()) FAIL() << "missing " << var << " (../shared must exist in CI)"; \
-    GTEST_SKIP() << "skipped: " << var << " not found (../shared is only present in the repo's CI)"; \
-  }
+  if (!std::filesystem::exists(var))                                                       \
+  FAIL() << "missing " << var << " (../shared: the repo's demo data and tokenizers; set QLORA_SHARED)"

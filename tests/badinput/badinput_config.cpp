@@ -9,61 +9,12 @@
 #include <string>
 
 #include "common/error.h"
+#include "tests/badinput/config_expectations.h"
 #include "tests/test_util.h"
 #include "trainer/config/config.h"
 
 namespace qlora {
 namespace {
-
-struct Expect {
-  int line;              ///< 1-based line named in the message; 0 = the message names no line
-  const char* fragment;  ///< must appear in the message
-};
-
-/// One entry per file in tests/badinput/configs/ (the test fails on a file without an entry).
-const std::map<std::string, Expect>& expectations() {
-  static const std::map<std::string, Expect> table = {
-      {"blocksize_not_power_of_two.yaml", {8, "quantization.blocksize: expected a power of two in [32, 4096], got 100"}},
-      {"colon_in_plain_value.yaml", {1, "YAML syntax error"}},
-      {"data_train_list.yaml", {5, "data.train: expected a string, got a list"}},
-      {"data_train_missing.yaml", {4, "data.train: required key is missing"}},
-      {"dropout_one.yaml", {7, "lora.dropout: expected a number in [0, 1), got 1.0"}},
-      {"duplicate_key.yaml", {9, "training.learning_rate: duplicate key (first set on line 7)"}},
-      {"duplicate_top_level.yaml", {6, "output_dir: duplicate key (first set on line 1)"}},
-      {"empty.yaml", {0, "the config is empty"}},
-      {"field_map_value_list.yaml", {6, "data.field_map.instruction: expected a name, got a list"}},
-      {"integer_overflow.yaml", {6, "data.sequence_len: expected a positive integer"}},
-      {"keep_last_zero.yaml", {7, "checkpoint.keep_last: expected an integer >= 1, got 0"}},
-      {"lora_alpha_string.yaml", {8, "lora.alpha: expected a positive number, got \"32\" (a quoted string)"}},
-      {"lora_r_negative.yaml", {7, "lora.r: expected a positive integer, got -8"}},
-      {"malformed_indent.yaml", {5, "YAML syntax error"}},
-      {"malformed_unclosed_flow.yaml", {3, "YAML syntax error"}},
-      {"micro_batch_size_string.yaml", {7, "training.micro_batch_size: expected a positive integer, got \"four\""}},
-      {"micro_batch_size_zero.yaml", {7, "training.micro_batch_size: expected a positive integer, got 0"}},
-      {"misspelt_learning_rate.yaml", {8, "training.lerning_rate: unknown key; did you mean \"learning_rate\"?"}},
-      {"model_missing.yaml", {0, "model: required section is missing"}},
-      {"negative_learning_rate.yaml", {7, "training.learning_rate: expected a positive number, got -2e-4"}},
-      {"nothing_to_train.yaml", {8, "nothing to train"}},
-      {"only_comment.yaml", {0, "the config is empty"}},
-      {"preset_without_random_init.yaml", {3, "model.preset: a preset has no weights; set model.init: random"}},
-      {"section_not_a_map.yaml", {6, "lora: expected a map of keys, got a list"}},
-      {"sequence_len_zero.yaml", {6, "data.sequence_len: expected a positive integer, got 0"}},
-      {"stray_flow_end.yaml", {2, "YAML syntax error"}},
-      {"tab_indentation.yaml", {3, "a tab in the indentation"}},
-      {"top_level_list.yaml", {1, "expected a map of sections at the top level, got a list"}},
-      {"top_level_scalar.yaml", {1, "expected a map of sections at the top level, got \"just a string\""}},
-      {"two_documents.yaml", {7, "expected one YAML document, found 2"}},
-      {"undefined_alias.yaml", {7, "YAML syntax error"}},
-      {"undefined_env_variable.yaml", {5, "data.train: environment variable QLORA_TEST_UNDEFINED_VARIABLE_16 is not defined"}},
-      {"unknown_quant_method.yaml", {7, "quantization.method: expected one of nf4|fp4|none, got \"int4\""}},
-      {"unknown_scheduler.yaml", {7, "training.lr_scheduler: expected one of constant|linear|cosine, got \"polynomial\""}},
-      {"unknown_target_module.yaml", {7, "lora.target_modules[1]: unknown module \"v_prj\"; did you mean \"v_proj\"?"}},
-      {"unknown_template.yaml", {6, "data.template: expected one of alpaca|chatml|llama2|vicuna|none|smollm2|qwen2.5|qwen3|llama3|mistral|auto, got \"chatlm\"; did you mean \"chatml\"?"}},
-      {"unknown_top_level_key.yaml", {6, "frobnicate: unknown key"}},
-      {"yaml11_boolean.yaml", {7, "training.gradient_checkpointing: expected true or false, got \"yes\""}},
-  };
-  return table;
-}
 
 std::filesystem::path corpus_dir() { return test::source_dir() / "tests" / "badinput" / "configs"; }
 
@@ -74,8 +25,8 @@ TEST(BadInputConfig, EveryCorpusFileFailsWithOneLineNamingFileLineAndKey) {
     const std::string name = entry.path().filename().string();
     seen.insert(name);
     SCOPED_TRACE(name);
-    const auto it = expectations().find(name);
-    ASSERT_NE(it, expectations().end()) << "add an expectation for " << name;
+    const auto it = test::bad_config_expectations().find(name);
+    ASSERT_NE(it, test::bad_config_expectations().end()) << "add an expectation for " << name;
     const std::string path = entry.path().string();
     try {
       load_config(path);
@@ -90,7 +41,7 @@ TEST(BadInputConfig, EveryCorpusFileFailsWithOneLineNamingFileLineAndKey) {
           << "expected '" << it->second.fragment << "' in: " << msg;
     }
   }
-  for (const auto& [name, expect] : expectations())
+  for (const auto& [name, expect] : test::bad_config_expectations())
     EXPECT_TRUE(seen.count(name)) << "expectation without a corpus file: " << name;
   EXPECT_GE(seen.size(), 15u);
 }

@@ -203,8 +203,23 @@ TEST(Sampler, ResumeAnywhereGivesTheSameSequence) {
     for (int i = 0; i < 23; ++i) EXPECT_EQ(s[i], i);
   }
   EXPECT_EQ(epoch_permutation(5, 1, 0, false), (std::vector<int64_t>{0, 1, 2, 3, 4}));
-  // fully specified PRNG: pinned values
-  EXPECT_EQ(epoch_permutation(8, 42, 0, true), epoch_permutation(8, 42, 0, true));
+  // Fully specified PRNG: values pinned from an independent Python implementation of the algorithm
+  // documented in docs/data.md (splitmix64 as in Vigna's splitmix64.c, checked there against its
+  // first output for seed 0, 0xe220a8397b1dcdaf):
+  //   M = 2**64 - 1
+  //   def sm(s): s = (s + 0x9E3779B97F4A7C15) & M; z = s
+  //              z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M; z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+  //              return s, z ^ (z >> 31)
+  //   def perm(n, seed, epoch): p = list(range(n)); s, v = sm(seed); s = v ^ ((epoch * 0xD1B54A32D192ED03) & M)
+  //     for i in range(n - 1, 0, -1):
+  //       b = i + 1; lim = M - M % b
+  //       while True: s, r = sm(s); if r < lim: break
+  //       p[i], p[r % b] = p[r % b], p[i]
+  //     return p
+  EXPECT_EQ(epoch_permutation(8, 42, 0, true), (std::vector<int64_t>{3, 6, 0, 7, 1, 2, 5, 4}));
+  EXPECT_EQ(epoch_permutation(8, 42, 1, true), (std::vector<int64_t>{4, 1, 2, 7, 5, 0, 3, 6}));
+  EXPECT_EQ(epoch_permutation(23, 7, 0, true),
+            (std::vector<int64_t>{12, 19, 18, 17, 1, 6, 3, 15, 22, 4, 7, 2, 9, 20, 16, 0, 14, 21, 11, 5, 13, 10, 8}));
 }
 
 TEST(Batch, PaddingAndPacking) {

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -210,6 +211,20 @@ void check_case(const Fixture& f, const nlohmann::json& c) {
   EXPECT_EQ(first_diff(ours.packed, bnb_packed), -1) << "packed bytes";
   EXPECT_EQ(first_diff(ours.absmax, bnb_absmax), -1) << "absmax";
 
+  // The production CPU path directly against bnb, double quant included, with OUR offset
+  // (absmax_mean_ref over our absmax), not bnb's: packed, absmax, offset, absmax_q, nested_absmax.
+  {
+    const Quantized prod = run_quantize<T, false>(x, bs, t, true);
+    EXPECT_EQ(first_diff(prod.packed, bnb_packed), -1) << "packed bytes (production cpu path)";
+    EXPECT_EQ(first_diff(prod.absmax, bnb_absmax), -1) << "absmax (production cpu path)";
+    const float bnb_off = c["offset"];
+    EXPECT_EQ(std::memcmp(&prod.offset, &bnb_off, 4), 0)
+        << "offset (ours, computed) " << prod.offset << " vs bnb " << bnb_off;
+    expect_nested_codes_ok(prod.absmax, prod.offset, prod.nested_absmax, prod.absmax_q,
+                           bin<uint8_t>(f, c["absmax_q"]));
+    EXPECT_EQ(first_diff(prod.nested_absmax, bin<float>(f, c["nested_absmax"])), -1) << "nested_absmax (production)";
+  }
+
   // double quant: offset = torch's float32 mean — ours sums in double (see quant4.h), so it may
   // differ by an ulp; the nested quantization itself is compared given bnb's offset.
   const float bnb_offset = c["offset"];
@@ -303,7 +318,28 @@ TEST(Quant4Bnb, SixteenBitConversionsMatchTorch) {
 TEST(Quant4Bnb, ByteExactWithBitsandbytesCpu) {
   QLORA_REQUIRE_FIXTURE(manifest, "quant/manifest.json");
   const Fixture f = load_fixture();
-  ASSERT_GE(f.manifest["cases"].size(), 30u);
+  ASSERT_EQ(f.manifest["cases"].size(), 42u);
+  int tie_cases = 0;
+  int64_t exact_ties = 0;
+  for (const auto& c : f.manifest["cases"]) {
+    const std::string name = c["name"];
+    if (name.find("_ties_") == std::string::npos) continue;
+    ++tie_cases;
+    if (c["dtype"] != "f32") continue;
+    // the data really holds ties: x * (1/absmax) equal to a bucketize bound, in blocks of a
+    // power-of-two absmax
+    const auto t = c["quant_type"] == "nf4" ? k::Quant4Type::NF4 : k::Quant4Type::FP4;
+    const auto x = bin<float>(f, c["input"]);
+    const auto am = bin<float>(f, c["absmax"]);
+    const int64_t bs = c["blocksize"];
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float s = x[i] * (1.f / am[i / bs]);
+      for (int b = 0; b < 15; ++b) exact_ties += (std::fabs(s) == k::quant4_bounds(t)[b]);
+    }
+  }
+  EXPECT_EQ(tie_cases, 12);
+  EXPECT_GT(exact_ties, 1000) << "the tie fixtures hold no exact ties";
+  std::cout << "[quant4 bnb] " << tie_cases << " tie cases, " << exact_ties << " exact ties in the f32 ones\n";
   for (const auto& c : f.manifest["cases"]) {
     const std::string dt = c["dtype"];
     if (dt == "f32") check_case<float>(f, c);

@@ -2,11 +2,16 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/error.h"
 #include "kernels/quant4.h"
 #include "kernels/quant_tensor.h"
+#include "quant_test_util.h"
+#include "tests/test_util.h"
 
 namespace {
 
@@ -135,4 +140,45 @@ TEST(QuantTensor, CudaMatchesCpuReference) {
   auto qs = q.to(torch::Device(torch::kCUDA));
   qs.packed = torch::cat({torch::zeros({1}, qs.packed.options()), qs.packed}).slice(0, 1);
   EXPECT_TRUE(same_bytes(q.dequantize(torch::kBFloat16), qs.dequantize(torch::kBFloat16)));
+}
+
+// qlora::quantize() — the function the model loader calls — byte for byte against bitsandbytes'
+// quantize_4bit on every fixture case (tests/fixtures/make_quant_refs.py, tie cases included):
+// plain (packed, absmax) and double quant (packed, absmax_q, nested_absmax, and the offset we
+// compute ourselves, compared bit for bit with bnb's).
+TEST(QuantTensor, QuantizeMatchesBitsandbytesByteForByte) {
+  QLORA_REQUIRE_FIXTURE(manifest_path, "quant/manifest.json");
+  const std::filesystem::path dir = manifest_path.parent_path();
+  std::ifstream in(manifest_path);
+  const nlohmann::json manifest = nlohmann::json::parse(in);
+  auto bytes_of = [&](const nlohmann::json& name) { return qlora::test::read_bin<uint8_t>(dir / name.get<std::string>()); };
+  auto tensor_of = [](const std::vector<uint8_t>& b, at::ScalarType dt, std::vector<int64_t> shape) {
+    return torch::from_blob(const_cast<uint8_t*>(b.data()), shape, dt).clone();
+  };
+  int cases = 0;
+  for (const auto& c : manifest["cases"]) {
+    const std::string name = c["name"], dn = c["dtype"];
+    SCOPED_TRACE(name);
+    const at::ScalarType dt = dn == "f32" ? at::kFloat : dn == "bf16" ? at::kBFloat16 : at::kHalf;
+    const auto x_bytes = bytes_of(c["input"]);
+    const torch::Tensor x = tensor_of(x_bytes, dt, c["shape"].get<std::vector<int64_t>>());
+    const QuantType t = c["quant_type"] == "nf4" ? QuantType::NF4 : QuantType::FP4;
+    const int64_t bs = c["blocksize"];
+    const auto packed = bytes_of(c["packed"]);
+    const auto absmax = bytes_of(c["absmax"]);
+    const qlora::QuantizedWeight plain = qlora::quantize(x, t, bs, /*double_quant=*/false);
+    EXPECT_TRUE(same_bytes(plain.packed, tensor_of(packed, at::kByte, {int64_t(packed.size())}))) << "packed";
+    EXPECT_TRUE(same_bytes(plain.absmax, tensor_of(absmax, at::kFloat, {int64_t(absmax.size() / 4)}))) << "absmax";
+    const qlora::QuantizedWeight dq = qlora::quantize(x, t, bs, /*double_quant=*/true);
+    const auto absmax_q = bytes_of(c["absmax_q"]);
+    const auto nested = bytes_of(c["nested_absmax"]);
+    EXPECT_TRUE(same_bytes(dq.packed, tensor_of(packed, at::kByte, {int64_t(packed.size())}))) << "packed (dq)";
+    EXPECT_TRUE(same_bytes(dq.absmax_q, tensor_of(absmax_q, at::kByte, {int64_t(absmax_q.size())}))) << "absmax_q";
+    EXPECT_TRUE(same_bytes(dq.nested_absmax, tensor_of(nested, at::kFloat, {int64_t(nested.size() / 4)})))
+        << "nested_absmax";
+    const float bnb_offset = c["offset"];
+    EXPECT_EQ(std::memcmp(&dq.offset, &bnb_offset, 4), 0) << "offset " << dq.offset << " vs bnb " << bnb_offset;
+    ++cases;
+  }
+  EXPECT_EQ(cases, 42);
 }

@@ -49,13 +49,15 @@ std::string line_with(const std::string& out, const std::string& what) {
 class CheckpointRobust : public ::testing::Test {
  protected:
   static fs::path root;
+  static qlora::test::SuiteSetup setup;
   static void SetUpTestSuite() {
     root = qlora::test::fresh_temp_dir("ckpt_robust");
     Out o = qlora::test::make_tiny_run(root, 1);
-    ASSERT_EQ(o.status, 0) << o.out;
+    if (!setup.expect(o.status == 0, "qlora init-model for the tiny run failed", o.out)) return;
     std::ofstream(root / "data2.json") << qlora::read_file((root / "data.json").string());  // same examples, another file
   }
   static void TearDownTestSuite() { fs::remove_all(root); }
+  void SetUp() override { QLORA_CHECK_SUITE_SETUP(setup); }
 
   static std::string train_cmd(const fs::path& out, const std::string& extra = "") {
     return std::string(QLORA_BIN) + " train " + (root / "run.yaml").string() + " --set output_dir=" + out.string() +
@@ -71,6 +73,7 @@ class CheckpointRobust : public ::testing::Test {
   }
 };
 fs::path CheckpointRobust::root;
+qlora::test::SuiteSetup CheckpointRobust::setup;
 
 // Starts `argv` with stdout and stderr into `log` and `env_extra` added to the environment.
 pid_t spawn(const std::vector<std::string>& argv, const fs::path& log, const std::vector<std::string>& env_extra) {

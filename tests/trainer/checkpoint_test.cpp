@@ -1,5 +1,6 @@
 // Spot-safe runs: a run stopped by SIGTERM at step k and resumed ends with an adapter
-// byte-identical to the uninterrupted run's and the same loss / lr at every step; corrupt newest
+// byte-identical to the uninterrupted run's and the same loss / lr at every step; the second
+// process runs only steps k+1.. and metrics.jsonl holds each step once; corrupt newest
 // checkpoints are skipped; changed run-meaning settings are refused. Tiny model, CPU, LoRA dropout
 // on and gradient checkpointing on (so RNG restore is exercised).
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sys/wait.h>
 
 #include "common/error.h"
@@ -26,29 +28,52 @@ Out sh(const std::string& cmd) { return qlora::test::run_command(cmd); }
 class Resume : public ::testing::Test {
  protected:
   static fs::path root;
+  static qlora::test::SuiteSetup setup;
   static void SetUpTestSuite() {
     root = qlora::test::fresh_temp_dir("resume");
     Out o = qlora::test::make_tiny_run(root, 0);
-    ASSERT_EQ(o.status, 0) << o.out;
+    setup.expect(o.status == 0, "qlora init-model for the tiny run failed", o.out);
   }
+  void SetUp() override { QLORA_CHECK_SUITE_SETUP(setup); }
   static void TearDownTestSuite() { fs::remove_all(root); }
 
   static Out train(const fs::path& out, const std::string& extra = "", const std::string& env = "") {
     return sh(env + " " + QLORA_BIN + " train " + (root / "run.yaml").string() + " --set output_dir=" + out.string() +
               " " + extra);
   }
-  // step → (loss, lr) from metrics.jsonl
+  // The raw lines of metrics.jsonl.
+  static std::vector<std::string> metric_lines(const fs::path& out) {
+    std::vector<std::string> v;
+    std::ifstream in(out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) v.push_back(line);
+    return v;
+  }
+  // step → (loss, lr) from metrics.jsonl; fails the test when a step appears twice or the steps
+  // are not 1, 2, ..., n in order.
   static std::map<int64_t, std::pair<double, double>> metrics(const fs::path& out) {
     std::map<int64_t, std::pair<double, double>> m;
-    std::ifstream in(out / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
+    int64_t expect = 1;
+    for (const std::string& line : metric_lines(out)) {
       json j = json::parse(line);
-      m[j["step"].get<int64_t>()] = {j["loss"].get<double>(), j["lr"].get<double>()};
+      const int64_t step = j["step"].get<int64_t>();
+      EXPECT_EQ(step, expect) << out << ": metrics.jsonl steps must be 1, 2, ... each once";
+      ++expect;
+      EXPECT_TRUE(m.emplace(step, std::make_pair(j["loss"].get<double>(), j["lr"].get<double>())).second)
+          << out << ": step " << step << " twice in metrics.jsonl";
     }
     return m;
   }
+  // The optimizer steps a run's log reports ("step N/T" lines, logging_steps 1), in order.
+  static std::vector<int64_t> logged_steps(const std::string& log) {
+    std::vector<int64_t> v;
+    static const std::regex re(R"(step (\d+)/\d+ )");
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator(); ++it)
+      v.push_back(std::stoll((*it)[1]));
+    return v;
+  }
 };
 fs::path Resume::root;
+qlora::test::SuiteSetup Resume::setup;
 
 struct Stop {
   const char* name;
@@ -68,9 +93,27 @@ TEST_F(Resume, InterruptedRunsEqualTheUninterruptedRun) {
     o = train(out, "", std::string("QLORA_FAULT_SIGTERM_AT=") + s.fault);
     ASSERT_EQ(o.status, 75) << s.name << ": " << o.out;
     EXPECT_NE(o.out.find("interrupted: stopped at step"), std::string::npos) << o.out;
+    const std::vector<std::string> first_lines = metric_lines(out);
+    const std::vector<int64_t> first_steps = logged_steps(o.out);
     o = train(out);
     ASSERT_EQ(o.status, 0) << s.name << ": " << o.out;
-    EXPECT_NE(o.out.find("resume: from"), std::string::npos) << o.out;
+    // A resume, not a restart: from the stop step K, the second process runs exactly K+1 .. 18,
+    // and the first process's metrics lines for 1 .. K are kept byte for byte (their timings
+    // would differ if recomputed); each step is in metrics.jsonl once.
+    std::smatch at;
+    ASSERT_TRUE(std::regex_search(o.out, at, std::regex(R"(resume: from \S+ at step (\d+))"))) << o.out;
+    const int64_t k = std::stoll(at[1]);
+    ASSERT_GE(k, 1) << s.name;
+    ASSERT_EQ(first_lines.size(), static_cast<size_t>(k)) << s.name << ": the stopped run logged steps past its checkpoint";
+    std::vector<int64_t> expect_first, expect_second;
+    for (int64_t i = 1; i <= k; ++i) expect_first.push_back(i);
+    for (int64_t i = k + 1; i <= 18; ++i) expect_second.push_back(i);
+    EXPECT_EQ(first_steps, expect_first) << s.name;
+    EXPECT_EQ(logged_steps(o.out), expect_second) << s.name << ": the resumed process must run only the remaining steps\n"
+                                                  << o.out;
+    const std::vector<std::string> final_lines = metric_lines(out);
+    ASSERT_EQ(final_lines.size(), 18u) << s.name;
+    for (int64_t i = 0; i < k; ++i) EXPECT_EQ(final_lines[i], first_lines[i]) << s.name << " metrics line " << i + 1;
     EXPECT_EQ(qlora::read_file((out / "adapter_model.safetensors").string()), ref_adapter) << s.name;
     const auto m = metrics(out);
     ASSERT_EQ(m.size(), ref_metrics.size()) << s.name;

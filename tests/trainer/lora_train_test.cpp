@@ -106,13 +106,13 @@ data::Batch to_batch(const torch::Tensor& ids, const torch::Tensor& labels, cons
   return b;
 }
 
-TrainingConfig adamw_config() {
+TrainingConfig adamw_config(double weight_decay = 0.0) {
   TrainingConfig t;
   t.learning_rate = 1e-3;
   t.adam_beta1 = 0.9;
   t.adam_beta2 = 0.999;
   t.adam_epsilon = 1e-8;
-  t.weight_decay = 0.0;
+  t.weight_decay = weight_decay;
   return t;
 }
 
@@ -176,17 +176,24 @@ torch::Tensor python_logits(const fs::path& model_dir, const std::string& adapte
 }
 
 #define QLORA_REQUIRE_PYTHON()                                                                \
-  if (python().empty()) GTEST_SKIP() << "skipped: QLORA_PYTHON is empty (configure with the venv python)"
+  if (python().empty()) FAIL() << "QLORA_PYTHON is empty (configure with the venv python; scripts/build.sh does)"
 
 // ---------------------------------------------------------------------------------------------
 // Gradient parity with PEFT
 
 /// Loss, every gradient at step 0, the loss of each of 5 AdamW steps and the weights after them,
 /// against transformers + PEFT (torch.optim.AdamW) on `base` with the fixture's initial adapter.
-void check_peft_parity(const std::string& base, const std::string& ref_file, const std::string& label) {
+struct ParityRun {
+  std::string adapter = "adapter_init";  ///< initial adapter dir under peft/
+  double weight_decay = 0.0;             ///< AdamW weight decay
+  double max_grad_norm = 0.0;            ///< clip (0: none); the fixture's grad_norms are pre-clip
+};
+
+void check_peft_parity(const std::string& base, const std::string& ref_file, const std::string& label,
+                       const ParityRun& run = {}) {
   QLORA_REQUIRE_FIXTURE(root, "peft");
   const Refs ref = load_refs(root / ref_file);
-  LlamaModel m = with_adapter(root / base, root / "adapter_init");
+  LlamaModel m = with_adapter(root / base, root / run.adapter);
   m.training = true;
   const data::Batch b = to_batch(ref.at("input_ids"), ref.at("labels"), ref.at("attention_mask"));
 
@@ -206,18 +213,23 @@ void check_peft_parity(const std::string& base, const std::string& ref_file, con
     if (rel > worst) worst = rel, worst_name = name;
   }
 
-  auto opt = make_adamw(m.lora_parameters(), adamw_config());
+  auto opt = make_adamw(m.lora_parameters(), adamw_config(run.weight_decay));
   const torch::Tensor losses = ref.at("losses");
-  double worst_loss = 0;
+  const torch::Tensor norms = ref.at("grad_norms");
+  double worst_loss = 0, worst_norm = 0;
   for (int s = 0; s < 5; ++s) {
-    const StepResult r = train_step(m, *opt, {b}, 1e-3, /*max_grad_norm=*/0.0);
+    const StepResult r = train_step(m, *opt, {b}, 1e-3, run.max_grad_norm);
     ASSERT_FALSE(r.skipped);
     const double rl = losses[s].item<double>();
     EXPECT_NEAR(r.loss, rl, 1e-5 * std::abs(rl)) << label << " step " << s;
     worst_loss = std::max(worst_loss, std::abs(r.loss - rl) / std::abs(rl));
+    const double rn = norms[s].item<double>();
+    EXPECT_NEAR(r.grad_norm, rn, 1e-4 * rn) << label << " grad norm (before clipping) at step " << s;
+    worst_norm = std::max(worst_norm, std::abs(r.grad_norm - rn) / rn);
+    if (run.max_grad_norm > 0) EXPECT_GT(rn, run.max_grad_norm) << label << ": step " << s << " was not clipped";
   }
   double worst_w = 0, moved = 0;
-  const LoraWeights init = with_adapter(root / base, root / "adapter_init").lora_weights();
+  const LoraWeights init = with_adapter(root / base, root / run.adapter).lora_weights();
   for (const auto& [module, ab] : m.lora_weights()) {
     const double da = max_diff(ab.first, ref.at(module + ".lora_A.step5"));
     const double db = max_diff(ab.second, ref.at(module + ".lora_B.step5"));
@@ -229,12 +241,24 @@ void check_peft_parity(const std::string& base, const std::string& ref_file, con
   EXPECT_GT(moved, 1e-3) << "the 5 steps did not move the adapter";
   std::cout << "[peft parity " << label << "] loss " << loss << " vs " << ref_loss << " (rel "
             << std::abs(loss - ref_loss) / ref_loss << "); worst grad rel " << worst << " (" << worst_name
-            << "); worst step loss rel " << worst_loss << "; weights after 5 steps max |diff| " << worst_w
+            << "); worst step loss rel " << worst_loss << "; worst grad norm rel " << worst_norm
+            << "; weights after 5 steps max |diff| " << worst_w
             << " (max move " << moved << ")\n";
 }
 
 TEST(LoraPeftParity, Fp32Base) { check_peft_parity("base", "ref_fp32.safetensors", "fp32"); }
 TEST(LoraPeftParity, Nf4Base) { check_peft_parity("base_nf4", "ref_nf4.safetensors", "nf4"); }
+// AdamW weight decay 0.1 (decoupled, torch.optim.AdamW) and clip_grad_norm_ to 0.05 at every step.
+TEST(LoraPeftParity, WeightDecayAndClipping) {
+  check_peft_parity("base", "ref_fp32_wd_clip.safetensors", "fp32 wd 0.1 clip 0.05",
+                    ParityRun{"adapter_init", 0.1, 0.05});
+}
+// rsLoRA: scale alpha / sqrt(r), read from the PEFT adapter_config.json's use_rslora.
+TEST(LoraPeftParity, RsLora) {
+  QLORA_REQUIRE_FIXTURE(cfg, "peft/adapter_init_rslora/adapter_config.json");
+  EXPECT_TRUE(read_peft_config(cfg.parent_path().string()).use_rslora);
+  check_peft_parity("base", "ref_fp32_rslora.safetensors", "fp32 rslora", ParityRun{"adapter_init_rslora"});
+}
 
 // ---------------------------------------------------------------------------------------------
 // Gradient checkpointing
@@ -430,7 +454,8 @@ TEST(LoraMerge, Fp32BaseMatchesBasePlusAdapter) {
   std::cout << "[merge fp32] merged vs base+adapter logits max |diff| " << d << "\n";
   const std::string err = error_of([&] { cmd_merge(merge_opts(root / "base", root / "adapter_trained", out, "fp32")); });
   EXPECT_NE(err.find("not empty"), std::string::npos) << err;
-  if (!python().empty()) {
+  {  // transformers on the merged directory
+    QLORA_REQUIRE_PYTHON();
     const torch::Tensor hf = python_logits(out, "-", ref, tmp.path);
     ASSERT_TRUE(hf.defined());
     EXPECT_LE(max_diff(hf, expect), kLogitTol);
@@ -454,7 +479,8 @@ TEST(LoraMerge, Nf4BaseDequantizesAndMatches) {
   const double d = max_diff(merged, expect);
   EXPECT_LE(d, kLogitTol);
   std::cout << "[merge nf4] merged vs nf4 base+adapter logits max |diff| " << d << "\n";
-  if (!python().empty()) {
+  {  // transformers on the merged directory
+    QLORA_REQUIRE_PYTHON();
     const torch::Tensor hf = python_logits(out, "-", ref, tmp.path);
     ASSERT_TRUE(hf.defined());
     EXPECT_LE(max_diff(hf, expect), kLogitTol);
@@ -493,7 +519,8 @@ TEST(LoraMerge, TiedEmbeddingsShardedOutput) {
   const torch::Tensor merged = logits_of(LlamaModel::load(out.string(), torch::kFloat32, torch::kCPU), ref);
   EXPECT_LE(max_diff(merged, expect), kLogitTol);
   std::cout << "[merge tied, " << shards.size() << " shards] logits max |diff| " << max_diff(merged, expect) << "\n";
-  if (!python().empty()) {
+  {  // transformers on the merged directory
+    QLORA_REQUIRE_PYTHON();
     const torch::Tensor hf = python_logits(out, "-", ref, tmp.path);
     ASSERT_TRUE(hf.defined());
     EXPECT_LE(max_diff(hf, expect), kLogitTol);

@@ -1,7 +1,7 @@
 // `qlora train` / `qlora eval` / `qlora generate --adapter` end to end through the built binary:
 //   - the main job on real input: a tiny NF4 Llama on the Llama-2 tokenizer trained on
 //     ../shared/data/alpaca_en_demo.json (100 steps); the training loss and the held-out loss fall, and the
-//     adapter loads in PEFT (tests/fixtures/peft_load_check.py, when QLORA_PYTHON is set);
+//     adapter loads in PEFT (tests/fixtures/peft_load_check.py; QLORA_PYTHON must be set);
 //   - bad input: every config in tests/badinput/configs/, a missing data file, a missing
 //     tokenizer: exit 1, one line on stderr, and output_dir never created.
 #include <gtest/gtest.h>
@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "badinput/config_expectations.h"
 #include "test_util.h"
 
 namespace {
@@ -134,8 +135,8 @@ TEST(TrainE2E, TinyNf4OnAlpacaDemoLearnsAndLoadsInPeft) {
   r = run("generate " + q(d / "model") + " --adapter " + q(d / "run") + " --prompt 'Describe a cat.' --max-new-tokens 4 --ids");
   EXPECT_EQ(r.status, 0) << r.out;
 
-  const std::string python = QLORA_PYTHON;
-  if (!python.empty()) {
+  {  // PEFT loads the adapter
+    QLORA_REQUIRE_PYTHON_EXE(python);
     const fs::path check = ::qlora::test::source_dir() / "tests/fixtures/peft_load_check.py";
     FILE* p = popen((q(python) + " " + q(check) + " " + q(d / "model") + " " + q(d / "run") + " 2>&1").c_str(), "r");
     std::string out;
@@ -144,12 +145,14 @@ TEST(TrainE2E, TinyNf4OnAlpacaDemoLearnsAndLoadsInPeft) {
     while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
     EXPECT_EQ(pclose(p), 0) << out;
     EXPECT_NE(out.find("OK"), std::string::npos) << out;
-  } else {
-    std::cout << "PEFT load check skipped: QLORA_PYTHON is empty\n";
   }
   fs::remove_all(d);
 }
 
+// Every file of the bad-config corpus, run by `qlora train` in a directory where its model path
+// (models/m) and data file (train.jsonl) exist and are valid: so only the config error can fail
+// the run (a control config with the same paths trains). The last line must be the one error
+// line naming the file and the key (fragments shared with test_badinput), with no output_dir.
 TEST(TrainE2E, BadConfigsFailBeforeWritingOutput) {
   const fs::path dir = ::qlora::test::source_dir() / "tests/badinput/configs";
   std::vector<fs::path> files;
@@ -157,14 +160,47 @@ TEST(TrainE2E, BadConfigsFailBeforeWritingOutput) {
     if (e.path().extension() == ".yaml") files.push_back(e.path());
   std::sort(files.begin(), files.end());
   ASSERT_GE(files.size(), 15u);
-  for (const fs::path& f : files) {
-    const fs::path d = temp_dir("badcfg");  // cwd: the configs' relative paths resolve to nothing here
-    const CliRun r = run("train " + q(f) + " --set output_dir=" + (d / "out").string(), d);
-    expect_one_line_error(r, f.filename().string());
-    EXPECT_FALSE(fs::exists(d / "out")) << f.filename() << " created output_dir";
-    EXPECT_FALSE(fs::exists(d / "runs")) << f.filename() << " created its own output_dir";
+  ASSERT_EQ(files.size(), ::qlora::test::bad_config_expectations().size());
+
+  const fs::path shared = temp_dir("badcfg_model");
+  {
+    std::ofstream c(shared / "corpus.txt");
+    for (int i = 0; i < 300; ++i) c << "ticket " << i << ": the printer " << i % 13 << " is broken, please help\n";
+  }
+  CliRun r = run("init-model --preset tiny --out " + q(shared / "m") + " --train-tokenizer " + q(shared / "corpus.txt") +
+                 " --vocab-size 400 --seed 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto prepare = [&](const fs::path& d) {
+    fs::create_directories(d / "models");
+    fs::create_directory_symlink(shared / "m", d / "models" / "m");
+    write(d / "train.jsonl", "{\"instruction\": \"fix the printer\", \"output\": \"ok\"}\n"
+                             "{\"instruction\": \"reset my password\", \"output\": \"done\"}\n");
+  };
+  {  // control: the corpus' paths with a valid config train
+    const fs::path d = temp_dir("badcfg_control");
+    prepare(d);
+    write(d / "good.yaml", "output_dir: runs/good\nmodel:\n  path: models/m\ndata:\n  train: train.jsonl\n"
+                           "lora:\n  r: 4\n  target_modules: [q_proj]\ntraining:\n  micro_batch_size: 1\n  max_steps: 1\n");
+    r = run("train good.yaml", d);
+    ASSERT_EQ(r.status, 0) << "the control config must train:\n" << r.out;
+    EXPECT_TRUE(fs::exists(d / "runs" / "good" / "adapter_model.safetensors"));
     fs::remove_all(d);
   }
+  for (const fs::path& f : files) {
+    const std::string name = f.filename().string();
+    const auto it = ::qlora::test::bad_config_expectations().find(name);
+    ASSERT_NE(it, ::qlora::test::bad_config_expectations().end()) << "no expectation for " << name;
+    const fs::path d = temp_dir("badcfg");
+    prepare(d);
+    fs::copy_file(f, d / name);
+    r = run("train " + q(d / name) + " --set output_dir=" + (d / "out").string(), d);
+    expect_one_line_error(r, name, it->second.fragment);
+    EXPECT_NE(r.out.find((d / name).string()), std::string::npos) << name << ": the error must name the file\n" << r.out;
+    EXPECT_FALSE(fs::exists(d / "out")) << name << " created output_dir";
+    EXPECT_FALSE(fs::exists(d / "runs")) << name << " created its own output_dir";
+    fs::remove_all(d);
+  }
+  fs::remove_all(shared);
 }
 
 TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {

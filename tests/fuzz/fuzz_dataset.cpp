@@ -1,0 +1,33 @@
+// libFuzzer target: dataset files through qlora::data::read_records (JSON array, JSONL, .txt).
+// The first input byte picks the file suffix, the format and skip_invalid; the rest is the file.
+// Contract (data/reader.h): records, or qlora::Error `file:line: problem`; nothing else escapes.
+#include <cstdint>
+
+#include "common/error.h"
+#include "data/reader.h"
+#include "fuzz_util.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  static const char* kSuffix[] = {".jsonl", ".json", ".txt", ".jsonl"};
+  static const char* kFormat[] = {"auto", "auto", "alpaca", "sharegpt", "messages", "completion", "auto", "auto"};
+  const uint8_t sel = data[0];
+  qlora::data::DataOptions opts;
+  opts.format = kFormat[(sel >> 2) & 7];
+  opts.skip_invalid = (sel >> 5) & 1;
+  if ((sel >> 6) & 1) opts.field_map = {{"instruction", "prompt"}, {"output", "completion"}};
+  if ((sel >> 7) & 1) opts.role_map = {{"bot", "assistant"}, {"person", "user"}};
+  const std::string path = qlora::fuzz::scratch_file(data + 1, size - 1, kSuffix[sel & 3]);
+  try {
+    qlora::data::ReadStats stats;
+    const auto records = qlora::data::read_records(path, opts, &stats);
+    volatile size_t sink = 0;
+    for (const auto& r : records) {
+      sink += r.text.size() + r.turns.size();
+      for (const auto& t : r.turns) sink += t.role.size() + t.content.size();
+    }
+    (void)sink;
+  } catch (const qlora::Error&) {
+  }
+  return 0;
+}
