@@ -17,8 +17,10 @@
 
 namespace qlora {
 
-/// Placeholder for the CUDA context + cuBLAS workspace + caching-allocator slack (bytes) that
-/// nvidia-smi shows beyond the tensors. NOT MEASURED yet (no GPU in the session that wrote it);
+/// Placeholder for what nvidia-smi shows beyond the caching allocator's reserved bytes: the CUDA
+/// context, loaded kernel modules, and the memory of libraries that do not allocate through the
+/// caching allocator (bytes). The cuBLAS workspaces and the allocator's segment rounding are separate
+/// components (they are in reserved). NOT MEASURED yet (no GPU in the session that wrote it);
 /// docs/memory.md, "CUDA overhead", says how a GPU session replaces it.
 constexpr int64_t kCudaOverheadBytes = 768LL << 20;
 
