@@ -147,20 +147,24 @@ torch::Tensor QuantizedWeight::dequantize(at::ScalarType out_dtype) const {
               "dequantize: expected packed uint8 contiguous [", kernels::quant4_packed_bytes(n),
               "], got ", packed.scalar_type(), " ", packed.sizes());
   const int64_t nblocks = kernels::quant4_num_blocks(n, blocksize);
+  // Every scale tensor must live where packed lives: the kernel reads all of them through raw
+  // pointers, and a host pointer reaching a CUDA kernel is a sticky illegal-address fault that
+  // poisons the whole CUDA context (issue 15). Checked before any launch, with the tensor named.
+  auto check_scale = [&](const torch::Tensor& t, const char* name, at::ScalarType dt, int64_t want) {
+    TORCH_CHECK(t.defined(), "dequantize: ", name, " is missing (expected ", dt, " [", want, "])");
+    TORCH_CHECK(t.device() == packed.device(), "dequantize: ", name, " is on ", t.device(),
+                " but packed is on ", packed.device(), " (move the whole QuantizedWeight with .to(device))");
+    TORCH_CHECK(t.scalar_type() == dt && t.numel() == want && t.is_contiguous(), "dequantize: expected ", name,
+                " ", dt, " contiguous [", want, "], got ", t.scalar_type(), " ", t.sizes(),
+                t.is_contiguous() ? "" : " (not contiguous)");
+  };
   if (double_quant) {
-    TORCH_CHECK(absmax_q.numel() == nblocks && absmax_q.is_contiguous() &&
-                    nested_absmax.numel() ==
-                        kernels::quant4_num_blocks(nblocks, kernels::kNestedBlocksize) &&
-                    nested_code.numel() == 256,
-                "dequantize: expected absmax_q [", nblocks, "], nested_absmax [",
-                kernels::quant4_num_blocks(nblocks, kernels::kNestedBlocksize),
-                "], nested_code [256], got ", absmax_q.sizes(), ", ", nested_absmax.sizes(), ", ",
-                nested_code.sizes());
+    check_scale(absmax_q, "absmax_q", torch::kUInt8, nblocks);
+    check_scale(nested_absmax, "nested_absmax", torch::kFloat,
+                kernels::quant4_num_blocks(nblocks, kernels::kNestedBlocksize));
+    check_scale(nested_code, "nested_code", torch::kFloat, 256);
   } else {
-    TORCH_CHECK(absmax.scalar_type() == torch::kFloat && absmax.numel() == nblocks &&
-                    absmax.is_contiguous(),
-                "dequantize: expected absmax float32 [", nblocks, "], got ", absmax.scalar_type(),
-                " ", absmax.sizes());
+    check_scale(absmax, "absmax", torch::kFloat, nblocks);
   }
   torch::Tensor out = torch::empty(shape, torch::TensorOptions().dtype(out_dtype).device(packed.device()));
   const kernels::Quant4Scales sc = scales_of(*this);

@@ -1,92 +1,174 @@
 #!/usr/bin/env bash
-# The ONE GPU check, run ON THE DEVICE MACHINE (H200) in a single `run` call (docs/gpu.md):
-#   configure with the device's own torch (python3) and the carried Debian prefix (.device/prefix,
-#   made here by scripts/device-prepare.sh), build only test_kernels + bench_quant4 (Release, sm_90),
-#   run test_kernels (CUDA cases compare the kernels with the CPU reference; bitsandbytes fixtures from
-#   .device/fixtures), then `bench_quant4 cuda`, a small probe that links every other third-party
-#   package of the full build, and print a short table. Logs go to $OUT (or $BUILD/out).
+# The ONE GPU check (issue 15; docs/gpu.md), run ON THE DEVICE MACHINE (H200) in a single `run` call.
+# Steps, in order of value; each starts only while enough time is left before the deadline
+# (QLORA_DEADLINE_S, default 420 s), is killed at the deadline, and writes its results as it ends
+# (scripts/device-lib.sh):
+#   host-compiler      nvcc 13.0 compiles a kernel with the default g++, else a g++-N it accepts is
+#                      passed as CMAKE_CUDA_HOST_COMPILER, else stop now with the reason
+#   configure          device torch (python3), carried Debian prefix (.device/prefix), Release, sm_90
+#   build              ONE build of the needed targets: test_kernels bench_quant4 test_gpu qlora, -j nproc,
+#                      keep going past a failed target (ninja -k 0) so the others still run
+#   kernel-tests       test_kernels under CUDA_LAUNCH_BLOCKING=1; every CUDA case must report OK
+#   dequant-bandwidth  bench_quant4 cuda: NF4 dequantize vs D2D memcpy bandwidth per 7B weight shape
+#   cuda-parity        test_gpu --gtest_filter='Cuda*': CUDA fp32 / bf16 training vs the CPU path,
+#                      resume exactness on CUDA; every case must report OK
+#   bench-7b           ONE `qlora bench` process, llama2-7b, seq 512..8192 × micro-batch 1, 2, 4
+#                      (micro-batch 1 first; rows written as they finish), --max-time-s leaving
+#                      QLORA_RESERVE_S (100) for the next steps; nvidia-smi sampled every 200 ms
+#   baseline-peft      bench/train/peft_baseline_cuda.py: transformers + PEFT LoRA bf16, 7B, seq 2048 × 1
+#   bench-13b          `qlora bench` llama2-13b seq 2048 × 1
+#   report             scripts/device-report.py: the tables for docs/memory.md and docs/performance.md
+# Results: $OUT/{summary.txt, steps.tsv, env.txt, report.md, report.json, results.tar.gz} (6 files;
+# the tool returns 8 at most). results.tar.gz (every log, CSV, SVG, XML, nvidia-smi sample) is
+# refreshed every 15 s while steps run and after each step, so a call killed by its timeout still
+# returns what had finished. Here: scripts/device-append-docs.py appends the report to the docs.
 #
 #   bash scripts/device-check.sh            on the device (the `run` tool's command)
-#   bash scripts/device-check.sh --dry-run  HERE, on the CPU: same configure (against the carried
-#       prefix only: /usr is ignored for packages, and the compiler's dependency lists are checked for
-#       any header taken from /usr/include), same build, test_kernels (CUDA cases skip), a short
-#       `bench_quant4 cpu` and the probe; no CUDA run. Use QLORA_JOBS=1 on a shared machine.
+#   bash scripts/device-check.sh --dry-run  HERE, on the CPU: the same configure (against the carried
+#       prefix only; /usr is ignored for packages and the compiler's dependency lists are checked),
+#       the same build, test_kernels (CUDA cases must SKIP here), `bench_quant4 cpu`, a probe that
+#       links every other package, and the report; with QLORA_DEVICE_TRAIN=1 also test_gpu's CPU
+#       cases, a tiny `qlora bench` sweep and the PEFT baseline on the CPU.
+#   bash scripts/device-check.sh --fake     the device's step plan with fake steps (no tools): tests
+#       the order, the deadline and the partial results (tests/gpu/device_steps_test.sh).
 #
-# Environment: QLORA_JOBS (default nproc), QLORA_DEVICE_BUILD (default <repo>/build-device),
-#   QLORA_TORCH_PYTHON (python with torch; default python3 if it imports torch, else the venv of
-#   scripts/env.sh), QLORA_BENCH_REPS (default 20), QLORA_DEADLINE_S (stop starting steps after this
-#   many seconds; default 450 on the device, none in a dry run), QLORA_ISOLATE (1: ignore /usr for
-#   packages; default 1 in a dry run, 0 on the device), OUT (results folder),
-#   QLORA_DEVICE_TRAIN (1: also the training phase below; default 1 on the device, 0 in a dry run),
-#   QLORA_BIN (training phase: use this built `qlora` instead of building the target),
-#   QLORA_TRAIN_MIN_S (a bench point starts only with this many seconds left; default 60).
-#
-# Training phase (issue 7, docs/gpu.md and docs/memory.md "GPU check"): builds the `qlora` target and
-#   runs `qlora bench` (NF4 bs64 + double quant, LoRA r=16 all-linear, checkpointing on, 3 steps) on
-#   the llama2-7b shape over seq 512/1024/2048/4096, one `--sweep` per micro-batch 1, 2, 4, plus one
-#   llama2-13b point (seq 2048 × 1); points start only while QLORA_TRAIN_MIN_S seconds are left. The
-#   estimate-vs-measured table (and the "7B QLoRA in 16 GB" verdict) goes into bench.txt; the CSV,
-#   SVG charts, logs (and tests.xml, to stay within 8 files in $OUT) into train.tar.gz. The dry run
-#   (with QLORA_DEVICE_TRAIN=1) runs the same phase with --preset tiny, 2 steps, short sequences.
+# Environment: QLORA_JOBS (default nproc), QLORA_DEVICE_BUILD (<repo>/build-device),
+#   QLORA_TORCH_PYTHON (python with torch; default python3 if it imports torch, else the venv),
+#   QLORA_DEADLINE_S (420 on the device, none in a dry run), QLORA_RESERVE_S (100), QLORA_BENCH_REPS (20),
+#   QLORA_STEPS (comma-separated globs: run only these steps, e.g. for a rerun "bench-*,report"),
+#   QLORA_ISOLATE (1: ignore /usr for packages; default 1 in a dry run), QLORA_DEVICE_TRAIN (dry run:
+#   1 = also the training steps on the CPU), QLORA_DEVICE_TARGETS (override the build's targets), OUT.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DRY=0
+MODE=device
 case "${1:-}" in
-  --dry-run) DRY=1 ;;
+  --dry-run) MODE=dry ;;
+  --fake) MODE=fake ;;
   "") ;;
-  *) echo "usage: $0 [--dry-run]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--dry-run | --fake]" >&2; exit 2 ;;
 esac
-T0=$(date +%s)
+# shellcheck source=device-lib.sh
+source "$ROOT/scripts/device-lib.sh"
+DRY=0; [ "$MODE" = dry ] && DRY=1
 BUILD="${QLORA_DEVICE_BUILD:-$ROOT/build-device}"
-RES="${OUT:-$BUILD/out}"
-mkdir -p "$BUILD" "$RES"
+RESDIR="${OUT:-$BUILD/out}"        # what comes back: 6 files
+RUN="$BUILD/run"                   # every log and result, packed into $RESDIR/results.tar.gz
+case "$MODE" in
+  device) DEADLINE="${QLORA_DEADLINE_S:-420}" ;;
+  dry) DEADLINE="${QLORA_DEADLINE_S:-0}" ;;
+  fake) DEADLINE="${QLORA_DEADLINE_S:-20}" ;;
+esac
 JOBS="${QLORA_JOBS:-$(nproc)}"
 REPS="${QLORA_BENCH_REPS:-20}"
+RESERVE="${QLORA_RESERVE_S:-100}"
+TRAIN=1; ((DRY)) && TRAIN="${QLORA_DEVICE_TRAIN:-0}"
 ISOLATE="${QLORA_ISOLATE:-$DRY}"
-if ((DRY)); then DEADLINE="${QLORA_DEADLINE_S:-0}"; else DEADLINE="${QLORA_DEADLINE_S:-450}"; fi
-TRAIN="${QLORA_DEVICE_TRAIN:-$((1 - DRY))}"
-TRAIN_MIN_S="${QLORA_TRAIN_MIN_S:-60}"
+rm -rf "$RUN"; mkdir -p "$RUN" "$RESDIR"
+rm -f "$RESDIR"/{summary.txt,steps.tsv,env.txt,report.md,report.json,results.tar.gz}
+ds_init "$RUN" "$DEADLINE"
+COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo '+dirty')"
+echo "mode=$MODE commit=$COMMIT deadline=${DEADLINE}s started=$(date -u +%FT%TZ)" > "$RUN/meta.txt"
+say() { echo "[device-check] $*"; }
+
+# results.tar.gz: refreshed by a background loop while steps run, and after each step
+snapshot() {
+  tar -C "$RUN" -czf "$RESDIR/.results.tmp" . 2>/dev/null && mv -f "$RESDIR/.results.tmp" "$RESDIR/results.tar.gz"
+  cp -f "$RUN/steps.tsv" "$RESDIR/steps.tsv" 2>/dev/null
+}
+( trap 'kill $c 2>/dev/null; exit 0' TERM; while :; do sleep 15 & c=$!; wait $c; snapshot; done ) &
+SNAP_PID=$!
+finish() {
+  kill "$SNAP_PID" 2>/dev/null; wait "$SNAP_PID" 2>/dev/null
+  snapshot
+  {
+    echo
+    echo "== device-check ($MODE) summary: $(( $(date +%s) - DS_T0 ))s, $(date -u +%FT%TZ), commit $COMMIT =="
+    awk -F'\t' '{ printf "%-24s %-9s %5ss  %s\n", $1, $2, $3, $4 }' "$RUN/steps.tsv"
+    [ -f "$RESDIR/report.md" ] && { echo; cat "$RESDIR/report.md"; }
+    echo
+    if ds_failed; then echo "RESULT: ok (results: $RESDIR)"; else echo "RESULT: FAILED (results: $RESDIR)"; fi
+  } | tee "$RESDIR/summary.txt"
+  ds_failed; exit $?
+}
+after() { snapshot; }  # partial results after every step
+# ml SECONDS: a step's minimum time left to start, scaled by QLORA_MIN_LEFT_PCT (tests use small deadlines)
+ml() { echo $(( $1 * ${QLORA_MIN_LEFT_PCT:-100} / 100 )); }
+# The device's plan, in order of value (issue 15): kernels → CUDA training parity → 7B (micro-batch 1
+# first) → the PEFT baseline → the rest; the report always runs (at most 30 s, even past the deadline).
+# Minimum seconds left to start each step: ml N. Used by the device run and by --fake.
+device_plan() {
+  step host-compiler 0 env.txt s_host_compiler || finish
+  step configure 0 configure.log s_configure || finish
+  step build 0 build.log s_build
+  step kernel-tests "$(ml 20)" tests.log s_kernel_tests
+  step dequant-bandwidth "$(ml 15)" bench.txt s_dequant_bandwidth
+  step cuda-parity "$(ml 45)" parity.log s_cuda_parity
+  step bench-7b "$(ml 60)" bench-7b.log s_bench_7b
+  step baseline-peft "$(ml 60)" baseline.log s_baseline_peft
+  step bench-13b "$(ml 45)" bench-13b.log s_bench_13b
+  step report -30 report.log s_report
+}
+step() { ds_run "$@"; local rc=$?; after; return $rc; }
+
+# require_cases LOG WANT PATTERN: every GoogleTest case in LOG whose name matches the extended regex
+# PATTERN reported WANT (OK on the device, SKIPPED in a dry run); at least one such case ran.
+require_cases() {
+  local log="$1" want="$2" pat="$3" got bad
+  got="$(grep -E "^\[ +(OK|FAILED|SKIPPED) +\] ($pat)" "$log" | sed -E 's/^\[ *([A-Z]+) *\] ([^ ]+).*/\1 \2/' | sort -u)"
+  [ -n "$got" ] || { echo "no test case matching /$pat/ reported"; return 1; }
+  echo "$got" | sed 's/^/  /'
+  bad="$(echo "$got" | awk -v w="$want" '$1 != w')"
+  [ -z "$bad" ] || { echo "expected every /$pat/ case to report $want, got:"; echo "$bad"; return 1; }
+}
+
+# with_smi TAG CMD...: samples nvidia-smi "timestamp, memory.used (MiB)" every 200 ms into $RUN/TAG.smi while CMD runs
+with_smi() {
+  local tag="$1"; shift
+  local pid="" rc
+  if [ "$MODE" = device ] && command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 200 > "$RUN/$tag.smi" 2>/dev/null &
+    pid=$!
+  fi
+  "$@"; rc=$?
+  [ -n "$pid" ] && { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; }
+  return $rc
+}
+
+# =============================== fake steps (tests/gpu/device_steps_test.sh) ===============================
+if [ "$MODE" = fake ]; then
+  # QLORA_FAKE_<STEP> (STEP upper case, '-' as '_'): "fail", "sleep N", or empty for a quick ok.
+  # bench-7b writes one CSV row per 0.2 s of its sleep, as `qlora bench` writes rows as they finish.
+  fake() {
+    local var="QLORA_FAKE_$(echo "$1" | tr 'a-z-' 'A-Z_')"; local what="${!var:-}"
+    echo "fake $1: ${what:-ok}"
+    case "$what" in
+      fail) return 3 ;;
+      sleep\ *)
+        if [ "$1" = bench-7b ]; then
+          echo "seq_len,micro_batch_size,fits,step_s,tokens_per_s,mfu,hfu,measured_peak_bytes,measured_reserved_bytes,estimated_bytes,relative_error,cost_per_million_tokens,estimated_allocated_bytes,start_unix_s,end_unix_s" > "$RUN/bench-7b.csv"
+          local n=$(( ${what#sleep } * 5 )) i seq=512
+          for ((i = 0; i < n; i++)); do
+            echo "$seq,1,true,0.5,$((seq * 2)),0.3,0.4,$((4000 + seq))000000,$((4200 + seq))000000,$((4100 + seq))000000,0.02,0,$((4050 + seq))000000,$(date +%s),$(date +%s)" >> "$RUN/bench-7b.csv"
+            seq=$((seq * 2)); sleep 0.2
+          done
+        else
+          sleep "${what#sleep }"
+        fi ;;
+    esac
+    return 0
+  }
+  for s in host-compiler configure build kernel-tests dequant-bandwidth cuda-parity bench-7b baseline-peft bench-13b; do
+    eval "s_${s//-/_}() { fake $s; }"
+  done
+  s_report() { python3 "$ROOT/scripts/device-report.py" --run "$RUN" --out "$RESDIR" --mode fake; }
+  device_plan
+  finish
+fi
+
+# =============================== tools ===============================
 PREFIX="$ROOT/.device/prefix"
 P="$PREFIX/usr"
 LIBDIR="$P/lib/x86_64-linux-gnu"
-SUMMARY="$RES/summary.txt"
-: > "$SUMMARY"
-declare -a ROWS=()
-FAILED=0
-
-say() { echo "[device-check] $*"; }
-elapsed() { echo $(( $(date +%s) - T0 )); }
-# step NAME LOG CMD...: runs CMD with the time left before the deadline, logs to $RES/LOG (appended),
-# records a row; returns CMD's status (124: out of time).
-step() {
-  local name="$1" log="$RES/$2"; shift 2
-  local t=$(date +%s) left=0 rc
-  if ((DEADLINE > 0)); then
-    left=$(( DEADLINE - ($(date +%s) - T0) ))
-    if ((left < 10)); then ROWS+=("$(printf '%-22s %-8s %6s' "$name" "NOTIME" "-")"); FAILED=1; return 124; fi
-  fi
-  say "$name ($(elapsed)s so far)"
-  echo "=== $name: $*" >> "$log"
-  if ((left > 0)); then timeout --kill-after=10 "$left" "$@" >> "$log" 2>&1; rc=$?
-  else "$@" >> "$log" 2>&1; rc=$?; fi
-  local st=ok; ((rc == 0)) || { st="FAIL($rc)"; ((rc == 124)) && st=TIMEOUT; FAILED=1; }
-  ROWS+=("$(printf '%-22s %-8s %5ss' "$name" "$st" $(( $(date +%s) - t )))")
-  ((rc == 0)) || { say "$name: $st; last lines of ${log#"$ROOT"/}:"; tail -n 25 "$log"; }
-  return $rc
-}
-finish() {
-  {
-    echo
-    echo "== device-check $( ((DRY)) && echo '--dry-run ' )summary ($(elapsed)s, $(date -u +%FT%TZ)) =="
-    printf '%s\n' "${ROWS[@]}"
-    [ -f "$RES/bench.txt" ] && { echo; cat "$RES/bench.txt"; }
-    echo
-    ((FAILED)) && echo "RESULT: FAILED (logs: ${RES})" || echo "RESULT: ok (logs: ${RES})"
-  } | tee -a "$SUMMARY"
-  exit $FAILED
-}
-
-# ---- tools ----
 [ -d "$P/include" ] || { say "missing $P: run scripts/device-prepare.sh here and carry .device/prefix"; exit 1; }
 export PATH="/usr/local/cuda/bin:$PATH"
 TPY="${QLORA_TORCH_PYTHON:-}"
@@ -98,20 +180,26 @@ if [ -z "$TPY" ]; then
   fi
 fi
 TORCH_PREFIX="$("$TPY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" || { say "no torch in $TPY"; exit 1; }
-# CMake and ninja: on PATH, else the pip packages of that python (the device image has both)
 CMAKE="$(command -v cmake || true)"
 [ -n "$CMAKE" ] || CMAKE="$("$TPY" -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))' 2>/dev/null || true)"
 [ -n "$CMAKE" ] && [ -x "$CMAKE" ] || { say "no cmake found (PATH or python -m cmake)"; exit 1; }
 NINJA="$(command -v ninja || true)"
 [ -n "$NINJA" ] || NINJA="$("$TPY" -c 'import ninja, os; print(os.path.join(ninja.BIN_DIR, "ninja"))' 2>/dev/null || true)"
-if [ -n "$NINJA" ] && [ -x "$NINJA" ]; then GEN=(-G Ninja -DCMAKE_MAKE_PROGRAM="$NINJA")
-elif command -v make >/dev/null; then GEN=(-G "Unix Makefiles")
+if [ -n "$NINJA" ] && [ -x "$NINJA" ]; then GEN=(-G Ninja -DCMAKE_MAKE_PROGRAM="$NINJA"); KEEP_GOING=(-- -k 0)
+elif command -v make >/dev/null; then GEN=(-G "Unix Makefiles"); KEEP_GOING=(-- -k)
 else say "neither ninja nor make found"; exit 1; fi
 NVCC="$(command -v nvcc || true)"
 CUDA_OPT=(-DQLORA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
 [ -n "$NVCC" ] && CUDA_OPT+=(-DCMAKE_CUDA_COMPILER="$NVCC")
 if ((DRY)) && [ -z "$NVCC" ]; then CUDA_OPT=(-DQLORA_CUDA=OFF); say "no nvcc here: dry run builds without CUDA"; fi
 ((DRY)) || [ -n "$NVCC" ] || { say "no nvcc on the device"; exit 1; }
+if [ -n "${QLORA_DEVICE_TARGETS:-}" ]; then read -r -a TARGETS <<< "$QLORA_DEVICE_TARGETS"
+elif ((DRY)) && ((TRAIN == 0)); then TARGETS=(test_kernels bench_quant4)
+else TARGETS=(test_kernels bench_quant4 test_gpu qlora); fi
+TK="$BUILD/tests/kernels/test_kernels"
+BQ="$BUILD/bench/quant4/bench_quant4"
+TG="$BUILD/tests/gpu/test_gpu"
+Q="$BUILD/trainer/qlora"
 
 # pkg-config: the carried pkgconf, seeing only the carried .pc files (sysroot = the prefix), through a
 # wrapper so its library path does not leak into other programs.
@@ -127,19 +215,30 @@ EOF
 chmod +x "$BUILD/tools/pkg-config"
 
 {
-  echo "mode: $( ((DRY)) && echo dry-run || echo device )   host: $(hostname)   $(uname -m)   cores: $(nproc)   jobs: $JOBS"
+  echo "mode: $MODE   host: $(hostname)   $(uname -m)   cores: $(nproc)   jobs: $JOBS   commit: $COMMIT"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1
   echo "torch: $("$TPY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())' 2>&1)  ($TPY)"
+  echo "transformers/peft: $("$TPY" -c 'import transformers, peft; print(transformers.__version__, peft.__version__)' 2>&1 | tail -1)"
   echo "cmake: $("$CMAKE" --version | head -1) ($CMAKE); generator: ${GEN[1]}"
   echo "nvcc: ${NVCC:-none} $([ -n "$NVCC" ] && "$NVCC" --version | tail -1)"
-  echo "c++: $(c++ --version 2>&1 | head -1)"
+  echo "c++: $(c++ --version 2>&1 | head -1); g++ candidates: $(compgen -c g++- | grep -E '^g\+\+-[0-9]+$' | sort -u | tr '\n' ' ')"
   echo "glibc: $(ldd --version 2>&1 | head -1)"
   echo "pkgconf (carried): $("$BUILD/tools/pkg-config" --version 2>&1); sentencepiece cflags: $("$BUILD/tools/pkg-config" --cflags sentencepiece 2>&1)"
   echo "os: $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}")"
-} > "$RES/env.txt" 2>&1
-cat "$RES/env.txt"
+} > "$RUN/env.txt" 2>&1
+cp "$RUN/env.txt" "$RESDIR/env.txt"
+cat "$RUN/env.txt"
 
-# ---- configure ----
+# =============================== steps ===============================
+CUDA_HOST=()
+s_host_compiler() {
+  [ -n "$NVCC" ] || { echo "no nvcc: nothing to check"; return 0; }
+  local h
+  h="$(ds_pick_cuda_host "$NVCC")" || return 1
+  if [ -n "$h" ]; then echo "nvcc refuses the default g++; using $h"; echo "$h" > "$RUN/cuda-host"
+  else echo "nvcc accepts the default host compiler ($(g++ --version 2>/dev/null | head -1))"; fi
+}
+
 ISO=()
 if ((ISOLATE)); then
   # Find the Debian packages in the carried prefix only, as on the device: /usr (and its
@@ -149,62 +248,42 @@ if ((ISOLATE)); then
   ISO=(-DCMAKE_IGNORE_PREFIX_PATH=/usr -DCMAKE_IGNORE_PATH="/usr/lib/x86_64-linux-gnu/cmake;/usr/share/cmake;/usr/lib/cmake"
        -DCMAKE_C_COMPILER="$(command -v cc)" -DCMAKE_CXX_COMPILER="$(command -v c++)")
 fi
-# Torch's CUDA libraries (nvidia-* wheels) for the loader at test time too
 export CUDA_MODULE_LOADING=LAZY
-CONFIGURE=("$CMAKE" -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$P" -DOPENSSL_ROOT_DIR="$P"
-  -DPKG_CONFIG_EXECUTABLE="$BUILD/tools/pkg-config"
-  -DPython3_EXECUTABLE="$TPY" -DQLORA_PYTHON="$TPY"
-  -DQLORA_BUILD_TESTS=ON -DQLORA_BUILD_BENCH=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5
-  "${CUDA_OPT[@]}" "${ISO[@]}")
-rm -f "$RES/configure.log" "$BUILD/CMakeCache.txt"   # fresh find results every run (objects are kept)
-step configure configure.log "${CONFIGURE[@]}" || finish
-# what CMake picked, for the log
-grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|benchmark_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece|Torch_DIR|CMAKE_CUDA_COMPILER):' \
-  "$BUILD/CMakeCache.txt" | sed 's/^/  /' | tee -a "$RES/configure.log"
-bad_cache="$(grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece):[A-Z]*=' "$BUILD/CMakeCache.txt" | grep -v "=$PREFIX" || true)"
-if [ -n "$bad_cache" ]; then
-  say "packages found outside the carried prefix:"; echo "$bad_cache"
-  ROWS+=("$(printf '%-22s %-8s' 'prefix-only configure' FAIL)"); FAILED=1
-else
-  ROWS+=("$(printf '%-22s %-8s' 'prefix-only configure' ok)")
-fi
+s_configure() {
+  [ -s "$RUN/cuda-host" ] && CUDA_HOST=(-DCMAKE_CUDA_HOST_COMPILER="$(cat "$RUN/cuda-host")")
+  rm -f "$BUILD/CMakeCache.txt"   # fresh find results every run (objects are kept)
+  "$CMAKE" -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$P" -DOPENSSL_ROOT_DIR="$P" \
+    -DPKG_CONFIG_EXECUTABLE="$BUILD/tools/pkg-config" \
+    -DPython3_EXECUTABLE="$TPY" -DQLORA_PYTHON="$TPY" \
+    -DQLORA_BUILD_TESTS=ON -DQLORA_BUILD_BENCH=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+    "${CUDA_OPT[@]}" "${CUDA_HOST[@]}" "${ISO[@]}" || return $?
+  # what CMake picked, and that every carried package came from the prefix
+  grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|benchmark_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece|Torch_DIR|CMAKE_CUDA_COMPILER|CMAKE_CUDA_HOST_COMPILER):' \
+    "$BUILD/CMakeCache.txt" | sed 's/^/  /'
+  local bad
+  bad="$(grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece):[A-Z]*=' "$BUILD/CMakeCache.txt" | grep -v "=$PREFIX" || true)"
+  [ -z "$bad" ] || { echo "packages found outside the carried prefix:"; echo "$bad"; return 1; }
+}
 
-# ---- build (only the two targets) ----
-rm -f "$RES/build.log"
-step "build (-j$JOBS)" build.log "$CMAKE" --build "$BUILD" -j"$JOBS" --target test_kernels bench_quant4
-built=$?
-TK="$BUILD/tests/kernels/test_kernels"
-BQ="$BUILD/bench/quant4/bench_quant4"
+s_build() {
+  "$CMAKE" --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" "${KEEP_GOING[@]}"
+}
 
-# headers from /usr/include for the carried packages mean the prefix is incomplete (dry run: the only
-# place where /usr/include has them)
-if ((built == 0)); then
-  deps_from_usr() {
-    if [ "${GEN[1]}" = Ninja ]; then "$NINJA" -C "$BUILD" -t deps
-    else find "$BUILD" \( -name '*.d' -o -name compiler_depend.make \) -exec cat {} +; fi \
-      | grep -oE '(^|[[:space:]])/usr/include/(x86_64-linux-gnu/)?(nlohmann|yaml-cpp|spdlog|fmt|CLI|openssl|gtest|gmock|benchmark|sentencepiece)[^ :]*' \
-      | sort -u
-  }
-  leaked="$(deps_from_usr)"
-  if [ -n "$leaked" ]; then
-    say "headers taken from /usr/include, not the carried prefix:"; echo "$leaked" | head -20
-    ROWS+=("$(printf '%-22s %-8s' 'prefix-only headers' FAIL)"); FAILED=1
-  else
-    ROWS+=("$(printf '%-22s %-8s' 'prefix-only headers' ok)")
-  fi
-  # shared libraries: each carried one must resolve into the prefix (RUNPATH), none missing
-  libs="$(ldd "$TK" 2>&1)"
-  echo "=== ldd test_kernels" >> "$RES/build.log"; echo "$libs" >> "$RES/build.log"
+# (dry run) headers of the carried packages from /usr/include, or libraries outside the prefix, mean
+# the prefix is incomplete; on the device /usr/include has none of them.
+s_prefix_check() {
+  local deps leaked libs
+  if [ "${GEN[1]}" = Ninja ]; then deps="$("$NINJA" -C "$BUILD" -t deps)"
+  else deps="$(find "$BUILD" \( -name '*.d' -o -name compiler_depend.make \) -exec cat {} +)"; fi
+  leaked="$(echo "$deps" | grep -oE '(^|[[:space:]])/usr/include/(x86_64-linux-gnu/)?(nlohmann|yaml-cpp|spdlog|fmt|CLI|openssl|gtest|gmock|benchmark|sentencepiece)[^ :]*' | sort -u)"
+  [ -z "$leaked" ] || { echo "headers taken from /usr/include, not the carried prefix:"; echo "$leaked" | head -20; return 1; }
+  libs="$(ldd "$TK" 2>&1)"; echo "$libs"
   if echo "$libs" | grep -q 'not found' || echo "$libs" | grep -E 'libspdlog|libfmt|libcrypto' | grep -vq "$PREFIX"; then
-    say "test_kernels' libraries:"; echo "$libs" | grep -E 'not found|spdlog|fmt|crypto'
-    ROWS+=("$(printf '%-22s %-8s' 'prefix-only libraries' FAIL)"); FAILED=1
-  else
-    ROWS+=("$(printf '%-22s %-8s' 'prefix-only libraries' ok)")
+    echo "test_kernels' libraries outside the prefix or missing"; return 1
   fi
-fi
+}
 
-# ---- fixtures ----
 FIX="$BUILD/fixtures"
 GFILTER="*"
 if [ -f "$ROOT/.device/fixtures/quant.tar.gz" ]; then
@@ -217,34 +296,64 @@ else
   GFILTER="-Quant4Bnb.*"
 fi
 export QLORA_FIXTURES="$FIX"
+CUDA_WANT=OK; ((DRY)) && CUDA_WANT=SKIPPED
 
-# ---- tests and bench ----
-if ((built == 0)); then
-  rm -f "$RES/tests.log"
-  step test_kernels tests.log "$TK" --gtest_filter="$GFILTER" --gtest_output=xml:"$RES/tests.xml"
-  grep -E '^\[ *(PASSED|FAILED|SKIPPED) *\]|tests? from .* ran' "$RES/tests.log" | sed 's/^/  /'
-  cuda_case="$(grep -E '^\[ +(OK|FAILED|SKIPPED) +\] QuantTensor.CudaMatchesCpuReference' "$RES/tests.log" | head -1 | awk '{print $2}')"
-  [ -n "$cuda_case" ] || cuda_case="$(grep -A2 'RUN .*QuantTensor.CudaMatchesCpuReference' "$RES/tests.log" | grep -oE 'OK|FAILED|SKIPPED' | head -1)"
-  if ((DRY)); then
-    ROWS+=("$(printf '%-22s %-8s' 'CUDA vs CPU reference' "${cuda_case:-?}") (dry run: SKIPPED expected)")
-  else
-    [ "$cuda_case" = OK ] || FAILED=1
-    ROWS+=("$(printf '%-22s %-8s' 'CUDA vs CPU reference' "${cuda_case:-missing}")")
-  fi
-  rm -f "$RES/bench.txt"
-  if ((DRY)); then
-    step "bench_quant4 cpu 2" bench.txt "$BQ" cpu 2
-  else
-    step "bench_quant4 cuda $REPS" bench.txt "$BQ" cuda "$REPS"
-    grep -q 'no CUDA device visible\|built without CUDA' "$RES/bench.txt" && { FAILED=1; ROWS+=("bench_quant4 cuda       did not run on a GPU"); }
-    step "bench_quant4 cpu 5" bench.txt "$BQ" cpu 5
-  fi
-fi
+s_kernel_tests() {
+  # blocking launches: a kernel's fault is reported by the launch that caused it (issue 15)
+  CUDA_LAUNCH_BLOCKING=1 "$TK" --gtest_filter="$GFILTER" --gtest_output=xml:"$RUN/kernels.xml" || return $?
+  require_cases "$RUN/tests.log" "$CUDA_WANT" 'QuantTensor\.Cuda[A-Za-z]*|Cuda[A-Za-z]*\.[A-Za-z]+'
+}
 
-# ---- probe: every other package of the full build links and loads from the prefix ----
-PROBE="$BUILD/probe"
-mkdir -p "$PROBE/src"
-cat > "$PROBE/src/CMakeLists.txt" <<'EOF'
+s_dequant_bandwidth() {
+  if ((DRY)); then "$BQ" cpu 2; return $?; fi
+  "$BQ" cuda "$REPS" || return $?
+  ! grep -q 'no CUDA device visible\|built without CUDA' "$RUN/bench.txt" || { echo "bench_quant4 did not run on a GPU"; return 1; }
+}
+
+s_cuda_parity() {
+  CUBLAS_WORKSPACE_CONFIG=:4096:8 "$TG" --gtest_filter='Cuda*' --gtest_output=xml:"$RUN/parity.xml" || return $?
+  require_cases "$RUN/parity.log" "$CUDA_WANT" 'Cuda[A-Za-z]*\.[A-Za-z]+'
+}
+
+s_gpu_prep_cpu() {  # dry run: test_gpu's CPU cases
+  "$TG" --gtest_filter='GpuPrep*' --gtest_output=xml:"$RUN/gpu-prep.xml"
+}
+
+if ((DRY)); then P7=tiny; P13=tiny; SEQS=(32 64 128 256); STEPS=2; P13_SEQ=128; BL_PRESET=tiny; BL_SEQ=64
+else P7=llama2-7b; P13=llama2-13b; SEQS=(512 1024 2048 4096 8192); STEPS=3; P13_SEQ=2048; BL_PRESET=llama2-7b; BL_SEQ=2048; fi
+s_bench_7b() {
+  local mt=$(( $(ds_left) - RESERVE ))
+  ((DEADLINE > 0)) || mt=0
+  ((DEADLINE == 0 || mt >= 60)) || mt=60
+  echo "max-time-s $mt (deadline ${DEADLINE}s, ${RESERVE}s reserved for the next steps)"
+  with_smi bench-7b "$Q" bench --preset "$P7" --sweep --seq-lens "${SEQS[@]}" --batch-sizes 1 2 4 \
+    --lora-r 16 --steps "$STEPS" --max-time-s "$mt" --out "$RUN/bench-7b"
+}
+
+s_baseline_peft() {
+  if ! "$TPY" -c 'import transformers, peft' 2>/dev/null; then
+    compgen -G "$ROOT/.device/wheels/*.whl" >/dev/null || { echo "no transformers/peft and no carried .device/wheels"; return 1; }
+    echo "installing the carried wheels into /tmp/qlora-site: $(ls "$ROOT/.device/wheels" | tr '\n' ' ')"
+    "$TPY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/qlora-site \
+      "$ROOT"/.device/wheels/*.whl || return $?
+    export PYTHONPATH="/tmp/qlora-site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  local dev=cuda; ((DRY)) && dev=cpu
+  PYTHONUNBUFFERED=1 with_smi baseline "$TPY" "$ROOT/bench/train/peft_baseline_cuda.py" --preset "$BL_PRESET" \
+    --seq-len "$BL_SEQ" --batch 1 --steps 4 --r 16 --alpha 32 --device "$dev" --out "$RUN/baseline.json"
+}
+
+s_bench_13b() {
+  with_smi bench-13b "$Q" bench --preset "$P13" --sweep --seq-lens "$P13_SEQ" --batch-sizes 1 --lora-r 16 \
+    --steps "$STEPS" --out "$RUN/bench-13b"
+}
+
+s_report() { "$TPY" "$ROOT/scripts/device-report.py" --run "$RUN" --out "$RESDIR" --mode "$MODE"; }
+
+s_probe() {
+  local probe="$BUILD/probe"
+  mkdir -p "$probe/src"
+  cat > "$probe/src/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.25)
 project(qlora_device_probe LANGUAGES CXX)
 set(CMAKE_CXX_STANDARD 17)
@@ -262,7 +371,7 @@ add_executable(probe probe.cpp)
 target_link_libraries(probe PRIVATE nlohmann_json::nlohmann_json yaml-cpp spdlog::spdlog CLI11::CLI11
   OpenSSL::Crypto PkgConfig::SENTENCEPIECE GTest::gtest benchmark::benchmark Threads::Threads)
 EOF
-cat > "$PROBE/src/probe.cpp" <<'EOF'
+  cat > "$probe/src/probe.cpp" <<'EOF'
 // Links one symbol of each third-party library of the full qlora-cpp build and calls it.
 #include <benchmark/benchmark.h>
 #include <gtest/gtest.h>
@@ -291,104 +400,41 @@ int main(int argc, char** argv) {
   return (j["a"] == 1 && y["b"].as<int>() == 2 && len == 32 && md[0] == 0xba && sp_fails_without_model && t == 0) ? 0 : 1;
 }
 EOF
-rm -f "$RES/probe.log" "$PROBE/build/CMakeCache.txt"
-step "probe configure" probe.log "$CMAKE" -S "$PROBE/src" -B "$PROBE/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+  rm -f "$probe/build/CMakeCache.txt"
+  "$CMAKE" -S "$probe/src" -B "$probe/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$P" -DOPENSSL_ROOT_DIR="$P" -DPKG_CONFIG_EXECUTABLE="$BUILD/tools/pkg-config" \
-    -DCMAKE_POLICY_VERSION_MINIMUM=3.5 "${ISO[@]}" \
-  && step "probe build" probe.log "$CMAKE" --build "$PROBE/build" -j"$JOBS" \
-  && step "probe run" probe.log "$PROBE/build/probe" \
-  && { ldd "$PROBE/build/probe" > "$BUILD/probe-ldd.txt" 2>&1; cat "$BUILD/probe-ldd.txt" >> "$RES/probe.log"
-       ! grep -q "not found" "$BUILD/probe-ldd.txt" || { say "unresolved libraries:"; grep "not found" "$BUILD/probe-ldd.txt"; FAILED=1; }; }
-if ((ISOLATE)) && [ -d "$PROBE/build" ]; then
-  if [ "${GEN[1]}" = Ninja ]; then pd="$("$NINJA" -C "$PROBE/build" -t deps 2>/dev/null)"
-  else pd="$(find "$PROBE/build" \( -name '*.d' -o -name compiler_depend.make \) -exec cat {} +)"; fi
-  leaked="$(echo "$pd" | grep -oE '(^|[[:space:]])/usr/include/(x86_64-linux-gnu/)?(nlohmann|yaml-cpp|spdlog|fmt|CLI|openssl|gtest|gmock|benchmark|sentencepiece)[^ :]*' | tr -d '[:blank:]' | sort -u)"
-  if [ -n "$leaked" ]; then
-    say "probe took headers from /usr/include:"; echo "$leaked" | head; FAILED=1
-    ROWS+=("$(printf '%-22s %-8s' 'probe prefix headers' FAIL)")
-  else
-    ROWS+=("$(printf '%-22s %-8s' 'probe prefix headers' ok)")
+    -DCMAKE_POLICY_VERSION_MINIMUM=3.5 "${ISO[@]}" || return $?
+  "$CMAKE" --build "$probe/build" -j"$JOBS" || return $?
+  "$probe/build/probe" || return $?
+  ldd "$probe/build/probe" | tee "$BUILD/probe-ldd.txt"
+  ! grep -q "not found" "$BUILD/probe-ldd.txt" || { echo "unresolved libraries"; return 1; }
+  if ((ISOLATE)); then
+    local pd leaked
+    if [ "${GEN[1]}" = Ninja ]; then pd="$("$NINJA" -C "$probe/build" -t deps 2>/dev/null)"
+    else pd="$(find "$probe/build" \( -name '*.d' -o -name compiler_depend.make \) -exec cat {} +)"; fi
+    leaked="$(echo "$pd" | grep -oE '(^|[[:space:]])/usr/include/(x86_64-linux-gnu/)?(nlohmann|yaml-cpp|spdlog|fmt|CLI|openssl|gtest|gmock|benchmark|sentencepiece)[^ :]*' | tr -d '[:blank:]' | sort -u)"
+    [ -z "$leaked" ] || { echo "probe took headers from /usr/include:"; echo "$leaked" | head; return 1; }
   fi
-fi
+}
 
-# ---- training phase (issue 7): qlora bench, measured peak vs estimate ----
-if ((TRAIN)); then
-  TR="$RES/train"; rm -rf "$TR"; mkdir -p "$TR"
-  Q="${QLORA_BIN:-$BUILD/trainer/qlora}"
-  trc=0
-  if [ -z "${QLORA_BIN:-}" ]; then
-    step "build qlora" train/build.log "$CMAKE" --build "$BUILD" -j"$JOBS" --target qlora; trc=$?
+# =============================== the plan ===============================
+if [ "$MODE" = device ]; then
+  device_plan
+else
+  # dry run here: the same configure and build, the CPU parts, no GPU
+  step host-compiler 0 env.txt s_host_compiler || finish
+  step configure 0 configure.log s_configure || finish
+  step build 0 build.log s_build
+  ((ISOLATE)) && step prefix-check 0 build.log s_prefix_check
+  step kernel-tests 0 tests.log s_kernel_tests
+  step dequant-bandwidth 0 bench.txt s_dequant_bandwidth
+  step probe 0 probe.log s_probe
+  if ((TRAIN)); then
+    step gpu-prep-cpu 0 gpu-prep.log s_gpu_prep_cpu
+    step bench-7b 0 bench-7b.log s_bench_7b
+    step baseline-peft 0 baseline.log s_baseline_peft
+    step bench-13b 0 bench-13b.log s_bench_13b
   fi
-  if ((trc == 0)) && [ -x "$Q" ]; then
-    if ((DRY)); then P7=tiny; P13=tiny; SEQS=(32 64 128 256); STEPS=2; P13_SEQ=128
-    else P7=llama2-7b; P13=llama2-13b; SEQS=(512 1024 2048 4096); STEPS=3; P13_SEQ=2048; fi
-    CTX_MIB=768   # CUDA context + allocator slack beyond reserved: kCudaOverheadBytes unless measured below
-    SMI=0; ((DRY)) || ! command -v nvidia-smi >/dev/null || SMI=1
-    # bench_point NAME LOG ARGS...: starts only with TRAIN_MIN_S seconds left; samples nvidia-smi
-    # memory.used (MiB) every 200 ms into $TR/LOG.smi while it runs.
-    bench_point() {
-      local name="$1" log="$2"; shift 2
-      if ((DEADLINE > 0)) && (( DEADLINE - ($(date +%s) - T0) < TRAIN_MIN_S )); then
-        ROWS+=("$(printf '%-22s %-8s %6s' "$name" "SKIPPED" "-") (under ${TRAIN_MIN_S}s left)"); return 124
-      fi
-      local smi_pid=""
-      if ((SMI)); then
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$TR/$log.smi" 2>/dev/null &
-        smi_pid=$!
-      fi
-      step "$name" "train/$log" "$Q" "$@"; local rc=$?
-      [ -n "$smi_pid" ] && { kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null; }
-      return $rc
-    }
-    COMMON=(--lora-r 16 --steps "$STEPS")
-    # micro-batch 1 first (the 16 GB verdict), then the 13B point, then micro-batch 2 and 4
-    bench_point "bench $P7 mb1" bench-7b-mb1.log bench --preset "$P7" --sweep --seq-lens "${SEQS[@]}" \
-      --batch-sizes 1 "${COMMON[@]}" --out "$TR/bench-7b-mb1"
-    bench_point "bench $P13 ${P13_SEQ}x1" bench-13b.log bench --preset "$P13" --seq-len "$P13_SEQ" \
-      --micro-batch-size 1 "${COMMON[@]}"
-    for mb in 2 4; do
-      bench_point "bench $P7 mb$mb" "bench-7b-mb$mb.log" bench --preset "$P7" --sweep --seq-lens "${SEQS[@]}" \
-        --batch-sizes "$mb" "${COMMON[@]}" --out "$TR/bench-7b-mb$mb"
-    done
-    # CUDA overhead: max nvidia-smi memory.used − peak reserved of the same run (mb1 sweep)
-    if ((SMI)) && [ -s "$TR/bench-7b-mb1.log.smi" ] && [ -s "$TR/bench-7b-mb1.csv" ]; then
-      used_mib="$(sort -n "$TR/bench-7b-mb1.log.smi" | tail -1)"
-      res_mib="$(awk -F, 'NR>1 && $9>m {m=$9} END {printf "%d", m/1048576}' "$TR/bench-7b-mb1.csv")"
-      if [ -n "$used_mib" ] && ((res_mib > 0)); then CTX_MIB=$((used_mib - res_mib)); CTX_SRC="measured: nvidia-smi max ${used_mib} MiB − peak reserved ${res_mib} MiB"; fi
-    fi
-    # one CSV for the 7B grid, then the table
-    first=1
-    for mb in 1 2 4; do
-      f="$TR/bench-7b-mb$mb.csv"; [ -f "$f" ] || continue
-      if ((first)); then cat "$f"; first=0; else tail -n +2 "$f"; fi
-    done > "$TR/bench-7b.csv"
-    {
-      echo
-      echo "== training phase: qlora bench $P7 (NF4 bs64 dq, r=16 all-linear, checkpointing on, $STEPS steps), $(date -u +%F), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') =="
-      echo "CUDA context + allocator slack beyond reserved: ${CTX_MIB} MiB (${CTX_SRC:-placeholder kCudaOverheadBytes; not measured})"
-      awk -F, -v ctx="$CTX_MIB" '
-        function gib(b) { return sprintf("%.2f", b / 1073741824) }
-        NR == 1 { printf "%6s %5s %10s %10s %10s %9s %9s %8s %7s  %s\n", "seq", "batch", "alloc GiB", "reserv GiB",
-                  "est GiB", "err/res", "err/alloc", "tok/s", "MFU", "fits 16 GB (reserved + ctx <= 16376 MiB)"; next }
-        {
-          if ($3 != "true") { printf "%6d %5d  does not fit (out of memory); estimated %s GiB\n", $1, $2, gib($10); next }
-          res = $9 > 0 ? $9 : $8   # CPU: no reserved, use peak RSS growth
-          er = res > 0 ? sprintf("%+.1f%%", 100 * ($10 - res) / res) : "-"
-          ea = $8 > 0 ? sprintf("%+.1f%%", 100 * ($10 - $8) / $8) : "-"
-          fit = (res / 1048576 + ctx <= 16376) ? "yes" : "no"
-          if (fit == "yes" && $2 == 1 && $1 > maxfit) maxfit = $1
-          printf "%6d %5d %10s %10s %10s %9s %9s %8.0f %6.1f%%  %s\n", $1, $2, gib($8), gib($9), gib($10), er, ea, $5,
-                 100 * $6, fit
-        }
-        END { printf "largest seq that fits 16 GB at micro-batch 1 (measured): %s\n", maxfit ? maxfit : "none of the grid" }
-      ' "$TR/bench-7b.csv"
-      echo "$P13 point:"; grep -E '^ +[0-9]+ +[0-9]+ ' "$TR/bench-13b.log" 2>/dev/null || echo "  (not run or failed)"
-    } >> "$RES/bench.txt"
-    [ -f "$RES/tests.xml" ] && mv "$RES/tests.xml" "$TR/"
-  else
-    ((trc == 0)) && { say "no qlora binary at $Q"; ROWS+=("$(printf '%-22s %-8s' 'qlora binary' MISSING)"); FAILED=1; }
-  fi
-  tar -C "$RES" -czf "$RES/train.tar.gz" train && rm -rf "$TR"
+  step report -60 report.log s_report
 fi
-
 finish

@@ -6,7 +6,8 @@
 #                                pkgconf binary; docs, man pages and unused static libraries dropped. Carried.
 #   .device/fixtures/quant.tar.gz  tests/fixtures/make_quant_refs.py's output (bitsandbytes is not on the
 #                                device, so its reference files travel) + fixtures/hash. Carried.
-# The run tool's argument is then  carry: [".device/prefix", ".device/fixtures"]  (docs/gpu.md).
+#   .device/wheels/*.whl         transformers, peft and friends for the PEFT baseline (fallback). Carried.
+# The run tool's argument is then  carry: [".device/prefix", ".device/fixtures", ".device/wheels"]  (docs/gpu.md).
 # Idempotent: packages already downloaded are not fetched again; the prefix is re-extracted only when
 # the set of .deb files (or this script) changed; the fixtures only when make_quant_refs.py changed.
 # The device machine has no -dev packages, no registry and no network: everything the build needs
@@ -138,16 +139,46 @@ if [ "$(cat "$FIXT/hash" 2>/dev/null)" != "$hash" ] || [ ! -f "$FIXT/quant.tar.g
   fi
 fi
 
-# ---- 4. report ----
-carried=("$PREFIX"); [ -d "$FIXT" ] && carried+=("$FIXT")
+# ---- 4. Python wheels for the transformers + PEFT baseline (bench/train/peft_baseline_cuda.py) ----
+# The device image lists transformers and peft (KINDS.md, 2026-11-17); these are the fallback that
+# device-check.sh installs into /tmp/qlora-site only when `import transformers, peft` fails there.
+# Pure-Python wheels plus three abi3 ones (tokenizers, safetensors, hf-xet); torch, numpy, pyyaml,
+# regex, tqdm, httpx, click, psutil, ... are the device's own (--no-deps). Pinned to the test venv's
+# versions (huggingface_hub 1.x: 2.x needs httpx2, not on the device). ~22 MiB.
+WHEELS="$DEV/wheels"
+WHEEL_PINS=(transformers==5.23.0 peft==0.21.2 accelerate==1.15.0 tokenizers==0.23.3 safetensors==0.8.0
+            huggingface_hub==1.33.0 hf-xet==1.8.0)
+have_all=1
+for w in "${WHEEL_PINS[@]}"; do
+  n="${w%%==*}"; v="${w##*==}"
+  compgen -G "$WHEELS/$(echo "$n" | tr - _)-$v-*.whl" >/dev/null || have_all=0
+done
+if ((have_all == 0)); then
+  echo "[device-prepare] pip download (no deps, cp312 manylinux x86-64): ${WHEEL_PINS[*]}"
+  rm -rf "$WHEELS.tmp"; mkdir -p "$WHEELS.tmp"
+  if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+       -d "$WHEELS.tmp" "${WHEEL_PINS[@]}"; then
+    rm -rf "$WHEELS"; mv "$WHEELS.tmp" "$WHEELS"
+  else
+    rm -rf "$WHEELS.tmp"
+    echo "[device-prepare] WARNING: pip download failed; the baseline step then needs the device's own transformers + peft" >&2
+  fi
+fi
+
+# ---- 5. report ----
+carried=("$PREFIX"); [ -d "$FIXT" ] && carried+=("$FIXT"); [ -d "$WHEELS" ] && carried+=("$WHEELS")
 bytes="$(du -scb "${carried[@]}" | tail -1 | cut -f1)"
 tree_bytes="$( (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1) || echo 0)"
 mib() { awk -v b="$1" 'BEGIN{printf "%.1f MiB", b/1048576}'; }
 echo "[device-prepare] carried: .device/prefix $(mib "$(du -sb "$PREFIX" | cut -f1)")," \
      ".device/fixtures $( [ -d "$FIXT" ] && mib "$(du -sb "$FIXT" | cut -f1)" || echo none)," \
-     "together $(mib "$bytes"); rest of the working tree $(mib "$tree_bytes"); limit 64 MiB in all"
-if ((bytes + tree_bytes > 48 * 1048576)); then
-  echo "[device-prepare] WARNING: over 48 MiB together; the working-tree limit is 64 MiB" >&2
+     ".device/wheels $( [ -d "$WHEELS" ] && mib "$(du -sb "$WHEELS" | cut -f1)" || echo none)," \
+     "together $(mib "$bytes"); rest of the working tree $(mib "$tree_bytes");" \
+     "in all $(mib $((bytes + tree_bytes))) of the 64 MiB limit (nothing built here is carried: the device builds)"
+if ((bytes + tree_bytes > 60 * 1048576)); then
+  echo "[device-prepare] ERROR: over 60 MiB in all; the run tool refuses a working tree over 64 MiB" >&2
+  exit 1
 fi
-echo "[device-prepare] run: carry [\".device/prefix\", \".device/fixtures\"]," \
-     "command \"bash scripts/device-check.sh\", timeout_s 540 (docs/gpu.md)"
+echo "[device-prepare] run: carry [\".device/prefix\", \".device/fixtures\", \".device/wheels\"]," \
+     "command \"bash scripts/device-check.sh\", timeout_s 480 (docs/gpu.md)"

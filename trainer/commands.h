@@ -170,11 +170,17 @@ struct BenchOptions {
   double peak_tflops = 0;         ///< 0: from the device name (CUDA), none on CPU
   std::string out_prefix = "bench";  ///< --sweep writes PREFIX.csv and PREFIX.svg
   uint64_t seed = 0;
+  double max_time_s = 0;          ///< > 0: start no point that would likely end after this many seconds
 };
 /// `qlora bench`: trains `steps` optimizer steps on random tokens with random NF4 (double quant,
 /// blocksize 64) weights made in memory, LoRA all-linear; prints tokens/s, step time, MFU/HFU and
 /// peak memory measured vs estimated. --sweep runs the grid, records "does not fit" on CUDA OOM,
-/// prints a table and writes CSV + SVG. Nothing is downloaded. Returns the printed text.
+/// prints a table and writes CSV + SVG. The CSV header is written first and each row as its point
+/// finishes (flushed; the SVG is rewritten too), so a killed sweep keeps the points it finished;
+/// each finished point is also logged. Points run micro-batch-major (all of the first batch size
+/// first). With max_time_s, a point starts only when the previous point's time scaled by tokens
+/// says it ends inside the budget; points not started are listed. Nothing is downloaded.
+/// Returns the printed text.
 std::string cmd_bench(const BenchOptions& o);
 
 }  // namespace qlora

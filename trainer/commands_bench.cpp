@@ -29,7 +29,8 @@ struct BenchPoint {
   double step_s = 0, tokens_per_s = 0, mfu = 0, hfu = 0, final_loss = 0;
   int64_t measured_peak = 0;    ///< CUDA peak allocated, or CPU peak RSS − RSS before the model
   int64_t measured_reserved = 0;///< CUDA peak reserved (0 on CPU)
-  int64_t estimated = 0;        ///< estimate without the CUDA context constant (tensors only)
+  int64_t estimated = 0;        ///< estimate without the CUDA context constant (tensors + segment rounding)
+  int64_t estimated_allocated = 0;  ///< the same without the allocator's segment rounding
 };
 
 /// Random tokens, every one a label, one example per row, no padding (causal SDPA, no mask).
@@ -82,7 +83,9 @@ BenchPoint run_point(LlamaModel& model, const BenchOptions& o, int64_t seq, int6
   p.seq_len = seq;
   p.micro_batch_size = mb;
   const EstimateOptions eo = point_options(o, seq, mb, dev, model.dtype());
-  p.estimated = estimate_memory(model.config(), eo).total_bytes;
+  const MemoryEstimate est = estimate_memory(model.config(), eo);
+  p.estimated = est.total_bytes;
+  p.estimated_allocated = est.total_bytes - est.component("allocator segment rounding (persistent tensors)");
   const TrainingFlops fl = training_flops_per_token(model.config(), eo);
   const LoraConfig lc;
   std::mt19937_64 rng(o.seed + 7919 * static_cast<uint64_t>(seq) + static_cast<uint64_t>(mb));
@@ -140,7 +143,7 @@ std::string svg_chart(const std::vector<BenchPoint>& pts, const std::string& tit
   double xmax = 1, ymax = 1;
   for (const BenchPoint& p : pts) {
     xmax = std::max(xmax, static_cast<double>(p.seq_len));
-    ymax = std::max({ymax, static_cast<double>(p.measured_peak), static_cast<double>(p.estimated)});
+    ymax = std::max({ymax, static_cast<double>(p.measured_peak), static_cast<double>(p.estimated_allocated)});
   }
   ymax /= 1 << 30;
   auto X = [&](double v) { return ml + (W - ml - mr) * v / xmax; };
@@ -178,7 +181,7 @@ std::string svg_chart(const std::vector<BenchPoint>& pts, const std::string& tit
       if (p.micro_batch_size != bss[k]) continue;
       std::ostringstream pe;
       pe << std::fixed << std::setprecision(1) << X(static_cast<double>(p.seq_len)) << ","
-         << Y(static_cast<double>(p.estimated) / (1 << 30)) << " ";
+         << Y(static_cast<double>(p.estimated_allocated) / (1 << 30)) << " ";
       est += pe.str();
       if (!p.fits) {
         s << "<text x=\"" << X(static_cast<double>(p.seq_len)) << "\" y=\"" << mt + 12 * (k + 1) << "\" fill=\"" << c
@@ -208,6 +211,7 @@ std::string cmd_bench(const BenchOptions& o) {
   QLORA_CHECK(o.steps > 0, "bench: --steps must be > 0, got ", o.steps);
   QLORA_CHECK(o.lora_r > 0, "bench: --lora-r must be > 0, got ", o.lora_r);
   QLORA_CHECK(o.gpu_hour_price >= 0, "bench: --gpu-hour-price must be >= 0, got ", o.gpu_hour_price);
+  QLORA_CHECK(o.max_time_s >= 0, "bench: --max-time-s must be >= 0, got ", o.max_time_s);
   std::vector<std::pair<int64_t, int64_t>> grid;
   if (o.sweep) {
     for (int64_t mb : o.sweep_batch_sizes)
@@ -228,23 +232,83 @@ std::string cmd_bench(const BenchOptions& o) {
   q.method = QuantOptions::Method::NF4;
   q.blocksize = 64;
   q.double_quant = true;
-  reset_peak_memory(dev);
+  const bool cuda = dev.is_cuda();
+  const std::string what = o.preset.empty() ? o.model_dir : o.preset;
+  // The CSV is opened before anything slow, and every row is appended as its point finishes.
+  std::ofstream csv;
+  if (o.sweep) {
+    csv.open(o.out_prefix + ".csv", std::ios::trunc);
+    QLORA_CHECK(csv.good(), "bench: cannot write ", o.out_prefix, ".csv");
+    csv << "seq_len,micro_batch_size,fits,step_s,tokens_per_s,mfu,hfu,measured_peak_bytes,measured_reserved_bytes,"
+           "estimated_bytes,relative_error,cost_per_million_tokens,estimated_allocated_bytes,start_unix_s,end_unix_s\n";
+    csv.flush();
+  }
+  reset_peak_memory(dev);  // initialises CUDA first (memory.h)
   const int64_t rss_base = memory_snapshot(dev).value("rss_bytes", int64_t{0});
   torch::manual_seed(o.seed);
   const auto t0 = std::chrono::steady_clock::now();
-  LlamaModel model = LlamaModel::random_init(cfg, o.seed, dtype, dev, q);
+  // On CUDA the random weights are drawn on the device (one CPU thread needs ~70 s for 7B).
+  LlamaModel model = LlamaModel::random_init(cfg, o.seed, dtype, dev, q, 0.02, /*draw_on_device=*/cuda);
+  if (cuda) torch::cuda::synchronize();
   const double init_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   model.gradient_checkpointing = !o.no_gradient_checkpointing;
   model.training = true;
-  log::info("bench: ", o.preset.empty() ? o.model_dir : o.preset, " (", cfg.num_parameters(), " parameters), NF4 "
-            "random weights made in ", init_s, " s on ", dev.str(), ", ", o.steps, " steps per point");
+  log::info("bench: ", what, " (", cfg.num_parameters(), " parameters), NF4 random weights made in ", init_s,
+            " s on ", dev.str(), ", ", o.steps, " steps per point");
 
+  auto row_text = [&](const BenchPoint& p, double err, double cost) {
+    std::ostringstream os;
+    os << std::right << std::setw(7) << p.seq_len << std::setw(6) << p.micro_batch_size;
+    if (!p.fits) {
+      os << "   does not fit (out of memory); estimated " << human_bytes(static_cast<double>(p.estimated));
+      return os.str();
+    }
+    os << std::fixed << std::setprecision(3) << std::setw(10) << p.step_s << std::setprecision(0) << std::setw(11)
+       << p.tokens_per_s << std::setw(8) << (peak_flops > 0 ? pct(p.mfu) : "-") << std::setw(8)
+       << (peak_flops > 0 ? pct(p.hfu) : "-") << std::setw(14) << human_bytes(static_cast<double>(p.measured_peak))
+       << std::setw(14) << human_bytes(static_cast<double>(p.estimated_allocated)) << std::setw(8) << pct(err);
+    if (cuda) os << std::setw(14) << human_bytes(static_cast<double>(p.measured_reserved));
+    if (o.gpu_hour_price > 0) os << std::setw(12) << std::setprecision(4) << cost;
+    return os.str();
+  };
   std::vector<BenchPoint> pts;
-  for (const auto& [t, mb] : grid) pts.push_back(run_point(model, o, t, mb, rss_base, peak_flops));
+  std::vector<std::string> rows, not_started;
+  double last_wall = 0;
+  int64_t last_tokens = 0;
+  for (const auto& [t, mb] : grid) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double predicted = last_tokens > 0 ? last_wall * static_cast<double>(t * mb) / static_cast<double>(last_tokens) : 0;
+    if (o.max_time_s > 0 && elapsed + predicted > o.max_time_s) {
+      not_started.push_back(std::to_string(t) + "x" + std::to_string(mb));
+      continue;
+    }
+    const auto p0 = std::chrono::steady_clock::now();
+    auto unix_now = [] {
+      return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    };
+    const double start_unix = unix_now();
+    const BenchPoint p = run_point(model, o, t, mb, rss_base, peak_flops);
+    last_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+    last_tokens = t * mb;
+    pts.push_back(p);
+    // error of the allocated estimate against peak allocated (CUDA) or peak RSS growth (CPU)
+    const double err = p.measured_peak > 0 ? (static_cast<double>(p.estimated_allocated) - p.measured_peak) / p.measured_peak : 0;
+    const double cost = p.tokens_per_s > 0 && o.gpu_hour_price > 0 ? o.gpu_hour_price / 3600.0 / p.tokens_per_s * 1e6 : 0;
+    rows.push_back(row_text(p, err, cost));
+    log::info("bench: point done in ", last_wall, " s: ", rows.back());
+    if (o.sweep) {
+      csv << p.seq_len << "," << p.micro_batch_size << "," << (p.fits ? "true" : "false") << "," << p.step_s << ","
+          << p.tokens_per_s << "," << p.mfu << "," << p.hfu << "," << p.measured_peak << "," << p.measured_reserved
+          << "," << p.estimated << "," << err << "," << cost << "," << p.estimated_allocated << "," << std::fixed
+          << std::setprecision(3) << start_unix << "," << unix_now() << std::defaultfloat << std::setprecision(6) << "\n";
+      csv.flush();
+      QLORA_CHECK(csv.good(), "bench: writing ", o.out_prefix, ".csv failed");
+      atomic_write_string(o.out_prefix + ".svg", svg_chart(pts, "qlora bench " + what + " on " + device_name(dev), cuda));
+    }
+  }
 
   std::ostringstream os;
-  const bool cuda = dev.is_cuda();
-  os << "bench " << (o.preset.empty() ? o.model_dir : o.preset) << " on " << device_name(dev) << ": NF4 bs64 double "
+  os << "bench " << what << " on " << device_name(dev) << ": NF4 bs64 double "
      << "quant, LoRA r=" << o.lora_r << " all-linear, checkpointing " << (o.no_gradient_checkpointing ? "off" : "on")
      << ", " << (dtype == torch::kFloat32 ? "fp32" : "bf16") << ", " << o.steps << " steps (first untimed)\n";
   os << std::right << std::setw(7) << "seq" << std::setw(6) << "batch" << std::setw(10) << "step s" << std::setw(11)
@@ -253,38 +317,26 @@ std::string cmd_bench(const BenchOptions& o) {
   if (cuda) os << std::setw(14) << "peak reserved";
   if (o.gpu_hour_price > 0) os << std::setw(12) << "cost/1M tok";
   os << "\n";
-  std::ostringstream csv;
-  csv << "seq_len,micro_batch_size,fits,step_s,tokens_per_s,mfu,hfu,measured_peak_bytes,measured_reserved_bytes,"
-         "estimated_bytes,relative_error,cost_per_million_tokens\n";
-  for (const BenchPoint& p : pts) {
-    const double err = p.measured_peak > 0 ? (static_cast<double>(p.estimated) - p.measured_peak) / p.measured_peak : 0;
-    const double cost = p.tokens_per_s > 0 && o.gpu_hour_price > 0 ? o.gpu_hour_price / 3600.0 / p.tokens_per_s * 1e6 : 0;
-    os << std::setw(7) << p.seq_len << std::setw(6) << p.micro_batch_size;
-    if (!p.fits) {
-      os << "   does not fit (out of memory); estimated " << human_bytes(static_cast<double>(p.estimated)) << "\n";
-    } else {
-      os << std::fixed << std::setprecision(3) << std::setw(10) << p.step_s << std::setprecision(0) << std::setw(11)
-         << p.tokens_per_s << std::setw(8) << (peak_flops > 0 ? pct(p.mfu) : "-") << std::setw(8)
-         << (peak_flops > 0 ? pct(p.hfu) : "-") << std::setw(14) << human_bytes(static_cast<double>(p.measured_peak))
-         << std::setw(14) << human_bytes(static_cast<double>(p.estimated)) << std::setw(8) << pct(err);
-      if (cuda) os << std::setw(14) << human_bytes(static_cast<double>(p.measured_reserved));
-      if (o.gpu_hour_price > 0) os << std::setw(12) << std::setprecision(4) << cost;
-      os << "\n";
-    }
-    csv << p.seq_len << "," << p.micro_batch_size << "," << (p.fits ? "true" : "false") << "," << p.step_s << ","
-        << p.tokens_per_s << "," << p.mfu << "," << p.hfu << "," << p.measured_peak << "," << p.measured_reserved
-        << "," << p.estimated << "," << err << "," << cost << "\n";
+  for (const std::string& r : rows) os << r << "\n";
+  if (pts.empty()) {
+    // An honest line: nothing was measured, which is no verdict on memory.
+    os << "no point was run: the --max-time-s budget of " << o.max_time_s << " s ended before the first point\n";
+  } else if (std::none_of(pts.begin(), pts.end(), [](const BenchPoint& p) { return p.fits; })) {
+    os << "every point that ran was out of memory on " << device_name(dev) << "\n";
+  }
+  if (!not_started.empty()) {
+    os << "not run (--max-time-s " << o.max_time_s << " s):";
+    for (const std::string& n : not_started) os << " " << n;
+    os << "\n";
   }
   if (peak_flops <= 0) os << "MFU: no peak FLOPs for this device (pass --peak-tflops)\n";
   os << "MFU counts 4·N_frozen + 6·N_lora + attention FLOPs per token (no weight gradients for the frozen base); "
         "HFU adds the checkpoint recompute (docs/memory.md)\n";
   if (!cuda) os << "CPU: measured = peak RSS − RSS before the model (includes allocator caching; docs/memory.md)\n";
   if (o.sweep) {
-    atomic_write_string(o.out_prefix + ".csv", csv.str());
-    atomic_write_string(o.out_prefix + ".svg",
-                        svg_chart(pts, "qlora bench " + (o.preset.empty() ? o.model_dir : o.preset) + " on " +
-                                           device_name(dev), cuda));
-    os << "wrote " << o.out_prefix << ".csv and " << o.out_prefix << ".svg\n";
+    if (pts.empty())
+      atomic_write_string(o.out_prefix + ".svg", svg_chart(pts, "qlora bench " + what + ": no point run", cuda));
+    os << "wrote " << o.out_prefix << ".csv (" << pts.size() << " rows) and " << o.out_prefix << ".svg\n";
   }
   return os.str();
 }

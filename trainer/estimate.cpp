@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <set>
 #include <sstream>
 
 #include "adapters/lora.h"
@@ -139,6 +140,10 @@ std::vector<MemoryComponent> layer_activation_terms(const ModelConfig& c, const 
   // nh heads by repeat_kv), its output, and a fp32 logsumexp [B, nh, T]. No [T, T] tensor.
   t.push_back({"attention q, k, v (after RoPE, k/v repeated)", 3 * N * Q * b, true, "3·N·nh·hd·b"});
   t.push_back({"attention output + logsumexp", N * Q * b + B * nh * T * 4, true, "N·nh·hd·b + B·nh·T·4"});
+  // With a dense bool mask, SDPA converts it to a compute-dtype additive bias [B, 1, T, T] on every
+  // call (aten convert_boolean_attn_mask), which the memory-efficient kernel keeps for backward.
+  if (o.attention_mask)
+    t.push_back({"attention mask as SDPA bias [B,1,T,T]", B * T * T * b, true, "B·T²·b (padding / packing only)"});
   t.push_back({"post_attention_layernorm fp32 copy", 4 * N * H + 4 * N, true, "4·N·H + 4·N"});
   // silu(g) keeps g; silu(g)·u keeps silu(g) and u.
   t.push_back({"MLP gate, silu(gate), up", 3 * N * I * b, true, "3·N·I·b"});
@@ -270,11 +275,91 @@ MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o)
     add("logits (prefill)", N * V * b, "N·V·b");
     add("dequantization scratch", o.bits != 16 ? largest_linear * b : 0, "largest linear in the compute dtype");
   }
+  if (training(o) && o.attention_mask)
+    add("attention mask (dense bool [B,1,T,T])", B * T * T, "B·T², held from build_mask through backward");
+  if (o.cuda) {
+    const int64_t handles = o.cublas_handles >= 0 ? o.cublas_handles : (training(o) ? 2 : 1);
+    add("cuBLAS workspaces (caching allocator)", handles * kCublasWorkspaceBytesPerHandle,
+        std::to_string(handles) + " handles × 32 MiB (sm_90), pending GPU measurement");
+  }
+  if (o.cuda && o.allocator_rounding) {
+    // The persistent tensors in the order they are made: each layer's weights (packed, constants),
+    // the 16-bit modules, then LoRA parameters, gradients and AdamW states.
+    std::vector<int64_t> sizes;
+    for (int64_t li = 0; li < L; ++li) {
+      for (const LinearShape& l : layer_linears(cfg)) {
+        const int64_t n = l.in * l.out, nb = (n + o.blocksize - 1) / o.blocksize;
+        if (o.bits == 4) {
+          sizes.push_back((n + 1) / 2);
+          if (o.double_quant) {
+            sizes.push_back(nb);
+            sizes.push_back(4 * ((nb + 255) / 256));
+            sizes.push_back(256 * 4);
+          } else {
+            sizes.push_back(4 * nb);
+          }
+        } else if (o.bits == 8) {
+          sizes.push_back(n);
+          sizes.push_back(4 * l.out);
+        } else {
+          sizes.push_back(n * b);
+        }
+        if (l.bias) sizes.push_back(l.out * b);
+      }
+      sizes.push_back(H * b);
+      sizes.push_back(H * b);
+    }
+    sizes.push_back(V * H * b);
+    if (!cfg.tie_word_embeddings) sizes.push_back(V * H * b);
+    sizes.push_back(H * b);
+    if (o.method == M::Lora || o.method == M::QLora)
+      for (int copy = 0; copy < 4; ++copy)  // parameters, gradients, exp_avg, exp_avg_sq
+        for (int64_t li = 0; li < L; ++li)
+          for (const LinearShape& l : layer_linears(cfg))
+            if (targeted(o, l.name)) {
+              sizes.push_back(4 * o.lora_r * l.in);
+              sizes.push_back(4 * o.lora_r * l.out);
+            }
+    const AllocatorFootprint f = caching_allocator_footprint(sizes);
+    add("allocator segment rounding (persistent tensors)", f.reserved - f.requested,
+        "caching-allocator segments − bytes asked, weights + LoRA state (peak reserved only)");
+  }
   add("CUDA context + allocator", o.overhead_bytes,
       o.overhead_bytes ? "constant, placeholder pending GPU measurement" : "none (CPU)");
   for (const MemoryComponent& c : e.components)
     if (c.in_total) e.total_bytes += c.bytes;
   return e;
+}
+
+AllocatorFootprint caching_allocator_footprint(const std::vector<int64_t>& sizes) {
+  constexpr int64_t kMinBlockSize = 512, kSmallSize = 1 << 20, kSmallBuffer = 2 << 20, kLargeBuffer = 20 << 20,
+                    kMinLargeAlloc = 10 << 20, kRoundLarge = 2 << 20;
+  std::multiset<int64_t> small, large;  // free block sizes per pool (addresses do not matter for totals)
+  AllocatorFootprint f;
+  for (int64_t s : sizes) {
+    QLORA_CHECK(s >= 0, "caching_allocator_footprint: negative size ", s);
+    f.requested += s;
+    const int64_t r = s < kMinBlockSize ? kMinBlockSize : (s + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+    const bool is_small = r <= kSmallSize;
+    std::multiset<int64_t>& pool = is_small ? small : large;
+    int64_t block;
+    auto it = pool.lower_bound(r);
+    if (it != pool.end()) {
+      block = *it;
+      pool.erase(it);
+    } else {
+      block = is_small ? kSmallBuffer : r < kMinLargeAlloc ? kLargeBuffer : (r + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+      f.reserved += block;
+    }
+    const int64_t rest = block - r;
+    if (is_small ? rest >= kMinBlockSize : rest > kSmallSize) {
+      pool.insert(rest);
+      f.allocated += r;
+    } else {
+      f.allocated += block;
+    }
+  }
+  return f;
 }
 
 json rule_of_thumb(const MemoryEstimate& e) {
@@ -427,6 +512,9 @@ EstimateOptions estimate_options_for(const Config& cfg, const torch::Device& dev
   const DType d = cfg.model.dtype;
   o.compute_bytes = d == DType::kFP32 || (d == DType::kAuto && !o.cuda) ? 4 : 2;
   o.overhead_bytes = o.cuda ? kCudaOverheadBytes : 0;
+  // A padded row (rows are padded to the batch's longest) or packing makes build_mask build the
+  // dense [B, 1, T, T] mask; one unpacked row per micro-batch never has padding.
+  o.attention_mask = cfg.data.sample_packing || o.micro_batch_size > 1;
   return o;
 }
 
@@ -459,7 +547,8 @@ json compare_memory(const MemoryEstimate& e, const json& phases, bool cuda) {
     row("weights + LoRA parameters", model_bytes, get("after_load", "cuda_allocated_bytes"), "allocated after load");
     const int64_t a0 = get("after_load", "cuda_allocated_bytes"), a1 = get("after_first_step", "cuda_allocated_bytes");
     if (a0 >= 0 && a1 >= 0) row("LoRA gradients + AdamW states", step_state, a1 - a0, "allocated after step 1 − after load");
-    row("peak (tensors)", tensors, get("peak", "cuda_peak_allocated_bytes"), "peak allocated");
+    row("peak (tensors)", tensors - e.component("allocator segment rounding (persistent tensors)"),
+        get("peak", "cuda_peak_allocated_bytes"), "peak allocated");
     row("peak (tensors)", tensors, get("peak", "cuda_peak_reserved_bytes"), "peak reserved");
   } else {
     const int64_t r0 = get("before_load", "rss_bytes");

@@ -17,10 +17,18 @@
 
 namespace qlora {
 
-/// Placeholder for the CUDA context + cuBLAS workspace + caching-allocator slack (bytes) that
-/// nvidia-smi shows beyond the tensors. NOT MEASURED yet (no GPU in the session that wrote it);
+/// Placeholder for what nvidia-smi shows beyond the caching allocator's reserved bytes: the CUDA
+/// context, loaded kernel modules, and the memory of libraries that do not allocate through the
+/// caching allocator (bytes). The cuBLAS workspaces and the allocator's segment rounding are separate
+/// components (they are in reserved). NOT MEASURED yet (no GPU in the session that wrote it);
 /// docs/memory.md, "CUDA overhead", says how a GPU session replaces it.
 constexpr int64_t kCudaOverheadBytes = 768LL << 20;
+
+/// cuBLAS workspaces on CUDA, bytes: PyTorch gives each cuBLAS handle a workspace from the caching
+/// allocator (so it shows in allocated/reserved, not in the context): 32 MiB per handle on sm_90
+/// (PyTorch's CUDABlas getChosenWorkspaceSize for Hopper), and training uses two handles (the
+/// forward's thread and the autograd engine's device thread). NOT MEASURED yet (issue 15).
+constexpr int64_t kCublasWorkspaceBytesPerHandle = 32LL << 20;
 
 /// What an estimate is for. Plain values; no config objects below this.
 struct EstimateOptions {
@@ -39,7 +47,26 @@ struct EstimateOptions {
   int64_t ce_chunk_tokens = 1024; ///< chunked cross-entropy chunk (trainer/loss.h)
   bool cuda = true;               ///< CUDA: 1-byte dropout masks, context overhead; CPU: dtype-sized masks
   int64_t overhead_bytes = kCudaOverheadBytes;  ///< CUDA context + allocator; 0 for a CPU estimate
+  /// A dense [B, 1, T, T] bool attention mask is built (a padded row, or packing: LlamaModel::build_mask)
+  /// and SDPA turns it into a compute-dtype bias per layer call. false: causal SDPA, no [T, T] tensor.
+  bool attention_mask = false;
+  int64_t cublas_handles = -1;    ///< CUDA: cuBLAS handles with a workspace; -1: 2 training, 1 inference
+  bool allocator_rounding = true; ///< CUDA: add the caching allocator's segment rounding (peak reserved)
 };
+
+/// What PyTorch's CUDA caching allocator reserves for tensors of `sizes` bytes allocated in this
+/// order and never freed: requests rounded up to 512 B; ≤ 1 MiB from 2 MiB small-pool segments,
+/// 1–10 MiB from 20 MiB segments, ≥ 10 MiB in segments rounded up to 2 MiB; a request takes the
+/// smallest cached free block that fits (best fit), split when the rest is ≥ 512 B (small pool) or
+/// > 1 MiB (large pool). Source: c10/cuda/CUDACachingAllocator.cpp (kMinBlockSize, kSmallSize,
+/// kSmallBuffer, kLargeBuffer, kMinLargeAlloc, kRoundLarge; round_size, get_allocation_size,
+/// should_split). Frees and streams are not modelled.
+struct AllocatorFootprint {
+  int64_t requested = 0;  ///< Σ sizes
+  int64_t allocated = 0;  ///< Σ block sizes handed out (what allocated_bytes counts)
+  int64_t reserved = 0;   ///< Σ segments (what reserved_bytes counts)
+};
+AllocatorFootprint caching_allocator_footprint(const std::vector<int64_t>& sizes);
 
 /// "inference" | "lora" | "qlora" | "full". Throws qlora::Error naming the value.
 EstimateOptions::Method parse_estimate_method(const std::string& s);

@@ -148,6 +148,8 @@ int run(int argc, char** argv) {
   bench_cmd->add_option("--peak-tflops", bench.peak_tflops, "device peak for MFU (default: from the GPU name)");
   bench_cmd->add_option("--out", bench.out_prefix, "--sweep writes OUT.csv and OUT.svg")->capture_default_str();
   bench_cmd->add_option("--seed", bench.seed, "weights and tokens seed")->capture_default_str();
+  bench_cmd->add_option("--max-time-s", bench.max_time_s, "start no point likely to end after this (0: none)")
+      ->capture_default_str();
 
   try {
     app.parse(argc, argv);
@@ -173,6 +175,11 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit (ulimit -f) fails the write with EFBIG instead of killing
+  // QLORA_DETERMINISTIC=1: deterministic algorithms (torch.use_deterministic_algorithms(True,
+  // warn_only=True)); the CUDA resume-exactness test (tests/gpu) runs with it. Pair it with
+  // CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment for cuBLAS.
+  if (const char* d = std::getenv("QLORA_DETERMINISTIC"); d && std::string(d) == "1")
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
   try {
     return run(argc, argv);
   } catch (const qlora::Interrupted& e) {

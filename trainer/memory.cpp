@@ -3,7 +3,10 @@
 #include <fstream>
 #include <string>
 
+#include "common/error.h"
+
 #if __has_include(<c10/cuda/CUDACachingAllocator.h>)
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #define QLORA_HAVE_C10_CUDA 1
 #endif
@@ -22,32 +25,72 @@ int64_t proc_status_bytes(const std::string& key) {
     if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
   return 0;
 }
+
+int cuda_index(const torch::Device& d) { return d.has_index() ? d.index() : 0; }
+
+// Initialise CUDA for the device, then insist that the caching allocator is ready (issue 15: the
+// allocator throws "did you call init?" when stats are read before anything initialised CUDA).
+void ensure_cuda_ready(const torch::Device& d, const CudaAllocatorOps& ops) {
+  ops.init_device(cuda_index(d));
+  QLORA_CHECK(ops.initialized(), "memory: the CUDA caching allocator is not initialised for ", d.str(),
+              " even after initialising CUDA (is a GPU visible? CUDA_VISIBLE_DEVICES)");
+}
 }  // namespace
 
-nlohmann::json memory_snapshot(const torch::Device& device) {
-  nlohmann::json j = {{"rss_bytes", proc_status_bytes("VmRSS")}, {"peak_rss_bytes", proc_status_bytes("VmHWM")}};
+const CudaAllocatorOps& torch_cuda_allocator_ops() {
+  static const CudaAllocatorOps ops = [] {
+    CudaAllocatorOps o;
 #ifdef QLORA_HAVE_C10_CUDA
-  if (device.is_cuda()) {
-    using c10::CachingAllocator::StatType;
-    const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
-    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
-    j["cuda_allocated_bytes"] = st.allocated_bytes[agg].current;
-    j["cuda_peak_allocated_bytes"] = st.allocated_bytes[agg].peak;
-    j["cuda_reserved_bytes"] = st.reserved_bytes[agg].current;
-    j["cuda_peak_reserved_bytes"] = st.reserved_bytes[agg].peak;
-  }
+    namespace ca = c10::cuda::CUDACachingAllocator;
+    o.init_device = [](int) { at::globalContext().lazyInitDevice(c10::DeviceType::CUDA); };
+    o.initialized = [] { return ca::get() != nullptr && ca::get()->initialized(); };
+    o.stats = [](int i) {
+      using c10::CachingAllocator::StatType;
+      const auto st = ca::getDeviceStats(static_cast<c10::DeviceIndex>(i));
+      const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+      return CudaAllocatorStats{st.allocated_bytes[agg].current, st.allocated_bytes[agg].peak,
+                                st.reserved_bytes[agg].current, st.reserved_bytes[agg].peak};
+    };
+    o.reset_peak = [](int i) { ca::resetPeakStats(static_cast<c10::DeviceIndex>(i)); };
+    o.empty_cache = [] { ca::emptyCache(); };
+#else
+    auto none = [] { fail("memory: this build has no CUDA allocator headers (c10/cuda)"); };
+    o.init_device = [none](int) { none(); };
+    o.initialized = [] { return false; };
+    o.stats = [none](int) -> CudaAllocatorStats { none(); return {}; };
+    o.reset_peak = [none](int) { none(); };
+    o.empty_cache = none;
 #endif
+    return o;
+  }();
+  return ops;
+}
+
+nlohmann::json memory_snapshot(const torch::Device& device) {
+  return memory_snapshot(device, torch_cuda_allocator_ops());
+}
+
+nlohmann::json memory_snapshot(const torch::Device& device, const CudaAllocatorOps& ops) {
+  nlohmann::json j = {{"rss_bytes", proc_status_bytes("VmRSS")}, {"peak_rss_bytes", proc_status_bytes("VmHWM")}};
+  if (device.is_cuda()) {
+    ensure_cuda_ready(device, ops);
+    const CudaAllocatorStats s = ops.stats(cuda_index(device));
+    j["cuda_allocated_bytes"] = s.allocated;
+    j["cuda_peak_allocated_bytes"] = s.peak_allocated;
+    j["cuda_reserved_bytes"] = s.reserved;
+    j["cuda_peak_reserved_bytes"] = s.peak_reserved;
+  }
   return j;
 }
 
-void reset_peak_memory(const torch::Device& device) {
-#ifdef QLORA_HAVE_C10_CUDA
+void reset_peak_memory(const torch::Device& device) { reset_peak_memory(device, torch_cuda_allocator_ops()); }
+
+void reset_peak_memory(const torch::Device& device, const CudaAllocatorOps& ops) {
   if (device.is_cuda()) {
-    const c10::DeviceIndex i = device.has_index() ? device.index() : 0;
-    c10::cuda::CUDACachingAllocator::emptyCache();
-    c10::cuda::CUDACachingAllocator::resetPeakStats(i);
+    ensure_cuda_ready(device, ops);
+    ops.empty_cache();
+    ops.reset_peak(cuda_index(device));
   }
-#endif
   std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to the current RSS (Linux >= 4.0)
 }
 

@@ -462,17 +462,26 @@ LlamaModel LlamaModel::random_init(const ModelConfig& cfg, uint64_t seed, torch:
 }
 
 LlamaModel LlamaModel::random_init(const ModelConfig& cfg, uint64_t seed, torch::Dtype dtype,
-                                   torch::Device device, const QuantOptions& q, double std) {
+                                   torch::Device device, const QuantOptions& q, double std,
+                                   bool draw_on_device) {
   check_quant_options(q);
   LlamaModel m(cfg, dtype, device);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const bool on_device = draw_on_device && !device.is_cpu();
+  at::Generator gen;
+  if (on_device) {  // a private copy of the device's default generator, reseeded
+    gen = at::globalContext().defaultGenerator(device).clone();
+    gen.set_current_seed(seed);
+  } else {
+    gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  }
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(on_device ? device : torch::Device(torch::kCPU));
   for (const Shape& w : expected_weights(m)) {
     const bool is_norm = w.name.find("norm") != std::string::npos;
     const bool is_bias = w.name.size() > 5 && w.name.compare(w.name.size() - 5, 5, ".bias") == 0;
     torch::Tensor t;
-    if (is_norm) t = torch::ones(w.shape);
-    else if (is_bias) t = torch::zeros(w.shape);
-    else t = at::normal(0.0, std, w.shape, gen);
+    if (is_norm) t = torch::ones(w.shape, f32);
+    else if (is_bias) t = torch::zeros(w.shape, f32);
+    else t = at::normal(0.0, std, w.shape, gen, f32);
     if (w.linear && q.quantizes(w.linear->name))
       w.linear->qweight = std::make_shared<const QuantizedWeight>(
           quantize(t.to(device, dtype), q.type(), q.blocksize, q.double_quant));

@@ -127,9 +127,13 @@ class LlamaModel {
                                 torch::Device device, double std = 0.02);
   /// As above, quantizing the selected linears layer by layer as they are drawn (the same random
   /// values as the unquantized model, rounded to `dtype`, then quantized), so a 7B random model
-  /// never exists in 16 bits.
+  /// never exists in 16 bits. `draw_on_device`: draw with `device`'s own generator (seeded with
+  /// `seed`) instead of the CPU one; for a CUDA device the values then differ from the CPU draw
+  /// (still deterministic per seed and device type) but a 7B model is made in seconds, not the
+  /// ~70 s one CPU thread needs (`qlora bench`, issue 15). Ignored for a CPU device.
   static LlamaModel random_init(const ModelConfig& cfg, uint64_t seed, torch::Dtype dtype,
-                                torch::Device device, const QuantOptions& q, double std = 0.02);
+                                torch::Device device, const QuantOptions& q, double std = 0.02,
+                                bool draw_on_device = false);
 
   /// Final hidden states [B, T, hidden] (after the last RMSNorm). With `cache`, appends this
   /// chunk's keys/values and attends to everything cached before it.

@@ -111,6 +111,47 @@ TEST(QuantTensor, BadInputsGiveClearErrors) {
   expect_error([&] { broken.dequantize(torch::kFloat); }, "expected packed uint8");
 }
 
+// Every scale tensor must share packed's device, dtype, size and contiguity, checked before any
+// kernel launch (a host pointer reaching a CUDA kernel is a sticky fault that kills the context).
+// The meta device stands in for "another device" here; CudaQuantTensor.* does it with CPU vs CUDA.
+TEST(QuantTensor, DequantizeChecksEveryScaleTensorFirst) {
+  const auto w = torch::randn({8, 64});
+  const auto dq = qlora::quantize(w, QuantType::NF4, 64, true);
+  const auto sq = qlora::quantize(w, QuantType::NF4, 64, false);
+  auto moved = dq;
+  moved.absmax_q = moved.absmax_q.to(torch::kMeta);
+  expect_error([&] { moved.dequantize(torch::kFloat); }, "absmax_q is on meta but packed is on cpu");
+  moved = dq;
+  moved.nested_absmax = moved.nested_absmax.to(torch::kMeta);
+  expect_error([&] { moved.dequantize(torch::kFloat); }, "nested_absmax is on meta");
+  moved = dq;
+  moved.nested_code = torch::Tensor();
+  expect_error([&] { moved.dequantize(torch::kFloat); }, "nested_code is missing");
+  moved = dq;
+  moved.nested_code = moved.nested_code.to(torch::kDouble);
+  expect_error([&] { moved.dequantize(torch::kFloat); }, "expected nested_code Float contiguous [256]");
+  moved = sq;
+  moved.absmax = torch::stack({moved.absmax, moved.absmax}, 1).select(1, 0);  // strided view
+  expect_error([&] { moved.dequantize(torch::kFloat); }, "(not contiguous)");
+  moved = sq;
+  moved.absmax = moved.absmax.to(torch::kMeta);
+  expect_error([&] { moved.dequantize(torch::kFloat); }, "absmax is on meta");
+}
+
+// The same check on the GPU: host scales with CUDA packed bytes are refused before the launch, and
+// the CUDA context still works afterwards. Must report OK on the device (tests/skip_allowlist.txt).
+TEST(CudaQuantTensor, HostScalesAreRefusedBeforeTheLaunch) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+  const auto w = torch::randn({64, 64});
+  const auto q = qlora::quantize(w, QuantType::NF4, 64, true);
+  auto mixed = q.to(torch::Device(torch::kCUDA));
+  mixed.absmax_q = q.absmax_q;  // host tensor
+  expect_error([&] { mixed.dequantize(torch::kBFloat16); }, "absmax_q is on cpu but packed is on cuda:0");
+  const auto ok = q.to(torch::Device(torch::kCUDA)).dequantize(torch::kFloat);
+  torch::cuda::synchronize();
+  EXPECT_TRUE(same_bytes(q.dequantize(torch::kFloat), ok));
+}
+
 TEST(QuantTensor, CudaMatchesCpuReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
   torch::manual_seed(5);
