@@ -48,6 +48,9 @@ Hparams read_hparams(const GgufFile& f) {
   const std::string a = h.arch + ".";
   h.hidden = positive_uint(f, a + "embedding_length");
   h.layers = positive_uint(f, a + "block_count");
+  QLORA_CHECK(static_cast<uint64_t>(h.layers) <= f.tensors().size() / 9, f.path(), ": metadata key '", a,
+              "block_count': ", h.layers, " layers need at least ", 9 * h.layers, " tensors, the file has ",
+              f.tensors().size());
   h.ffn = positive_uint(f, a + "feed_forward_length");
   h.heads = positive_uint(f, a + "attention.head_count");
   h.kv_heads = f.has(a + "attention.head_count_kv") ? positive_uint(f, a + "attention.head_count_kv") : h.heads;
