@@ -73,8 +73,65 @@ CliRun run_cli(const std::vector<std::string>& args, const fs::path& log) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out, ru.ru_maxrss};
 }
 
+// Compares an imported fp32 directory with what transformers built from the same GGUF
+// (`ref` = a make_gguf_refs.py output dir): every tensor's float32 bytes (SHA-256), the fields of
+// config.json, tokenizer.json as a JSON value; then transformers loads `out` itself
+// (gguf_import_check.py: logits <= 1e-4, corpus ids, tied). Returns the number of equal tensors.
+size_t expect_matches_transformers(const fs::path& out, const fs::path& ref) {
+  const json man = read_json(ref / "tensors.json");
+  qlora::st::SafetensorsFile st((out / "model.safetensors").string());
+  EXPECT_EQ(st.tensors().size(), man["tensors"].size());
+  EXPECT_EQ(st.contains("lm_head.weight"), !man["tied"].get<bool>());
+  size_t equal = 0;
+  for (auto it = man["tensors"].begin(); it != man["tensors"].end(); ++it) {
+    if (!st.contains(it.key())) {
+      ADD_FAILURE() << it.key() << ": missing";
+      continue;
+    }
+    const auto& t = st.info(it.key());
+    EXPECT_EQ(t.dtype, qlora::st::DType::F32);
+    EXPECT_EQ(t.shape, it.value()["shape"].get<std::vector<int64_t>>()) << it.key();
+    const bool same = tensor_sha(st, t) == it.value()["sha256"].get<std::string>();
+    EXPECT_TRUE(same) << it.key() << " differs from transformers' GGUF-loaded tensor";
+    equal += same;
+  }
+  std::cout << ref.filename().string() << ": tensors bit-identical to transformers: " << equal << "/"
+            << man["tensors"].size() << "\n";
+
+  // config.json: every field we write that transformers' config has, equal.
+  const json cfg = read_json(out / "config.json"), rc = read_json(ref / "config.json");
+  for (auto it = cfg.begin(); it != cfg.end(); ++it) {
+    if (it.key() == "architectures") continue;  // transformers leaves it null for a GGUF load
+    EXPECT_TRUE(rc.contains(it.key())) << it.key();
+    EXPECT_EQ(it.value(), rc.value(it.key(), json())) << "config.json field " << it.key();
+  }
+  for (const char* k : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "rope_parameters", "rms_norm_eps", "tie_word_embeddings",
+                        "max_position_embeddings", "bos_token_id", "eos_token_id", "model_type"})
+    EXPECT_TRUE(cfg.contains(k)) << k;
+
+  // tokenizer.json: the same JSON value as transformers' GGUF tokenizer saved by `tokenizers`.
+  const json tok = read_json(out / "tokenizer.json"), rt = read_json(ref / "tokenizer.json");
+  for (auto it = rt.begin(); it != rt.end(); ++it)
+    EXPECT_EQ(tok.value(it.key(), json()), it.value()) << "tokenizer.json field " << it.key();
+  EXPECT_EQ(tok, rt);
+
+  const std::string python = QLORA_PYTHON;
+  if (python.empty()) {
+    std::cout << "transformers load check skipped: QLORA_PYTHON is empty\n";
+  } else {
+    const auto res = qlora::test::run_command(
+        python + " " + (qlora::test::source_dir() / "tests/fixtures/gguf_import_check.py").string() + " " +
+        out.string() + " " + ref.string());
+    EXPECT_EQ(res.status, 0) << res.out;
+    const size_t at = res.out.find("transformers on the imported dir");
+    std::cout << (at == std::string::npos ? res.out : res.out.substr(at));
+  }
+  return equal;
+}
+
 // ---------------------------------------------------------------------------------------------
-TEST(ImportGguf, SmolLM2TensorsEqualTransformersBitForBit) {
+TEST(ImportGguf, SmolLM2EqualsTransformersGgufLoad) {
   REQUIRE_SMOLLM2(gguf);
   QLORA_REQUIRE_FIXTURE(ref, "gguf/smollm2/tensors.json");
   const fs::path dir = qlora::test::fresh_temp_dir("import_smollm2_fp32");
@@ -84,26 +141,11 @@ TEST(ImportGguf, SmolLM2TensorsEqualTransformersBitForBit) {
   EXPECT_EQ(r.architecture, "llama");
   EXPECT_TRUE(r.tied_embeddings);
   EXPECT_EQ(r.parameters, 134515008);
+  EXPECT_EQ(expect_matches_transformers(out, ref.parent_path()), 272u);
 
-  const json man = read_json(ref);
-  EXPECT_TRUE(man["tied"].get<bool>());
-  qlora::st::SafetensorsFile st((out / "model.safetensors").string());
-  EXPECT_EQ(st.tensors().size(), man["tensors"].size());
-  size_t equal = 0;
-  for (auto it = man["tensors"].begin(); it != man["tensors"].end(); ++it) {
-    ASSERT_TRUE(st.contains(it.key())) << it.key();
-    const auto& t = st.info(it.key());
-    EXPECT_EQ(t.dtype, qlora::st::DType::F32);
-    EXPECT_EQ(t.shape, it.value()["shape"].get<std::vector<int64_t>>()) << it.key();
-    const bool same = tensor_sha(st, t) == it.value()["sha256"].get<std::string>();
-    EXPECT_TRUE(same) << it.key() << " differs from transformers' GGUF-loaded tensor";
-    equal += same;
-  }
-  EXPECT_EQ(equal, 272u);
-  std::cout << "tensors bit-identical to transformers: " << equal << "/" << man["tensors"].size() << "\n";
-
-  // A few in full, so a failure shows where (the permuted q/k rows first of all).
+  // A few tensors in full, so a failure shows where (the permuted q/k rows first of all).
   QLORA_REQUIRE_FIXTURE(subset, "gguf/smollm2/subset.safetensors");
+  qlora::st::SafetensorsFile st((out / "model.safetensors").string());
   qlora::st::SafetensorsFile sub(subset.string());
   for (const auto& t : sub.tensors()) {
     const auto& o = st.info(t.name);
@@ -115,28 +157,9 @@ TEST(ImportGguf, SmolLM2TensorsEqualTransformersBitForBit) {
       if (std::memcmp(a + i, b + i, 4) != 0) first = i;
     EXPECT_EQ(first, -1) << t.name << ": first difference at flat index " << first;
   }
-
-  // config.json: every field we write that transformers' config has, equal.
-  QLORA_REQUIRE_FIXTURE(ref_cfg, "gguf/smollm2/config.json");
-  const json cfg = read_json(out / "config.json"), rc = read_json(ref_cfg);
-  for (auto it = cfg.begin(); it != cfg.end(); ++it) {
-    if (it.key() == "architectures") continue;  // transformers leaves it null for a GGUF load
-    ASSERT_TRUE(rc.contains(it.key())) << it.key();
-    EXPECT_EQ(it.value(), rc[it.key()]) << "config.json field " << it.key();
-  }
+  const json cfg = read_json(out / "config.json");
   EXPECT_EQ(cfg["architectures"], json::array({"LlamaForCausalLM"}));
-  for (const char* k : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                        "num_key_value_heads", "rope_parameters", "rms_norm_eps", "tie_word_embeddings",
-                        "max_position_embeddings", "head_dim", "bos_token_id", "eos_token_id"})
-    EXPECT_TRUE(cfg.contains(k)) << k;
-
-  // tokenizer.json: the same JSON value as transformers' GGUF tokenizer saved by `tokenizers`.
-  QLORA_REQUIRE_FIXTURE(ref_tok, "gguf/smollm2/tokenizer.json");
-  const json tok = read_json(out / "tokenizer.json"), rt = read_json(ref_tok);
-  for (auto it = rt.begin(); it != rt.end(); ++it)
-    EXPECT_EQ(tok.value(it.key(), json()), it.value()) << "tokenizer.json field " << it.key();
-  EXPECT_EQ(tok, rt);
-
+  EXPECT_EQ(cfg["head_dim"], 64);
   const qlora::gguf::GgufFile g(gguf);
   const json tc = read_json(out / "tokenizer_config.json");
   EXPECT_EQ(tc["bos_token"], "<|im_start|>");
@@ -147,6 +170,26 @@ TEST(ImportGguf, SmolLM2TensorsEqualTransformersBitForBit) {
   EXPECT_EQ(tc["chat_template"], g.get_string("tokenizer.chat_template"));
   EXPECT_EQ(read_json(out / "generation_config.json"),
             (json{{"bos_token_id", 1}, {"eos_token_id", 2}, {"pad_token_id", 2}}));
+  fs::remove_all(dir);
+}
+
+// A tiny random Qwen2 written by gguf-py (Q8_0, Q4_K, Q6_K, Q5_0, Q4_1, Q5_1, Q4_0, BF16, F16, F32
+// tensors; biases; untied lm_head; pre-tokenizer "qwen2"; add_bos_token; a user-defined token).
+TEST(ImportGguf, TinyQwen2EqualsTransformersGgufLoad) {
+  QLORA_REQUIRE_FIXTURE(gguf, "gguf/qwen2_tiny/model.gguf");
+  const fs::path dir = qlora::test::fresh_temp_dir("import_qwen2_fp32");
+  const fs::path out = dir / "qwen2";
+  const auto r = qlora::import_gguf({gguf.string(), out.string(), "fp32"});
+  EXPECT_EQ(r.architecture, "qwen2");
+  EXPECT_FALSE(r.tied_embeddings);
+  EXPECT_EQ(expect_matches_transformers(out, gguf.parent_path()), 27u);
+  const json cfg = read_json(out / "config.json");
+  EXPECT_EQ(cfg["architectures"], json::array({"Qwen2ForCausalLM"}));
+  const json tc = read_json(out / "tokenizer_config.json");
+  EXPECT_EQ(tc["add_bos_token"], true);
+  EXPECT_EQ(tc["bos_token"], "<|im_start|>");
+  EXPECT_EQ(tc["pad_token"], "<|endoftext|>");
+  EXPECT_TRUE(tc["unk_token"].is_null());
   fs::remove_all(dir);
 }
 
