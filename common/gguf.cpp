@@ -209,7 +209,10 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_shared<st::MappedF
     t.type = ti->type;
     QLORA_CHECK(t.ne[0] % ti->block == 0, path, ": ", where, ": row length ", t.ne[0],
                 " is not a multiple of the ", ti->name, " block size ", ti->block);
-    t.nbytes = numel / static_cast<uint64_t>(ti->block) * static_cast<uint64_t>(ti->type_size);
+    const uint64_t blocks = numel / static_cast<uint64_t>(ti->block);
+    QLORA_CHECK(blocks <= file_->size() / static_cast<uint64_t>(ti->type_size), path, ": ", where, ": ",
+                numel, " elements of ", ti->name, " do not fit in a file of ", file_->size(), " bytes");
+    t.nbytes = blocks * static_cast<uint64_t>(ti->type_size);
     t.offset = c.read<uint64_t>(where, "data offset");
     QLORA_CHECK(t.offset % alignment_ == 0, path, ": ", where, ": data offset ", t.offset,
                 " is not a multiple of the alignment ", alignment_);

@@ -104,9 +104,14 @@ std::vector<Case> corpus() {
   }
   {
     GgufBuilder b;
-    b.tensor_f32("w", {4}, {1, 2, 3, 4});
-    b.tensor("huge", {1024}, 0, "", 64);
-    c.push_back({"data_past_end", b.bytes(), "tensor 'huge': data [64, +4096) runs past the end of the data section"});
+    b.tensor_f32("w", {256}, std::vector<float>(256, 1.f));
+    b.tensor("tail", {64}, 0, "", 1024);
+    c.push_back({"data_past_end", b.bytes(), "tensor 'tail': data [1024, +256) runs past the end of the data section"});
+  }
+  {
+    GgufBuilder b;
+    b.tensor("big", {uint64_t{1} << 40}, 0, "");
+    c.push_back({"tensor_bigger_than_file", b.bytes(), "tensor 'big': 1099511627776 elements of F32 do not fit in a file of"});
   }
   {
     GgufBuilder b;
