@@ -1,4 +1,5 @@
 #include "common/safetensors.h"
+#include "common/safetensors_stream.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -7,7 +7,6 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -123,14 +122,5 @@ struct TensorToWrite {
 /// Throws qlora::Error on duplicate names, a size mismatch, or an I/O error (naming the path).
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
-
-/// Streaming variant of write_safetensors: the header is built from `tensors` (their `data` is
-/// ignored), then tensor i's bytes are requested with `fill(i)` in order and written at once, so
-/// only one tensor needs to exist in memory at a time. `fill(i)` returns a pointer to
-/// tensors[i].nbytes bytes that stays valid until the next call; it may throw (the temporary file
-/// is removed, `path` untouched). Same checks and atomicity as write_safetensors.
-void write_safetensors_streaming(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                                 const std::function<const void*(size_t)>& fill,
-                                 const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace qlora::st

@@ -7,7 +7,6 @@
 
 #include "adapters/peft.h"
 #include "trainer/generate.h"
-#include "trainer/import_gguf.h"
 
 namespace qlora {
 
@@ -155,9 +154,5 @@ struct BenchOptions {
 /// peak memory measured vs estimated. --sweep runs the grid, records "does not fit" on CUDA OOM,
 /// prints a table and writes CSV + SVG. Nothing is downloaded. Returns the printed text.
 std::string cmd_bench(const BenchOptions& o);
-
-/// `qlora import-gguf FILE.gguf --out DIR [--dtype bf16|fp32]`: import_gguf (trainer/import_gguf.h)
-/// and a summary line. Throws qlora::Error as import_gguf does; DIR is then left untouched.
-std::string cmd_import_gguf(const ImportGgufOptions& o);
 
 }  // namespace qlora

@@ -6,13 +6,14 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "common/error.h"
 #include "common/files.h"
 #include "common/gguf.h"
 #include "common/log.h"
-#include "common/safetensors.h"
+#include "common/safetensors_stream.h"
 #include "kernels/gguf_dequant.h"
 #include "kernels/quant4.h"  // float_to_bf16
 
@@ -456,6 +457,15 @@ ImportGgufResult import_gguf(const ImportGgufOptions& o) {
   log::info("import-gguf: ", o.gguf_path, " (", h.arch, ", ", res.tensors, " tensors, ", res.parameters,
             " parameters) -> ", o.out_dir, " in ", res.seconds, " s");
   return res;
+}
+
+std::string cmd_import_gguf(const ImportGgufOptions& o) {
+  const ImportGgufResult r = import_gguf(o);
+  std::ostringstream os;
+  os << "imported " << o.gguf_path << " (" << r.architecture << ", " << r.tensors << " tensors, "
+     << r.parameters << " parameters" << (r.tied_embeddings ? ", tied embeddings" : "") << ") into "
+     << o.out_dir << " as " << o.dtype << " in " << r.seconds << " s\n";
+  return os.str();
 }
 
 }  // namespace qlora

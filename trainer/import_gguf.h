@@ -45,4 +45,8 @@ struct ImportGgufResult {
 /// a bad --dtype, a non-empty out_dir, or an I/O error.
 ImportGgufResult import_gguf(const ImportGgufOptions& o);
 
+/// `qlora import-gguf FILE.gguf --out DIR [--dtype bf16|fp32]`: import_gguf, then the summary line
+/// the CLI prints. Throws as import_gguf does.
+std::string cmd_import_gguf(const ImportGgufOptions& o);
+
 }  // namespace qlora

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "trainer/commands.h"
+#include "trainer/import_gguf.h"
 
 namespace {
 
