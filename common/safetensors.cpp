@@ -1,4 +1,5 @@
 #include "common/safetensors.h"
+#include "common/safetensors_stream.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -273,6 +274,13 @@ const SafetensorsFile& SafetensorsCheckpoint::file_of(const std::string& name) c
 // ---------------------------------------------------------------------------------------------
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  write_safetensors_streaming(
+      path, tensors, [&](size_t i) { return tensors[i].data; }, metadata);
+}
+
+void write_safetensors_streaming(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                                 const std::function<const void*(size_t)>& fill,
+                                 const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t off = 0;
@@ -297,9 +305,13 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
     uint64_t n = h.size();
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
     bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
-    for (const TensorToWrite& t : tensors)
-      ok = ok && (t.nbytes == 0 || std::fwrite(t.data, 1, t.nbytes, f) == t.nbytes);
     QLORA_CHECK(ok, "cannot write ", path, ": ", std::strerror(errno));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorToWrite& t = tensors[i];
+      const void* data = fill(i);
+      ok = t.nbytes == 0 || std::fwrite(data, 1, t.nbytes, f) == t.nbytes;
+      QLORA_CHECK(ok, "cannot write ", path, ": ", std::strerror(errno));
+    }
   });
 }
 

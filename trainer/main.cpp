@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "trainer/commands.h"
+#include "trainer/import_gguf.h"
 
 namespace {
 
@@ -151,6 +152,13 @@ int run(int argc, char** argv) {
   bench_cmd->add_option("--max-time-s", bench.max_time_s, "start no point likely to end after this (0: none)")
       ->capture_default_str();
 
+  qlora::ImportGgufOptions imp;
+  auto* import_cmd = app.add_subcommand("import-gguf", "GGUF model file (llama.cpp / Ollama) -> Hugging Face model directory");
+  import_cmd->add_option("gguf", imp.gguf_path, "the .gguf file (llama or qwen2 architecture)")->required();
+  import_cmd->add_option("--out", imp.out_dir, "output directory (must not exist or be empty)")->required();
+  import_cmd->add_option("--dtype", imp.dtype, "stored dtype of model.safetensors")->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -168,6 +176,7 @@ int run(int argc, char** argv) {
   if (*estimate) std::cout << qlora::cmd_estimate(est);
   if (*bench_cmd) std::cout << qlora::cmd_bench(bench);
   if (*eval_cmd) std::cout << qlora::cmd_eval(ev);
+  if (*import_cmd) std::cout << qlora::cmd_import_gguf(imp);
   return 0;
 }
 

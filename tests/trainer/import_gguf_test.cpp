@@ -1,0 +1,316 @@
+// `qlora import-gguf`: SmolLM2-135M-Instruct (Q4_1 GGUF) imported and compared with what
+// transformers builds from the same file (tests/fixtures/make_gguf_refs.py): every tensor bit for
+// bit (SHA-256 of float32 bytes), tokenizer.json as JSON, config fields; bf16 = RNE of fp32; peak
+// RSS of the streaming import; tiny hand-built llama/qwen2 files; the CLI's exit codes.
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/gguf.h"
+#include "common/safetensors.h"
+#include "gguf_builder.h"
+#include "kernels/quant4.h"
+#include "test_util.h"
+#include "trainer/import_gguf.h"
+
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string smollm2_path() {
+  if (const char* e = std::getenv("QLORA_SMOLLM2_GGUF")) return e;
+  return std::string(std::getenv("HOME")) + "/.cache/qlora-cpp/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+#define REQUIRE_SMOLLM2(var)                          \
+  const std::string var = smollm2_path();             \
+  if (!fs::exists(var)) FAIL() << var << ": missing (run scripts/setup.sh)"
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return json::parse(in);
+}
+
+std::string tensor_sha(const qlora::st::SafetensorsFile& f, const qlora::st::TensorInfo& t) {
+  return qlora::sha256_hex(std::string(reinterpret_cast<const char*>(f.data(t)), t.nbytes()));
+}
+
+// Runs the qlora CLI; returns exit status, stderr+stdout, and this child's peak RSS (KiB).
+struct CliRun {
+  int status;
+  std::string out;
+  long maxrss_kb;
+};
+CliRun run_cli(const std::vector<std::string>& args, const fs::path& log) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(log.c_str(), "w");
+    if (f) {
+      ::dup2(fileno(f), 1);
+      ::dup2(fileno(f), 2);
+    }
+    std::vector<char*> argv;
+    std::string bin = QLORA_BIN;
+    argv.push_back(bin.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(bin.c_str(), argv.data());
+    ::_exit(127);
+  }
+  int st = 0;
+  struct rusage ru {};
+  ::wait4(pid, &st, 0, &ru);
+  std::ifstream in(log);
+  std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out, ru.ru_maxrss};
+}
+
+// Compares an imported fp32 directory with what transformers built from the same GGUF
+// (`ref` = a make_gguf_refs.py output dir): every tensor's float32 bytes (SHA-256), the fields of
+// config.json, tokenizer.json as a JSON value; then transformers loads `out` itself
+// (gguf_import_check.py: logits <= 1e-4, corpus ids, tied). Returns the number of equal tensors.
+size_t expect_matches_transformers(const fs::path& out, const fs::path& ref) {
+  const json man = read_json(ref / "tensors.json");
+  qlora::st::SafetensorsFile st((out / "model.safetensors").string());
+  EXPECT_EQ(st.tensors().size(), man["tensors"].size());
+  EXPECT_EQ(st.contains("lm_head.weight"), !man["tied"].get<bool>());
+  size_t equal = 0;
+  for (auto it = man["tensors"].begin(); it != man["tensors"].end(); ++it) {
+    if (!st.contains(it.key())) {
+      ADD_FAILURE() << it.key() << ": missing";
+      continue;
+    }
+    const auto& t = st.info(it.key());
+    EXPECT_EQ(t.dtype, qlora::st::DType::F32);
+    EXPECT_EQ(t.shape, it.value()["shape"].get<std::vector<int64_t>>()) << it.key();
+    const bool same = tensor_sha(st, t) == it.value()["sha256"].get<std::string>();
+    EXPECT_TRUE(same) << it.key() << " differs from transformers' GGUF-loaded tensor";
+    equal += same;
+  }
+  std::cout << ref.filename().string() << ": tensors bit-identical to transformers: " << equal << "/"
+            << man["tensors"].size() << "\n";
+
+  // config.json: every field we write that transformers' config has, equal.
+  const json cfg = read_json(out / "config.json"), rc = read_json(ref / "config.json");
+  for (auto it = cfg.begin(); it != cfg.end(); ++it) {
+    if (it.key() == "architectures") continue;  // transformers leaves it null for a GGUF load
+    EXPECT_TRUE(rc.contains(it.key())) << it.key();
+    EXPECT_EQ(it.value(), rc.value(it.key(), json())) << "config.json field " << it.key();
+  }
+  for (const char* k : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "rope_parameters", "rms_norm_eps", "tie_word_embeddings",
+                        "max_position_embeddings", "bos_token_id", "eos_token_id", "model_type"})
+    EXPECT_TRUE(cfg.contains(k)) << k;
+
+  // tokenizer.json: the same JSON value as transformers' GGUF tokenizer saved by `tokenizers`.
+  const json tok = read_json(out / "tokenizer.json"), rt = read_json(ref / "tokenizer.json");
+  for (auto it = rt.begin(); it != rt.end(); ++it)
+    EXPECT_EQ(tok.value(it.key(), json()), it.value()) << "tokenizer.json field " << it.key();
+  EXPECT_EQ(tok, rt);
+
+  const std::string python = QLORA_PYTHON;
+  if (python.empty()) {
+    std::cout << "transformers load check skipped: QLORA_PYTHON is empty\n";
+  } else {
+    const auto res = qlora::test::run_command(
+        python + " " + (qlora::test::source_dir() / "tests/fixtures/gguf_import_check.py").string() + " " +
+        out.string() + " " + ref.string());
+    EXPECT_EQ(res.status, 0) << res.out;
+    const size_t at = res.out.find("transformers on the imported dir");
+    std::cout << (at == std::string::npos ? res.out : res.out.substr(at));
+  }
+  return equal;
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(ImportGguf, SmolLM2EqualsTransformersGgufLoad) {
+  REQUIRE_SMOLLM2(gguf);
+  QLORA_REQUIRE_FIXTURE(ref, "gguf/smollm2/tensors.json");
+  const fs::path dir = qlora::test::fresh_temp_dir("import_smollm2_fp32");
+  const fs::path out = dir / "smollm2";
+  const auto r = qlora::import_gguf({gguf, out.string(), "fp32"});
+  std::cout << "import-gguf SmolLM2 fp32: " << r.seconds << " s, " << r.tensors << " tensors\n";
+  EXPECT_EQ(r.architecture, "llama");
+  EXPECT_TRUE(r.tied_embeddings);
+  EXPECT_EQ(r.parameters, 134515008);
+  EXPECT_EQ(expect_matches_transformers(out, ref.parent_path()), 272u);
+
+  // A few tensors in full, so a failure shows where (the permuted q/k rows first of all).
+  QLORA_REQUIRE_FIXTURE(subset, "gguf/smollm2/subset.safetensors");
+  qlora::st::SafetensorsFile st((out / "model.safetensors").string());
+  qlora::st::SafetensorsFile sub(subset.string());
+  for (const auto& t : sub.tensors()) {
+    const auto& o = st.info(t.name);
+    ASSERT_EQ(o.nbytes(), t.nbytes()) << t.name;
+    const float* a = reinterpret_cast<const float*>(st.data(o));
+    const float* b = reinterpret_cast<const float*>(sub.data(t));
+    int64_t first = -1;
+    for (int64_t i = 0; i < t.numel() && first < 0; ++i)
+      if (std::memcmp(a + i, b + i, 4) != 0) first = i;
+    EXPECT_EQ(first, -1) << t.name << ": first difference at flat index " << first;
+  }
+  const json cfg = read_json(out / "config.json");
+  EXPECT_EQ(cfg["architectures"], json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(cfg["head_dim"], 64);
+  const qlora::gguf::GgufFile g(gguf);
+  const json tc = read_json(out / "tokenizer_config.json");
+  EXPECT_EQ(tc["bos_token"], "<|im_start|>");
+  EXPECT_EQ(tc["eos_token"], "<|im_end|>");
+  EXPECT_EQ(tc["pad_token"], "<|im_end|>");
+  EXPECT_EQ(tc["unk_token"], "<|endoftext|>");
+  EXPECT_EQ(tc["add_bos_token"], false);
+  EXPECT_EQ(tc["chat_template"], g.get_string("tokenizer.chat_template"));
+  EXPECT_EQ(read_json(out / "generation_config.json"),
+            (json{{"bos_token_id", 1}, {"eos_token_id", 2}, {"pad_token_id", 2}}));
+  fs::remove_all(dir);
+}
+
+// A tiny random Qwen2 written by gguf-py (Q8_0, Q4_K, Q6_K, Q5_0, Q4_1, Q5_1, Q4_0, BF16, F16, F32
+// tensors; biases; untied lm_head; pre-tokenizer "qwen2"; add_bos_token; a user-defined token).
+TEST(ImportGguf, TinyQwen2EqualsTransformersGgufLoad) {
+  QLORA_REQUIRE_FIXTURE(gguf, "gguf/qwen2_tiny/model.gguf");
+  const fs::path dir = qlora::test::fresh_temp_dir("import_qwen2_fp32");
+  const fs::path out = dir / "qwen2";
+  const auto r = qlora::import_gguf({gguf.string(), out.string(), "fp32"});
+  EXPECT_EQ(r.architecture, "qwen2");
+  EXPECT_FALSE(r.tied_embeddings);
+  EXPECT_EQ(expect_matches_transformers(out, gguf.parent_path()), 27u);
+  const json cfg = read_json(out / "config.json");
+  EXPECT_EQ(cfg["architectures"], json::array({"Qwen2ForCausalLM"}));
+  const json tc = read_json(out / "tokenizer_config.json");
+  EXPECT_EQ(tc["add_bos_token"], true);
+  EXPECT_EQ(tc["bos_token"], "<|im_start|>");
+  EXPECT_EQ(tc["pad_token"], "<|endoftext|>");
+  EXPECT_TRUE(tc["unk_token"].is_null());
+  fs::remove_all(dir);
+}
+
+TEST(ImportGguf, SmolLM2CliBf16StreamsWithBoundedPeakRss) {
+  REQUIRE_SMOLLM2(gguf);
+  QLORA_REQUIRE_FIXTURE(subset, "gguf/smollm2/subset.safetensors");
+  const fs::path dir = qlora::test::fresh_temp_dir("import_smollm2_cli");
+  // Baseline: the same binary importing a tiny model (LibTorch's pages, the tokenizer's size aside).
+  const fs::path tiny = dir / "tiny.gguf";
+  std::ofstream(tiny, std::ios::binary) << qlora::test::tiny_llama_gguf().bytes();
+  const CliRun base = run_cli({"import-gguf", tiny.string(), "--out", (dir / "tiny").string()}, dir / "tiny.log");
+  ASSERT_EQ(base.status, 0) << base.out;
+  const CliRun big = run_cli({"import-gguf", gguf, "--out", (dir / "smollm2").string()}, dir / "big.log");
+  ASSERT_EQ(big.status, 0) << big.out;
+  EXPECT_NE(big.out.find("imported " + gguf + " (llama, 272 tensors, 134515008 parameters, tied embeddings)"),
+            std::string::npos) << big.out;
+  // Largest tensor: token_embd 49152 x 576: 113 MB as fp32 (+ its 30 MB of Q8_0 blocks, 57 MB of
+  // bf16). Loading all 135M parameters at once would take 540 MB (fp32) or 270 MB (bf16).
+  const double largest_f32_mb = 49152.0 * 576 * 4 / 1e6;
+  const double delta_mb = (big.maxrss_kb - base.maxrss_kb) * 1024.0 / 1e6;
+  std::cout << "peak RSS: tiny import " << base.maxrss_kb / 1024 << " MiB, SmolLM2 bf16 import "
+            << big.maxrss_kb / 1024 << " MiB, difference " << delta_mb << " MB (largest tensor fp32 "
+            << largest_f32_mb << " MB)\n";
+  EXPECT_LT(delta_mb, 2.0 * largest_f32_mb);  // 226 MB: one tensor's buffers, not the model
+
+  // bf16 = round-to-nearest-even of the exact float32 values.
+  qlora::st::SafetensorsFile st((dir / "smollm2" / "model.safetensors").string());
+  qlora::st::SafetensorsFile sub(subset.string());
+  EXPECT_EQ(read_json(dir / "smollm2" / "config.json")["dtype"], "bfloat16");
+  for (const auto& t : sub.tensors()) {
+    const auto& o = st.info(t.name);
+    ASSERT_EQ(o.dtype, qlora::st::DType::BF16);
+    const float* want = reinterpret_cast<const float*>(sub.data(t));
+    const uint16_t* got = reinterpret_cast<const uint16_t*>(st.data(o));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) bad += got[i] != qlora::kernels::float_to_bf16(want[i]);
+    EXPECT_EQ(bad, 0) << t.name;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(ImportGguf, CliRefusesBadInputWithOneLineAndExit1) {
+  const fs::path dir = qlora::test::fresh_temp_dir("import_cli_bad");
+  const fs::path bad = dir / "bad.gguf";
+  std::string bytes = qlora::test::tiny_llama_gguf().bytes();
+  bytes.resize(bytes.size() / 2);
+  std::ofstream(bad, std::ios::binary) << bytes;
+  const CliRun r = run_cli({"import-gguf", bad.string(), "--out", (dir / "out").string()}, dir / "log");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.out.rfind("error: " + bad.string() + ": ", 0), 0u) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "out"));
+  // --out exists and is not empty: refused, untouched.
+  fs::create_directories(dir / "full");
+  std::ofstream(dir / "full" / "keep.txt") << "x";
+  std::ofstream(dir / "ok.gguf", std::ios::binary) << qlora::test::tiny_llama_gguf().bytes();
+  const CliRun r2 = run_cli({"import-gguf", (dir / "ok.gguf").string(), "--out", (dir / "full").string()}, dir / "log2");
+  EXPECT_EQ(r2.status, 1);
+  EXPECT_NE(r2.out.find("exists and is not an empty directory"), std::string::npos) << r2.out;
+  EXPECT_TRUE(fs::exists(dir / "full" / "keep.txt"));
+  fs::remove_all(dir);
+}
+
+// Tiny llama: the permutation moves rows as llama.cpp's permute inverse; tied; tokenizer variant
+// with a pre-tokenizer regex (tokenizer.ggml.pre = qwen2) and control tokens.
+TEST(ImportGguf, TinyLlamaPermutationAndTokenizer) {
+  const fs::path dir = qlora::test::fresh_temp_dir("import_tiny");
+  const fs::path p = dir / "tiny.gguf";
+  std::ofstream(p, std::ios::binary) << qlora::test::tiny_llama_gguf(false).bytes();
+  const auto r = qlora::import_gguf({p.string(), (dir / "out").string(), "fp32"});
+  EXPECT_FALSE(r.tied_embeddings);
+  qlora::gguf::GgufFile g(p.string());
+  qlora::st::SafetensorsFile st((dir / "out" / "model.safetensors").string());
+  EXPECT_TRUE(st.contains("lm_head.weight"));
+  // llama.cpp: w.reshape(heads, 2, d, cols).swapaxes(1, 2) -> GGUF row h*2d + 2i + s holds HF
+  // row h*2d + s*d + i. Check it row by row for q (2 heads) and k (1 head), head_dim 4 (d = 2).
+  for (const auto& [gn, hn, heads] : std::vector<std::tuple<std::string, std::string, int>>{
+           {"blk.1.attn_q.weight", "model.layers.1.self_attn.q_proj.weight", 2},
+           {"blk.1.attn_k.weight", "model.layers.1.self_attn.k_proj.weight", 1}}) {
+    const auto* gt = g.find_tensor(gn);
+    const float* src = reinterpret_cast<const float*>(g.data(*gt));
+    const float* dst = reinterpret_cast<const float*>(st.data(st.info(hn)));
+    const int64_t cols = 8, d = 2;
+    for (int h = 0; h < heads; ++h)
+      for (int s = 0; s < 2; ++s)
+        for (int i = 0; i < d; ++i)
+          EXPECT_EQ(std::memcmp(dst + ((h * 2 + s) * d + i) * cols, src + ((h * d + i) * 2 + s) * cols, cols * 4), 0)
+              << hn << " head " << h << " s " << s << " i " << i;
+  }
+  const json tok = read_json(dir / "out" / "tokenizer.json");
+  EXPECT_EQ(tok["pre_tokenizer"]["type"], "Sequence");
+  EXPECT_EQ(tok["pre_tokenizer"]["pretokenizers"][0]["type"], "Split");
+  EXPECT_EQ(tok["added_tokens"].size(), 2u);
+  EXPECT_EQ(tok["added_tokens"][1]["content"], "<|im_end|>");
+  EXPECT_EQ(tok["model"]["merges"][1], json::array({"\xc4\xa0", "a"}));
+  const json cfg = read_json(dir / "out" / "config.json");
+  EXPECT_EQ(cfg["tie_word_embeddings"], false);
+  EXPECT_FALSE(cfg.contains("head_dim"));  // no rope.dimension_count in this file
+  fs::remove_all(dir);
+}
+
+// Tiny qwen2: biases mapped, no permutation, Qwen2 architecture in config.json.
+TEST(ImportGguf, TinyQwen2BiasesNoPermutation) {
+  const fs::path dir = qlora::test::fresh_temp_dir("import_tiny_qwen2");
+  const fs::path p = dir / "tiny.gguf";
+  std::ofstream(p, std::ios::binary) << qlora::test::tiny_llama_gguf(true, "qwen2").bytes();
+  const auto r = qlora::import_gguf({p.string(), (dir / "out").string(), "fp32"});
+  EXPECT_EQ(r.tensors, 2 + 2 * 12);
+  qlora::gguf::GgufFile g(p.string());
+  qlora::st::SafetensorsFile st((dir / "out" / "model.safetensors").string());
+  for (const auto& [gn, hn] : std::vector<std::pair<std::string, std::string>>{
+           {"blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"},
+           {"blk.0.attn_k.bias", "model.layers.0.self_attn.k_proj.bias"}}) {
+    const auto* gt = g.find_tensor(gn);
+    ASSERT_TRUE(st.contains(hn)) << hn;
+    EXPECT_EQ(std::memcmp(st.data(st.info(hn)), g.data(*gt), gt->nbytes), 0) << hn;
+  }
+  const json cfg = read_json(dir / "out" / "config.json");
+  EXPECT_EQ(cfg["architectures"], json::array({"Qwen2ForCausalLM"}));
+  EXPECT_EQ(cfg["model_type"], "qwen2");
+  fs::remove_all(dir);
+}
+
+}  // namespace

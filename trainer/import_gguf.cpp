@@ -1,0 +1,471 @@
+#include "trainer/import_gguf.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/gguf.h"
+#include "common/log.h"
+#include "common/safetensors_stream.h"
+#include "kernels/gguf_dequant.h"
+#include "kernels/quant4.h"  // float_to_bf16
+
+namespace qlora {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using gguf::GgufFile;
+
+namespace {
+
+// ---- model hyper-parameters from `<arch>.*` ------------------------------------------------------
+struct Hparams {
+  std::string arch;  // "llama" | "qwen2"
+  int64_t hidden = 0, layers = 0, ffn = 0, heads = 0, kv_heads = 0, head_dim = 0, ctx = 0, vocab = 0;
+  double rope_theta = 10000.0, rms_eps = 1e-6;
+  bool has_head_dim_key = false;
+  bool tied = false;
+};
+
+int64_t positive_uint(const GgufFile& f, const std::string& key) {
+  const uint64_t v = f.get_uint(key);
+  QLORA_CHECK(v > 0 && v < (uint64_t{1} << 31), f.path(), ": metadata key '", key, "': value ", v,
+              " is out of range");
+  return static_cast<int64_t>(v);
+}
+
+Hparams read_hparams(const GgufFile& f) {
+  Hparams h;
+  h.arch = f.get_string("general.architecture");
+  QLORA_CHECK(h.arch == "llama" || h.arch == "qwen2", f.path(),
+              ": metadata key 'general.architecture': architecture '", h.arch,
+              "' is not supported (supported: llama, qwen2)");
+  const std::string a = h.arch + ".";
+  h.hidden = positive_uint(f, a + "embedding_length");
+  h.layers = positive_uint(f, a + "block_count");
+  QLORA_CHECK(static_cast<uint64_t>(h.layers) <= f.tensors().size() / 9, f.path(), ": metadata key '", a,
+              "block_count': ", h.layers, " layers need at least ", 9 * h.layers, " tensors, the file has ",
+              f.tensors().size());
+  h.ffn = positive_uint(f, a + "feed_forward_length");
+  h.heads = positive_uint(f, a + "attention.head_count");
+  h.kv_heads = f.has(a + "attention.head_count_kv") ? positive_uint(f, a + "attention.head_count_kv") : h.heads;
+  QLORA_CHECK(h.heads % h.kv_heads == 0, f.path(), ": metadata key '", a,
+              "attention.head_count_kv': ", h.kv_heads, " does not divide the head count ", h.heads);
+  QLORA_CHECK(h.hidden % h.heads == 0, f.path(), ": metadata key '", a, "attention.head_count': ",
+              h.heads, " does not divide the embedding length ", h.hidden);
+  h.head_dim = h.hidden / h.heads;
+  if (h.arch == "llama" && f.has(a + "rope.dimension_count")) {  // transformers maps it to head_dim
+    h.head_dim = positive_uint(f, a + "rope.dimension_count");
+    h.has_head_dim_key = true;
+  }
+  QLORA_CHECK(h.head_dim % 2 == 0, f.path(), ": head dimension ", h.head_dim, " is odd");
+  h.ctx = f.has(a + "context_length") ? positive_uint(f, a + "context_length") : 2048;
+  if (f.has(a + "rope.freq_base")) h.rope_theta = f.get_float(a + "rope.freq_base");
+  h.rms_eps = f.get_float(a + "attention.layer_norm_rms_epsilon");
+  h.vocab = f.has(a + "vocab_size") ? positive_uint(f, a + "vocab_size")
+                                    : static_cast<int64_t>(f.get_string_array("tokenizer.ggml.tokens").size());
+  h.tied = f.find_tensor("output.weight") == nullptr;
+  return h;
+}
+
+// ---- tensor plan: GGUF tensor -> HF name, shape, permutation --------------------------------------
+struct Planned {
+  const gguf::TensorInfo* src;
+  std::string hf_name;
+  std::vector<int64_t> shape;  // HF (row-major) shape
+  int64_t permute_heads = 0;   // > 0: undo llama.cpp's Q/K row permutation with this many heads
+};
+
+std::vector<Planned> plan_tensors(const GgufFile& f, const Hparams& h) {
+  const int64_t q_out = h.heads * h.head_dim, kv_out = h.kv_heads * h.head_dim;
+  struct Want {
+    std::string hf;
+    std::vector<int64_t> shape;
+    int64_t permute = 0;
+    bool required = true;
+  };
+  std::map<std::string, Want> want;
+  want["token_embd.weight"] = {"model.embed_tokens.weight", {h.vocab, h.hidden}};
+  want["output_norm.weight"] = {"model.norm.weight", {h.hidden}};
+  want["output.weight"] = {"lm_head.weight", {h.vocab, h.hidden}, 0, false};
+  const bool llama = h.arch == "llama";
+  for (int64_t l = 0; l < h.layers; ++l) {
+    const std::string g = "blk." + std::to_string(l) + ".";
+    const std::string m = "model.layers." + std::to_string(l) + ".";
+    want[g + "attn_norm.weight"] = {m + "input_layernorm.weight", {h.hidden}};
+    want[g + "ffn_norm.weight"] = {m + "post_attention_layernorm.weight", {h.hidden}};
+    want[g + "attn_q.weight"] = {m + "self_attn.q_proj.weight", {q_out, h.hidden}, llama ? h.heads : 0};
+    want[g + "attn_k.weight"] = {m + "self_attn.k_proj.weight", {kv_out, h.hidden}, llama ? h.kv_heads : 0};
+    want[g + "attn_v.weight"] = {m + "self_attn.v_proj.weight", {kv_out, h.hidden}};
+    want[g + "attn_output.weight"] = {m + "self_attn.o_proj.weight", {h.hidden, q_out}};
+    want[g + "ffn_gate.weight"] = {m + "mlp.gate_proj.weight", {h.ffn, h.hidden}};
+    want[g + "ffn_up.weight"] = {m + "mlp.up_proj.weight", {h.ffn, h.hidden}};
+    want[g + "ffn_down.weight"] = {m + "mlp.down_proj.weight", {h.hidden, h.ffn}};
+    if (!llama) {  // Qwen2: q/k/v biases
+      want[g + "attn_q.bias"] = {m + "self_attn.q_proj.bias", {q_out}};
+      want[g + "attn_k.bias"] = {m + "self_attn.k_proj.bias", {kv_out}};
+      want[g + "attn_v.bias"] = {m + "self_attn.v_proj.bias", {kv_out}};
+    }
+  }
+  std::vector<Planned> plan;
+  std::set<std::string> seen;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    auto it = want.find(t.name);
+    if (it == want.end()) {
+      // llama.cpp stores precomputed RoPE frequencies for llama 3; transformers ignores them too.
+      if (t.name == "rope_freqs.weight") continue;
+      fail(f.path(), ": tensor '", t.name, "': not expected in a ", h.arch, " model with ", h.layers,
+           " layers (no Hugging Face name for it)");
+    }
+    const Want& w = it->second;
+    const std::vector<int64_t> shape = t.shape();
+    if (shape != w.shape) {
+      std::string got, exp;
+      for (int64_t d : shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      for (int64_t d : w.shape) exp += (exp.empty() ? "" : ", ") + std::to_string(d);
+      fail(f.path(), ": tensor '", t.name, "': shape [", got, "] does not match the metadata ([", exp, "])");
+    }
+    const gguf::GgmlTypeInfo& ti = gguf::ggml_type_info(t.type);
+    QLORA_CHECK(ti.dequantize, f.path(), ": tensor '", t.name, "': ggml type ", ti.name,
+                " is not supported (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K)");
+    plan.push_back({&t, w.hf, shape, w.permute});
+    seen.insert(t.name);
+  }
+  for (const auto& [name, w] : want)
+    QLORA_CHECK(!w.required || seen.count(name), f.path(), ": tensor '", name, "': missing");
+  return plan;
+}
+
+// ---- tokenizer ------------------------------------------------------------------------------------
+// GPT-2 bytes_to_unicode: the printable bytes map to themselves, the other 68 to U+0100.. in order.
+std::vector<uint32_t> byte_to_codepoint() {
+  std::vector<uint32_t> m(256);
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+    m[b] = printable ? b : next++;
+  }
+  return m;
+}
+
+void append_utf8(uint32_t cp, std::string* s) {
+  if (cp < 0x80) {
+    s->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    s->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    s->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    s->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// True when `s` is valid UTF-8 whose every code point is in the byte-level alphabet
+// (33..126, 161..172, 174..323).
+bool in_byte_alphabet(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    uint32_t cp;
+    if (c < 0x80) {
+      cp = c;
+      i += 1;
+    } else if ((c & 0xE0) == 0xC0 && i + 1 < s.size() && (static_cast<unsigned char>(s[i + 1]) & 0xC0) == 0x80) {
+      cp = ((c & 0x1Fu) << 6) | (static_cast<unsigned char>(s[i + 1]) & 0x3Fu);
+      i += 2;
+    } else {
+      return false;  // 3- and 4-byte sequences are all above U+0143
+    }
+    if (!((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 323))) return false;
+  }
+  return true;
+}
+
+struct TokenizerFiles {
+  json tokenizer, tokenizer_config, special_ids;
+};
+
+// The pre-tokenizer regexes transformers picks by tokenizer.ggml.pre
+// (integrations/gguf/gguf_tokenizer_mapping.py GGUF_PRE_TOKENIZER_SPLITS).
+const char* split_regex(const std::string& pre) {
+  static const char* kLlama3 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  static const char* kQwen2 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  static const char* kTekken =
+      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  static const char* kGpt4o =
+      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  static const std::map<std::string, const char*> kMap = {
+      {"llama3", kLlama3}, {"llama-v3", kLlama3}, {"llama-bpe", kLlama3}, {"falcon3", kLlama3},
+      {"falcon-h1", kLlama3}, {"pixtral", kLlama3}, {"midm-2.0", kLlama3}, {"lfm2", kLlama3},
+      {"jina-v5-nano", kLlama3}, {"dbrx", kLlama3}, {"smaug-bpe", kLlama3}, {"tekken", kTekken},
+      {"qwen2", kQwen2}, {"deepseek-r1-qwen", kQwen2}, {"kormo", kQwen2}, {"f2llmv2", kQwen2},
+      {"megrez", kQwen2}, {"gpt-4o", kGpt4o}, {"llama4", kGpt4o}, {"kanana2", kGpt4o},
+      {"talkie", kGpt4o}, {"minimax-m2", kGpt4o}};
+  auto it = kMap.find(pre);
+  return it == kMap.end() ? nullptr : it->second;
+}
+
+json added_token(int64_t id, const std::string& content, bool special) {
+  return {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", special}};
+}
+
+TokenizerFiles build_tokenizer(const GgufFile& f) {
+  const std::string model = f.get_string("tokenizer.ggml.model");
+  QLORA_CHECK(model == "gpt2", f.path(), ": metadata key 'tokenizer.ggml.model': tokenizer '", model,
+              "' is not supported (only \"gpt2\", byte-level BPE)");
+  const std::vector<std::string>& tokens = f.get_string_array("tokenizer.ggml.tokens");
+  const std::vector<std::string>& merges = f.get_string_array("tokenizer.ggml.merges");
+  QLORA_CHECK(!tokens.empty(), f.path(), ": metadata key 'tokenizer.ggml.tokens': empty");
+  std::vector<int64_t> types;
+  if (f.has("tokenizer.ggml.token_type")) {
+    types = f.get_int_array("tokenizer.ggml.token_type");
+    QLORA_CHECK(types.size() == tokens.size(), f.path(), ": metadata key 'tokenizer.ggml.token_type': ",
+                types.size(), " entries for ", tokens.size(), " tokens");
+  }
+  const std::vector<uint32_t> b2u = byte_to_codepoint();
+  json vocab = json::object();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string& t = tokens[i];
+    if (in_byte_alphabet(t)) {
+      vocab[t] = i;
+    } else {
+      std::string s;
+      for (unsigned char c : t) append_utf8(b2u[c], &s);
+      vocab[s] = i;
+    }
+  }
+  json jmerges = json::array();
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const std::string& m = merges[i];
+    const size_t sp = m.find(' ');
+    QLORA_CHECK(sp != std::string::npos && m.find(' ', sp + 1) == std::string::npos, f.path(),
+                ": metadata key 'tokenizer.ggml.merges': entry ", i, " is not two tokens separated by one space");
+    jmerges.push_back({m.substr(0, sp), m.substr(sp + 1)});
+  }
+  json added = json::array();
+  for (size_t i = 0; i < types.size(); ++i) {
+    if (types[i] == 3 && in_byte_alphabet(tokens[i])) added.push_back(added_token(i, tokens[i], true));
+    else if (types[i] == 4 && vocab.contains(tokens[i])) added.push_back(added_token(i, tokens[i], false));
+  }
+
+  // Special tokens (names as in tokenizer_config.json).
+  auto token_of = [&](const std::string& key, std::string* out, int64_t* id) {
+    if (!f.has(key)) return false;
+    const uint64_t v = f.get_uint(key);
+    QLORA_CHECK(v < tokens.size(), f.path(), ": metadata key '", key, "': token id ", v,
+                " is outside the vocabulary (", tokens.size(), " tokens)");
+    *out = tokens[v];
+    *id = static_cast<int64_t>(v);
+    return true;
+  };
+  TokenizerFiles r;
+  r.special_ids = json::object();
+  json tc = json::object();
+  const bool add_bos = f.has("tokenizer.ggml.add_bos_token") && f.get_bool("tokenizer.ggml.add_bos_token");
+  const bool add_eos = f.has("tokenizer.ggml.add_eos_token") && f.get_bool("tokenizer.ggml.add_eos_token");
+  tc["add_bos_token"] = add_bos;
+  tc["add_eos_token"] = add_eos;
+  std::string bos;
+  int64_t bos_id = -1;
+  for (const auto& [name, key] : std::vector<std::pair<std::string, std::string>>{
+           {"bos", "bos_token_id"}, {"eos", "eos_token_id"}, {"unk", "unknown_token_id"}, {"pad", "padding_token_id"}}) {
+    std::string tok;
+    int64_t id;
+    if (token_of("tokenizer.ggml." + key, &tok, &id)) {
+      tc[name + "_token"] = tok;
+      r.special_ids[name == "unk" ? "unk_token_id" : name == "pad" ? "pad_token_id" : name + "_token_id"] = id;
+      if (name == "bos") bos = tok, bos_id = id;
+    } else {
+      tc[name + "_token"] = nullptr;
+    }
+  }
+  QLORA_CHECK(!add_bos || bos_id >= 0, f.path(),
+              ": metadata key 'tokenizer.ggml.bos_token_id': missing, but add_bos_token is true");
+  if (f.has("tokenizer.chat_template")) tc["chat_template"] = f.get_string("tokenizer.chat_template");
+  tc["clean_up_tokenization_spaces"] = false;
+  tc["tokenizer_class"] = "PreTrainedTokenizerFast";
+  r.tokenizer_config = tc;
+
+  json pre;
+  const std::string pre_name = f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "";
+  if (const char* rx = split_regex(pre_name)) {
+    pre = {{"type", "Sequence"},
+           {"pretokenizers",
+            {{{"type", "Split"}, {"pattern", {{"Regex", rx}}}, {"behavior", "Isolated"}, {"invert", false}},
+             {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
+  } else {  // GPT2Tokenizer's own: byte-level with the GPT-2 regex
+    pre = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  }
+  auto seq = [](const char* id, int type_id) { return json{{"Sequence", {{"id", id}, {"type_id", type_id}}}}; };
+  auto spec = [](const std::string& id, int type_id) { return json{{"SpecialToken", {{"id", id}, {"type_id", type_id}}}}; };
+  json single = json::array(), pair = json::array(), specials = json::object();
+  if (add_bos) {
+    single.push_back(spec(bos, 0));
+    specials[bos] = {{"id", bos}, {"ids", {bos_id}}, {"tokens", {bos}}};
+  }
+  single.push_back(seq("A", 0));
+  pair = single;
+  if (add_bos) pair.push_back(spec(bos, 1));
+  pair.push_back(seq("B", 1));
+  r.tokenizer = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", pre},
+      {"post_processor", {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair}, {"special_tokens", specials}}},
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
+        {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+        {"vocab", std::move(vocab)}, {"merges", std::move(jmerges)}}}};
+  return r;
+}
+
+json config_json(const Hparams& h, const json& special_ids, const std::string& dtype) {
+  json c;
+  c["architectures"] = {h.arch == "llama" ? "LlamaForCausalLM" : "Qwen2ForCausalLM"};
+  c["model_type"] = h.arch;
+  c["vocab_size"] = h.vocab;
+  c["hidden_size"] = h.hidden;
+  c["intermediate_size"] = h.ffn;
+  c["num_hidden_layers"] = h.layers;
+  c["num_attention_heads"] = h.heads;
+  c["num_key_value_heads"] = h.kv_heads;
+  c["hidden_act"] = "silu";
+  c["max_position_embeddings"] = h.ctx;
+  c["rms_norm_eps"] = h.rms_eps;
+  c["rope_parameters"] = {{"rope_theta", h.rope_theta}, {"rope_type", "default"}};
+  c["tie_word_embeddings"] = h.tied;
+  c["initializer_range"] = 0.02;
+  c["attention_dropout"] = 0.0;
+  c["use_cache"] = true;
+  if (h.arch == "llama") {
+    if (h.has_head_dim_key) c["head_dim"] = h.head_dim;
+    c["attention_bias"] = false;
+    c["mlp_bias"] = false;
+    c["pretraining_tp"] = 1;
+  } else {
+    c["use_sliding_window"] = false;
+  }
+  for (auto it = special_ids.begin(); it != special_ids.end(); ++it) c[it.key()] = it.value();
+  c["dtype"] = dtype == "fp32" ? "float32" : "bfloat16";
+  return c;
+}
+
+}  // namespace
+
+ImportGgufResult import_gguf(const ImportGgufOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  QLORA_CHECK(o.dtype == "bf16" || o.dtype == "fp32", "import-gguf: --dtype must be bf16 or fp32, got '",
+              o.dtype, "'");
+  QLORA_CHECK(!o.out_dir.empty(), "import-gguf: --out is required");
+  QLORA_CHECK(!fs::exists(o.out_dir) || (fs::is_directory(o.out_dir) && fs::is_empty(o.out_dir)), o.out_dir,
+              ": exists and is not an empty directory; refusing to overwrite it");
+  GgufFile f(o.gguf_path);
+  const Hparams h = read_hparams(f);
+  const std::vector<Planned> plan = plan_tensors(f, h);
+
+  ImportGgufResult res;
+  res.architecture = h.arch;
+  res.tied_embeddings = h.tied;
+  const bool bf16 = o.dtype == "bf16";
+  const fs::path out = fs::path(o.out_dir);
+  const fs::path tmp = out.string() + ".tmp-" + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp);
+  try {
+    {  // tokenizer first: its JSON is freed before the tensors stream
+      TokenizerFiles tok = build_tokenizer(f);
+      std::string tok_json, tok_config;
+      try {
+        tok_json = tok.tokenizer.dump(2) + "\n";
+        tok_config = tok.tokenizer_config.dump(2) + "\n";
+      } catch (const json::exception& e) {  // a string that is not UTF-8
+        fail(f.path(), ": tokenizer metadata: ", e.what());
+      }
+      atomic_write_string((tmp / "tokenizer.json").string(), tok_json);
+      atomic_write_string((tmp / "tokenizer_config.json").string(), tok_config);
+      atomic_write_string((tmp / "config.json").string(), config_json(h, tok.special_ids, o.dtype).dump(2) + "\n");
+      json gc = json::object();
+      for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+        if (tok.special_ids.contains(k)) gc[k] = tok.special_ids[k];
+      atomic_write_string((tmp / "generation_config.json").string(), gc.dump(2) + "\n");
+    }
+
+    std::vector<st::TensorToWrite> heads;
+    for (const Planned& p : plan) {
+      st::TensorToWrite w;
+      w.name = p.hf_name;
+      w.dtype = bf16 ? st::DType::BF16 : st::DType::F32;
+      w.shape = p.shape;
+      w.nbytes = static_cast<size_t>(p.src->numel()) * (bf16 ? 2 : 4);
+      heads.push_back(std::move(w));
+      res.parameters += p.src->numel();
+      res.safetensors_bytes += heads.back().nbytes;
+    }
+    std::vector<float> deq, perm;
+    std::vector<uint16_t> half;
+    st::write_safetensors_streaming(
+        (tmp / "model.safetensors").string(), heads,
+        [&](size_t i) -> const void* {
+          const Planned& p = plan[i];
+          const int64_t n = p.src->numel();
+          deq.resize(static_cast<size_t>(n));
+          kernels::gguf_dequantize_cpu(p.src->type, f.data(*p.src), n, deq.data());
+          f.release(*p.src);
+          const float* v = deq.data();
+          if (p.permute_heads > 0) {
+            // rows [heads, 2, d] (HF) from [heads, d, 2] (GGUF); each row has `cols` elements.
+            const int64_t rows = p.shape[0], cols = p.shape[1];
+            QLORA_CHECK(rows % (2 * p.permute_heads) == 0, f.path(), ": tensor '", p.src->name, "': ",
+                        rows, " rows do not split into ", p.permute_heads, " heads of row pairs");
+            const int64_t d = rows / p.permute_heads / 2;
+            perm.resize(static_cast<size_t>(n));
+            for (int64_t hd = 0; hd < p.permute_heads; ++hd)
+              for (int64_t s = 0; s < 2; ++s)
+                for (int64_t j = 0; j < d; ++j)
+                  std::copy_n(deq.data() + ((hd * d + j) * 2 + s) * cols, cols,
+                              perm.data() + ((hd * 2 + s) * d + j) * cols);
+            v = perm.data();
+          }
+          if (!bf16) return v;
+          half.resize(static_cast<size_t>(n));
+          for (int64_t k = 0; k < n; ++k) half[k] = kernels::float_to_bf16(v[k]);
+          return half.data();
+        },
+        {{"format", "pt"}});
+    res.tensors = static_cast<int64_t>(plan.size());
+    if (fs::exists(out)) fs::remove(out);  // empty, checked above
+    fs::rename(tmp, out);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log::info("import-gguf: ", o.gguf_path, " (", h.arch, ", ", res.tensors, " tensors, ", res.parameters,
+            " parameters) -> ", o.out_dir, " in ", res.seconds, " s");
+  return res;
+}
+
+std::string cmd_import_gguf(const ImportGgufOptions& o) {
+  const ImportGgufResult r = import_gguf(o);
+  std::ostringstream os;
+  os << "imported " << o.gguf_path << " (" << r.architecture << ", " << r.tensors << " tensors, "
+     << r.parameters << " parameters" << (r.tied_embeddings ? ", tied embeddings" : "") << ") into "
+     << o.out_dir << " as " << o.dtype << " in " << r.seconds << " s\n";
+  return os.str();
+}
+
+}  // namespace qlora

@@ -1,0 +1,52 @@
+// qlora-cpp: `qlora import-gguf` — a GGUF model file (llama.cpp / Ollama) to a Hugging Face model
+// directory. Torch-free (common/gguf.h reader + kernels/gguf_dequant.h).
+//
+// What it writes, and the reference each part matches (transformers 5.23 loading the same file with
+// `from_pretrained(dir, gguf_file=...)`: modeling_gguf_pytorch_utils.py, integrations/ggml.py,
+// integrations/gguf/gguf_tokenizer_mapping.py):
+//   model.safetensors      every tensor dequantized to float32 (kernels/gguf_dequant.h), Q/K rows
+//                          un-permuted for the llama architecture (llama.cpp convert_hf_to_gguf.py
+//                          LlamaModel.permute; undone as transformers' _reverse_permute_weights:
+//                          HF row h·2d + s·d + i = GGUF row h·2d + 2i + s, per head h of q (heads)
+//                          or k (kv heads), d = head_dim/2), stored as bf16 (RNE) or fp32; GGUF names
+//                          mapped to HF names (docs/gguf.md); written one tensor at a time.
+//   config.json            LlamaForCausalLM / Qwen2ForCausalLM from `<arch>.*` metadata;
+//                          tie_word_embeddings when there is no `output.weight`.
+//   tokenizer.json         byte-level BPE from tokenizer.ggml.{tokens,merges,token_type,pre}.
+//   tokenizer_config.json  bos/eos/unk/pad tokens, add_bos_token, chat_template.
+//   generation_config.json bos/eos (pad) ids.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace qlora {
+
+struct ImportGgufOptions {
+  std::string gguf_path;
+  std::string out_dir;         ///< must not exist or be empty
+  std::string dtype = "bf16";  ///< stored dtype of model.safetensors: bf16 | fp32
+};
+
+struct ImportGgufResult {
+  std::string architecture;    ///< GGUF general.architecture
+  int64_t tensors = 0;         ///< tensors written
+  int64_t parameters = 0;      ///< elements written
+  uint64_t safetensors_bytes = 0;
+  bool tied_embeddings = false;
+  double seconds = 0;
+};
+
+/// Imports `gguf_path` into `out_dir`. Everything is built in "<out_dir>.tmp-<pid>" and renamed at
+/// the end, so on any error `out_dir` is left as it was (absent or empty) and no temporary remains.
+/// Throws qlora::Error naming the file and the metadata key or tensor: an unreadable/malformed
+/// GGUF (gguf::GgufFile's checks), an architecture other than llama/qwen2, a tokenizer other than
+/// "gpt2" (byte-level BPE), a missing or mistyped metadata key, a missing or unexpected tensor, a
+/// tensor whose shape disagrees with the metadata, a quantization type not in kernels/gguf_dequant.h,
+/// a bad --dtype, a non-empty out_dir, or an I/O error.
+ImportGgufResult import_gguf(const ImportGgufOptions& o);
+
+/// `qlora import-gguf FILE.gguf --out DIR [--dtype bf16|fp32]`: import_gguf, then the summary line
+/// the CLI prints. Throws as import_gguf does.
+std::string cmd_import_gguf(const ImportGgufOptions& o);
+
+}  // namespace qlora
