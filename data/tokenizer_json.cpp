@@ -520,9 +520,62 @@ struct Normalizer {
   virtual void apply(Piece& p, bool no_prefix) const = 0;
 };
 
-// NFC (utf8proc). Text is processed in runs that start at an ASCII byte (no canonical
-// composition or reordering crosses one); a run NFC changes maps all its bytes to its start.
+// NFC of `s` by utf8proc ("" when utf8proc fails, which valid UTF-8 never makes it do).
+std::string nfc(const char* s, size_t n) {
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t k = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s), static_cast<utf8proc_ssize_t>(n),
+                                          &out, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  std::string r = k >= 0 ? std::string(reinterpret_cast<const char*>(out), size_t(k)) : std::string(s, n);
+  std::free(out);
+  return r;
+}
+
+size_t count_cps(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// NFC (utf8proc) with the alignment `tokenizers` gets from unicode-normalization: text goes in
+// runs that start at an ASCII byte (no composition or reordering crosses one); an unchanged run is
+// copied; a changed run is cut into segments at starters (ccc 0) that do not compose with what
+// precedes, and each segment's output characters map 1:1 to its input characters when the counts
+// match (e.g. a compatibility ideograph), else all to the segment's first byte (compositions).
 struct NfcNormalizer : Normalizer {
+  static void changed_run(const Piece& p, size_t b, size_t e, Piece* q) {
+    std::vector<size_t> starts;  // segment starts (byte offsets)
+    for (size_t i = b; i < e;) {
+      int32_t cp;
+      const int k = next_cp(p.s.data(), e, i, &cp);
+      if (i == b || utf8proc_get_property(cp)->combining_class == 0) starts.push_back(i);
+      i += k;
+    }
+    starts.push_back(e);
+    std::vector<size_t> segs = {starts[0]};
+    for (size_t k = 1; k + 1 < starts.size(); ++k) {
+      const size_t pb = segs.back(), mb = starts[k], me = starts[k + 1];
+      const std::string joint = nfc(p.s.data() + pb, me - pb);
+      if (joint == nfc(p.s.data() + pb, mb - pb) + nfc(p.s.data() + mb, me - mb)) segs.push_back(mb);
+    }
+    segs.push_back(e);
+    for (size_t k = 0; k + 1 < segs.size(); ++k) {
+      const size_t sb = segs[k], se = segs[k + 1];
+      const std::string in = p.s.substr(sb, se - sb), out = nfc(in.data(), in.size());
+      if (count_cps(out) == count_cps(in)) {
+        size_t i = 0;
+        for (size_t o = 0; o < out.size();) {
+          const int ko = cp_len(static_cast<unsigned char>(out[o]));
+          q->s.append(out, o, ko);
+          q->orig.insert(q->orig.end(), size_t(ko), p.orig[sb + i]);
+          o += ko;
+          i += cp_len(static_cast<unsigned char>(in[i]));
+        }
+      } else {
+        q->s += out;
+        q->orig.insert(q->orig.end(), out.size(), p.orig[sb]);
+      }
+    }
+  }
   void apply(Piece& p, bool) const override {
     const std::string& s = p.s;
     size_t i = 0;
@@ -536,19 +589,12 @@ struct NfcNormalizer : Normalizer {
       if (end <= run) return;
       bool ascii = true;
       for (size_t k = run; k < end && ascii; ++k) ascii = static_cast<unsigned char>(s[k]) < 0x80;
-      utf8proc_uint8_t* out = nullptr;
-      const utf8proc_ssize_t n =
-          ascii ? -1
-                : utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + run),
-                               static_cast<utf8proc_ssize_t>(end - run), &out, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-      if (n < 0 || (size_t(n) == end - run && std::memcmp(out, s.data() + run, n) == 0)) {
+      if (ascii || nfc(s.data() + run, end - run).compare(0, std::string::npos, s, run, end - run) == 0) {
         q.s.append(s, run, end - run);
         q.orig.insert(q.orig.end(), p.orig.begin() + run, p.orig.begin() + end);
       } else {
-        q.s.append(reinterpret_cast<const char*>(out), n);
-        q.orig.insert(q.orig.end(), size_t(n), p.orig[run]);
+        changed_run(p, run, end, &q);
       }
-      std::free(out);
       run = end;
     };
     for (size_t k = 0; k < s.size(); ++k)
