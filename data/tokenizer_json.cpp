@@ -1035,6 +1035,55 @@ std::unique_ptr<Decoder> parse_decoder(const Ctx& c, const json& j, const std::s
 // ------------------------------------------------------------------------------------------
 // BPE model (models/bpe/model.rs, word.rs).
 
+// (left id, right id) -> (rank, merged id): open addressing, linear probing (the merge loop's
+// hot lookup; ids are < 2^31 so the all-ones key marks an empty slot).
+class PairMap {
+ public:
+  using Value = std::pair<int32_t, int32_t>;
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n + 16) cap <<= 1;
+    keys_.assign(cap, kEmpty);
+    vals_.assign(cap, Value{0, 0});
+    mask_ = cap - 1;
+  }
+  void set(uint64_t key, Value v) {  // later entries overwrite earlier ones (tokenizers collects a HashMap)
+    if (keys_.empty() || 2 * (size_ + 1) > keys_.size()) grow();
+    size_t i = slot(key);
+    while (keys_[i] != kEmpty && keys_[i] != key) i = (i + 1) & mask_;
+    if (keys_[i] == kEmpty) ++size_;
+    keys_[i] = key;
+    vals_[i] = v;
+  }
+  const Value* find(uint64_t key) const {
+    if (keys_.empty()) return nullptr;
+    for (size_t i = slot(key);; i = (i + 1) & mask_) {
+      if (keys_[i] == key) return &vals_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t(0);
+  size_t slot(uint64_t k) const {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return static_cast<size_t>(k) & mask_;
+  }
+  void grow() {
+    std::vector<uint64_t> ok = std::move(keys_);
+    std::vector<Value> ov = std::move(vals_);
+    reserve(std::max<size_t>(16, ok.size()));
+    size_ = 0;
+    for (size_t i = 0; i < ok.size(); ++i)
+      if (ok[i] != kEmpty) set(ok[i], ov[i]);
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<Value> vals_;
+  size_t mask_ = 0, size_ = 0;
+};
+
 class BpeModel {
  public:
   void load(const Ctx& c, const json& m, const std::string& path);
@@ -1051,11 +1100,11 @@ class BpeModel {
   void merge_word(const std::string& w, const std::vector<uint32_t>& units, TokenIds* ids,
                   std::vector<uint32_t>* lens) const;
   const std::pair<int32_t, int32_t>* merge(int32_t l, int32_t r) const {
-    auto it = merges_.find((uint64_t(uint32_t(l)) << 32) | uint32_t(r));
-    return it == merges_.end() ? nullptr : &it->second;
+    return merges_.find((uint64_t(uint32_t(l)) << 32) | uint32_t(r));
   }
 
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (left<<32|right) -> (rank, merged id)
+  PairMap merges_;  // (left<<32|right) -> (rank, merged id)
+  int32_t ascii_ids_[128];  // id of each ASCII character as a whole-word-free symbol, -1 if absent
   std::string prefix_, suffix_;
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   int32_t byte_ids_[256];  // "<0xXX>" per byte, -1 if absent
@@ -1107,6 +1156,10 @@ void BpeModel::load(const Ctx& c, const json& m, const std::string& path) {
     auto it = vocab.find(name);
     if (it != vocab.end()) byte_ids_[b] = it->second;
   }
+  for (int ch = 0; ch < 128; ++ch) {
+    auto it = vocab.find(std::string(1, static_cast<char>(ch)));
+    ascii_ids_[ch] = it == vocab.end() ? -1 : it->second;
+  }
 
   const json& ms = get_arr(c, m, path, "merges");
   const std::string mp = join(path, "merges");
@@ -1134,7 +1187,7 @@ void BpeModel::load(const Ctx& c, const json& m, const std::string& path) {
     const std::string merged = a + b.substr(prefix_.size());
     auto im = vocab.find(merged);
     if (im == vocab.end()) jfail(c, idx(mp, i), "merged token '", merged, "' is not in the vocab");
-    merges_[(uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second)] = {static_cast<int32_t>(i), im->second};
+    merges_.set((uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second), {static_cast<int32_t>(i), im->second});
   }
 }
 
@@ -1208,7 +1261,10 @@ void BpeModel::merge_word(const std::string& w, const std::vector<uint32_t>& uni
     for (int k = 0; k < n && i + k < w.size(); ++k) plen += units[i + k];
     const bool first = i == 0, last = i + n >= w.size();
     int32_t id = -1;
-    if (prefix_.empty() && suffix_.empty()) {
+    if (prefix_.empty() && suffix_.empty() && n == 1 && static_cast<unsigned char>(w[i]) < 0x80 &&
+        ascii_ids_[static_cast<unsigned char>(w[i])] >= 0) {
+      id = ascii_ids_[static_cast<unsigned char>(w[i])];
+    } else if (prefix_.empty() && suffix_.empty()) {
       auto it = vocab.find(w.substr(i, n));
       if (it != vocab.end()) id = it->second;
     } else {
