@@ -1500,7 +1500,6 @@ JsonBackend::JsonBackend(const std::string& path) {
   if (j.contains("decoder") && !j["decoder"].is_null()) decoder_ = parse_decoder(c, j["decoder"], "decoder");
   if (j.contains("post_processor") && !j["post_processor"].is_null()) {
     parse_post(c, j["post_processor"], "post_processor", &specials_.prefix, &specials_.suffix);
-    specials_.has_post_processor = true;
   }
   // ByteLevel as the last pre-tokenizer: let the model map bytes (its cache then keys raw bytes).
   PreTokenizer* last = pre_.get();
