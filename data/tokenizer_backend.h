@@ -15,7 +15,6 @@ namespace qlora::data::detail {
 struct FileSpecials {
   int32_t bos = -1, eos = -1, pad = -1, unk = -1;
   TokenIds prefix, suffix;  // post-processor ids around a single sequence
-  bool has_post_processor = false;
 };
 
 class TokenizerBackend {
@@ -24,7 +23,8 @@ class TokenizerBackend {
   /// Text -> ids (no post-processor specials); `offsets` (may be null) gets each token's first
   /// byte in `text`. `prefix` as Tokenizer::encode_with_offsets.
   virtual TokenIds encode(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const = 0;
-  /// Ids -> text; `is_special` is the facade's predicate (declared specials included).
+  /// Ids -> text. `facade` gives the sentencepiece path the declared specials (facade.is_special);
+  /// the tokenizer.json path skips exactly the added tokens marked special, as `tokenizers` does.
   virtual std::string decode(const TokenIds& ids, bool skip_special_tokens,
                              const class Tokenizer& facade) const = 0;
   virtual std::string id_to_piece(int32_t id) const = 0;
