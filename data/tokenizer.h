@@ -87,8 +87,9 @@ class Tokenizer {
   bool add_eos_default() const { return !suffix_.empty() && suffix_.back() == eos_id_ && eos_id_ >= 0; }
 
   /// Like encode(text) without BOS/EOS, also returning for every token the byte offset in `text`
-  /// of its first byte (a prepended "▁" / prefix space has offset 0; a token made from a text
-  /// change (NFC, Replace) takes the offset of the changed span's first byte). `prefix`=false
+  /// of its first byte (a prepended "▁" / prefix space takes the offset of the text it precedes; a
+  /// token made from a text change (NFC composition, Replace) takes the offset of the changed
+  /// span's first byte; invalid UTF-8 replaced by U+FFFD: the first invalid byte). `prefix`=false
   /// marks text continuing a chunk: no "▁" / prefix space is prepended (sentencepiece "▁";
   /// tokenizer.json: Prepend normalizer, Metaspace prepend, ByteLevel add_prefix_space).
   /// tokenizer.json: added tokens are split out of `text` first, as HF does (lstrip / rstrip /

@@ -129,3 +129,30 @@ TEST(BadInputTokenizer, TruncationsAndByteFlipsNeverCrash) {
   EXPECT_GT(loaded, 0);
   fs::remove_all(dir);
 }
+
+// The JSON files beside tokenizer.json: wrong id types name the file and key.
+TEST(BadInputTokenizer, GenerationAndTokenizerConfigErrors) {
+  const fs::path dir = qlora::test::fresh_temp_dir("tok_cfg");
+  fs::copy_file(corpus("valid_rich.json"), dir / "tokenizer.json");
+  auto err = [&]() -> std::string {
+    try {
+      Tokenizer::from_pretrained(dir.string());
+    } catch (const qlora::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [2, "x"]})";
+  EXPECT_EQ(err(), (dir / "generation_config.json").string() + ": eos_token_id[1]: expected an integer token id, got string");
+  std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"eos_token_id": -4})";
+  EXPECT_EQ(err(), (dir / "generation_config.json").string() + ": eos_token_id: token id -4 out of range");
+  std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"eos_token_id": [3, 2]})";
+  EXPECT_EQ(err(), "");
+  EXPECT_EQ(Tokenizer::from_pretrained(dir.string()).eos_ids(), (std::vector<int32_t>{3, 2}));
+  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<nope>"})";
+  EXPECT_EQ(err(), (dir / "tokenizer_config.json").string() +
+                       ":1: special token '<nope>' is neither in tokenizer.json nor in added_tokens_decoder");
+  std::ofstream(dir / "tokenizer_config.json", std::ios::trunc) << "{not json";
+  EXPECT_EQ(err(), (dir / "tokenizer_config.json").string() + ":1: not a JSON object");
+  fs::remove_all(dir);
+}
