@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -415,8 +416,7 @@ ImportGgufResult import_gguf(const ImportGgufOptions& o) {
       res.parameters += p.src->numel();
       res.safetensors_bytes += heads.back().nbytes;
     }
-    std::vector<float> deq, perm;
-    std::vector<uint16_t> half;
+    std::vector<float> deq, perm;  // one tensor at a time (the largest sets the peak)
     st::write_safetensors_streaming(
         (tmp / "model.safetensors").string(), heads,
         [&](size_t i) -> const void* {
@@ -425,7 +425,7 @@ ImportGgufResult import_gguf(const ImportGgufOptions& o) {
           deq.resize(static_cast<size_t>(n));
           kernels::gguf_dequantize_cpu(p.src->type, f.data(*p.src), n, deq.data());
           f.release(*p.src);
-          const float* v = deq.data();
+          float* v = deq.data();
           if (p.permute_heads > 0) {
             // rows [heads, 2, d] (HF) from [heads, d, 2] (GGUF); each row has `cols` elements.
             const int64_t rows = p.shape[0], cols = p.shape[1];
@@ -441,9 +441,15 @@ ImportGgufResult import_gguf(const ImportGgufOptions& o) {
             v = perm.data();
           }
           if (!bf16) return v;
-          half.resize(static_cast<size_t>(n));
-          for (int64_t k = 0; k < n; ++k) half[k] = kernels::float_to_bf16(v[k]);
-          return half.data();
+          // bf16 in place: element k's two bytes go to byte 2k, inside float k/2, already read.
+          auto* out = reinterpret_cast<unsigned char*>(v);
+          for (int64_t k = 0; k < n; ++k) {
+            float x;
+            std::memcpy(&x, out + 4 * k, 4);
+            const uint16_t b = kernels::float_to_bf16(x);
+            std::memcpy(out + 2 * k, &b, 2);
+          }
+          return v;
         },
         {{"format", "pt"}});
     res.tensors = static_cast<int64_t>(plan.size());

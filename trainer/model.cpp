@@ -188,6 +188,10 @@ std::vector<Shape> expected_weights(LlamaModel& m) {
         {"self_attn.q_proj", {q, H}}, {"self_attn.k_proj", {kv, H}}, {"self_attn.v_proj", {kv, H}},
         {"self_attn.o_proj", {H, q}}, {"mlp.gate_proj", {I, H}},     {"mlp.up_proj", {I, H}},
         {"mlp.down_proj", {H, I}}};
+    if (c.qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}, &l.q_norm});
+      out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, &l.k_norm});
+    }
     for (const auto& [suffix, shape] : lin) {
       FrozenLinear* f = linear_by_suffix(l, suffix);
       f->name = p + suffix;
@@ -408,7 +412,8 @@ LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::D
   st::SafetensorsCheckpoint ckpt(dir);
   int64_t n_quantized = 0, n_prequantized = 0;
   for (const Shape& w : expected_weights(m)) {
-    QLORA_CHECK(ckpt.contains(w.name), dir, ": tensor '", w.name, "' is missing from the checkpoint");
+    QLORA_CHECK(ckpt.contains(w.name), dir, ": tensor '", w.name, "' is missing from the checkpoint",
+                w.name == "lm_head.weight" ? " (config.json has tie_word_embeddings: false)" : "");
     const st::TensorInfo& info = ckpt.info(w.name);
     const std::string& path = ckpt.file_of(w.name).path();
     if (w.linear) {
@@ -617,10 +622,31 @@ std::vector<FrozenLinear*> LlamaModel::linears() {
   return out;
 }
 
+namespace {
+/// Refuses a LoRA target naming lm_head or embed_tokens, with the reason. Both stay frozen in the
+/// compute dtype (bitsandbytes and PEFT's QLoRA recipe keep them unquantized); a tied lm_head is
+/// the embedding matrix itself, so an adapter on either would change both (PEFT warns about this
+/// case, "tied_target_modules"; we refuse it rather than train something merge cannot write back).
+void check_lora_targets(const ModelConfig& c, const std::vector<std::string>& targets) {
+  for (const std::string& t : targets) {
+    const std::string last = t.substr(t.rfind('.') + 1);
+    if (last != "lm_head" && last != "embed_tokens") continue;
+    fail("lora.target_modules: '", t, "' cannot carry a LoRA adapter: lm_head and embed_tokens stay frozen and ",
+         "unquantized (as in bitsandbytes/PEFT QLoRA)",
+         c.tie_word_embeddings ? ", and this model ties lm_head to embed_tokens (tie_word_embeddings: true), so an "
+                                 "adapter on one would change the other"
+                               : "",
+         "; adapt the decoder linears instead (all-linear, or q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+         "down_proj)");
+  }
+}
+}  // namespace
+
 std::map<std::string, int64_t> LlamaModel::add_lora(int64_t r, double alpha, double dropout,
                                                     const std::vector<std::string>& targets, bool use_rslora,
                                                     uint64_t seed) {
   QLORA_CHECK(!targets.empty(), "lora.target_modules: no target given");
+  check_lora_targets(cfg_, targets);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   std::map<std::string, int64_t> counts;
   for (FrozenLinear* f : linears()) {
@@ -640,6 +666,7 @@ std::map<std::string, int64_t> LlamaModel::add_lora(int64_t r, double alpha, dou
 }
 
 std::map<std::string, std::pair<int64_t, int64_t>> LlamaModel::lora_shapes(const std::vector<std::string>& targets) const {
+  check_lora_targets(cfg_, targets);
   std::map<std::string, std::pair<int64_t, int64_t>> out;
   for (const FrozenLinear* f : linears())
     if (lora_targets_module(f->name, targets)) out[f->name] = {f->in_features(), f->out_features()};
@@ -686,8 +713,14 @@ torch::Tensor LlamaModel::layer_forward(size_t li, const torch::Tensor& h_in, co
   const bool tr = training;
   torch::Tensor h = h_in;
   torch::Tensor x = rms_norm(h, L.input_layernorm, cfg_.rms_norm_eps);
-  torch::Tensor q = L.q_proj.forward(x, tr).view({B, T, nh, hd}).transpose(1, 2);
-  torch::Tensor k = L.k_proj.forward(x, tr).view({B, T, nkv, hd}).transpose(1, 2);
+  torch::Tensor q = L.q_proj.forward(x, tr).view({B, T, nh, hd});
+  torch::Tensor k = L.k_proj.forward(x, tr).view({B, T, nkv, hd});
+  if (cfg_.qk_norm) {  // Qwen3: RMSNorm over each head's head_dim values, before RoPE
+    q = rms_norm(q, L.q_norm, cfg_.rms_norm_eps);
+    k = rms_norm(k, L.k_norm, cfg_.rms_norm_eps);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
   torch::Tensor v = L.v_proj.forward(x, tr).view({B, T, nkv, hd}).transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;

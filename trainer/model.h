@@ -1,8 +1,10 @@
-// qlora-cpp: the Llama-family decoder (Llama 2/3, Mistral, Qwen2) in LibTorch.
+// qlora-cpp: the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) in LibTorch.
 //
-// Mirrors transformers' modeling_llama.py / modeling_qwen2.py / modeling_mistral.py: embedding,
+// Mirrors transformers' modeling_llama.py / modeling_qwen2.py / modeling_qwen3.py /
+// modeling_mistral.py: embedding,
 // RMSNorm (fp32 statistics), RoPE in the rotate-half convention (so q/k LoRA weights stay
-// PEFT-compatible with no permutation), grouped-query attention through
+// PEFT-compatible with no permutation), Qwen3's per-head q/k RMSNorm before RoPE, grouped-query
+// attention through
 // at::scaled_dot_product_attention, SwiGLU MLP, tied or untied lm_head. Weights are plain tensors
 // named exactly as in the HF checkpoint ("model.layers.3.self_attn.q_proj.weight").
 //
@@ -76,6 +78,7 @@ struct DecoderLayer {
   torch::Tensor input_layernorm;           ///< [hidden]
   torch::Tensor post_attention_layernorm;  ///< [hidden]
   FrozenLinear q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+  torch::Tensor q_norm, k_norm;  ///< [head_dim], Qwen3 only (undefined otherwise); frozen
 };
 
 /// Per-layer key/value cache for incremental decoding. k[l], v[l]: [B, n_kv_heads, S, head_dim]
@@ -155,14 +158,16 @@ class LlamaModel {
   /// Attaches fresh LoRA adapters (PEFT init, from `seed`) to every decoder linear that
   /// `targets` selects (lora_targets_module). Returns matched-module counts per target name
   /// (e.g. {"q_proj": 32}). Throws qlora::Error when a target matches nothing or the LoRA
-  /// arguments are invalid. lm_head is never a target.
+  /// arguments are invalid, and when a target names lm_head or embed_tokens (they stay frozen and
+  /// unquantized; tied, an adapter on one would change the other): the error gives that reason.
   std::map<std::string, int64_t> add_lora(int64_t r, double alpha, double dropout,
                                           const std::vector<std::string>& targets, bool use_rslora,
                                           uint64_t seed);
   /// Attaches adapters with the given weights (e.g. loaded from PEFT); every module in `w` must be
   /// a decoder linear of matching shape (checked by load_peft_adapter against lora_shapes()).
   void set_lora(const LoraWeights& w, double scale, double dropout);
-  /// Module path → {in, out} for the linears a PEFT config with these targets would adapt.
+  /// Module path → {in, out} for the linears a PEFT config with these targets would adapt. Throws
+  /// qlora::Error, with the reason, when a target names lm_head or embed_tokens (as add_lora).
   std::map<std::string, std::pair<int64_t, int64_t>> lora_shapes(const std::vector<std::string>& targets) const;
   /// Trainable parameters: every adapter's A then B, in module order.
   std::vector<torch::Tensor> lora_parameters() const;

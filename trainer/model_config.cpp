@@ -99,9 +99,12 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   if (c.architecture == "LlamaForCausalLM") c.model_type = "llama";
   else if (c.architecture == "MistralForCausalLM") c.model_type = "mistral";
   else if (c.architecture == "Qwen2ForCausalLM") c.model_type = "qwen2";
+  else if (c.architecture == "Qwen3ForCausalLM") c.model_type = "qwen3";
   else
     fail(src, ": field 'architectures': '", c.architecture,
-         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+         "Qwen3ForCausalLM)");
+  const bool qwen = c.model_type == "qwen2" || c.model_type == "qwen3";
 
   c.vocab_size = r.integer("vocab_size");
   c.hidden_size = r.integer("hidden_size");
@@ -110,18 +113,30 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   c.num_attention_heads = r.integer("num_attention_heads");
   c.num_key_value_heads = r.integer("num_key_value_heads", c.num_attention_heads);
   QLORA_CHECK(c.num_attention_heads > 0, src, ": field 'num_attention_heads' must be > 0");
-  c.head_dim = r.integer("head_dim", c.hidden_size / c.num_attention_heads);
+  // Qwen3Config's head_dim defaults to 128; the others derive it (transformers: getattr(config,
+  // "head_dim", hidden_size // num_attention_heads)).
+  c.head_dim = r.integer("head_dim", c.model_type == "qwen3" ? 128 : c.hidden_size / c.num_attention_heads);
   c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
   c.max_position_embeddings = r.integer("max_position_embeddings", 2048);
   c.rope = parse_rope(r);
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
-  c.mlp_bias = r.boolean("mlp_bias", false);
-  if (c.model_type == "qwen2") {
-    c.qkv_bias = true;
+  if (qwen) {
+    // Qwen2: bias on q/k/v always, none on o_proj; Qwen3: attention_bias (default false) on all
+    // four, plus q_norm / k_norm. Neither has an MLP bias.
+    if (c.model_type == "qwen2") c.qkv_bias = true;
+    else c.attention_bias = r.boolean("attention_bias", false);
+    c.qk_norm = c.model_type == "qwen3";
     QLORA_CHECK(!r.boolean("use_sliding_window", false), src,
-                ": field 'use_sliding_window': true is not supported for Qwen2");
+                ": field 'use_sliding_window': true is not supported for ", c.model_type);
+    if (const json* lt = r.find("layer_types")) {
+      QLORA_CHECK(lt->is_array(), src, ": field 'layer_types': expected a list, got ", lt->dump());
+      for (const json& t : *lt)
+        QLORA_CHECK(t == "full_attention", src, ": field 'layer_types': ", t.dump(),
+                    " is not supported (only full_attention)");
+    }
   } else {
     c.attention_bias = r.boolean("attention_bias", false);
+    c.mlp_bias = r.boolean("mlp_bias", false);
   }
   if (c.model_type == "mistral") c.sliding_window = r.integer("sliding_window", 0);
   const std::string act = r.string("hidden_act", "silu");
@@ -159,6 +174,7 @@ int64_t ModelConfig::num_parameters() const {
   int64_t attn = hidden_size * q + 2 * hidden_size * kv + q * hidden_size;
   if (attention_bias) attn += q + 2 * kv + hidden_size;
   if (qkv_bias) attn += q + 2 * kv;
+  if (qk_norm) attn += 2 * head_dim;
   int64_t mlp = 3 * hidden_size * intermediate_size;
   if (mlp_bias) mlp += 2 * intermediate_size + hidden_size;
   const int64_t layer = attn + mlp + 2 * hidden_size;
@@ -191,8 +207,9 @@ json ModelConfig::to_hf_json() const {
                          {"high_freq_factor", rope.high_freq_factor},
                          {"original_max_position_embeddings", rope.original_max_position_embeddings}};
   }
-  if (model_type == "qwen2") {
+  if (model_type == "qwen2" || model_type == "qwen3") {
     j["use_sliding_window"] = false;
+    if (model_type == "qwen3") j["attention_bias"] = attention_bias;
   } else {
     j["attention_bias"] = attention_bias;
     j["mlp_bias"] = mlp_bias;

@@ -1,7 +1,8 @@
 // qlora-cpp: the decoder's shape, read from a Hugging Face config.json.
 //
-// Supported architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (transformers
-// `configuration_llama.py` / `configuration_mistral.py` / `configuration_qwen2.py`). Both the
+// Supported architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+// (transformers `configuration_llama.py` / `configuration_mistral.py` / `configuration_qwen2.py` /
+// `configuration_qwen3.py`, read with those classes' defaults). Both the
 // transformers 4.x spelling (rope_theta, rope_scaling, torch_dtype) and the 5.x one
 // (rope_parameters, dtype) are read.
 #pragma once
@@ -25,7 +26,7 @@ struct RopeConfig {
 /// Everything the decoder needs to know about its shape. Names are config.json's.
 struct ModelConfig {
   std::string architecture = "LlamaForCausalLM";  ///< HF class name
-  std::string model_type = "llama";               ///< llama | mistral | qwen2
+  std::string model_type = "llama";               ///< llama | mistral | qwen2 | qwen3
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -38,13 +39,15 @@ struct ModelConfig {
   int64_t max_position_embeddings = 4096;
   bool attention_bias = false;  ///< bias on q/k/v/o (Llama `attention_bias`)
   bool qkv_bias = false;        ///< bias on q/k/v only (Qwen2)
+  bool qk_norm = false;         ///< RMSNorm over head_dim on each q and k head before RoPE (Qwen3)
   bool mlp_bias = false;
   bool tie_word_embeddings = false;
   int64_t sliding_window = 0;   ///< 0 = none (Mistral's window, when set)
   std::string torch_dtype = "float32";  ///< dtype the weights were saved in
   int64_t bos_token_id = 1, eos_token_id = 2, pad_token_id = -1;  ///< -1 = unset
 
-  /// Parameters of the whole model (embeddings, all layers, final norm, untied lm_head).
+  /// Parameters of the whole model (embeddings, all layers, final norm, untied lm_head; a tied
+  /// lm_head is the embedding matrix and counts once).
   int64_t num_parameters() const;
   /// config.json object that transformers loads as this architecture (used by init-model and merge).
   nlohmann::json to_hf_json() const;
@@ -55,7 +58,9 @@ struct ModelConfig {
 
 /// Parses an HF config.json object. `source` names the file in errors. Throws qlora::Error naming
 /// the file and field for a missing required field, a wrong type, an unsupported architecture,
-/// rope type, activation, or an unsupported feature (e.g. Qwen2 use_sliding_window: true).
+/// rope type, activation, or an unsupported feature (e.g. Qwen2/Qwen3 use_sliding_window: true or a
+/// "sliding_attention" entry in layer_types). head_dim defaults to hidden_size / num_attention_heads,
+/// except for Qwen3, whose config class defaults it to 128.
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
 
 /// Reads MODEL_DIR/config.json. Throws qlora::Error for a missing directory or file, invalid JSON,

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
 
 #include "common/error.h"
@@ -273,6 +274,7 @@ TEST(MalformedGguf, ByteFlipsAndTruncationsNeverCrash) {
   size_t left = 0;
   for (const auto& e : fs::directory_iterator(dir)) left += e.path() != p;
   EXPECT_EQ(left, 0u);
+  std::cout << "byte flips / truncations: " << refused << " refused, " << imported << " imported, 0 crashes\n";
   EXPECT_GT(refused, 100);
   EXPECT_GT(imported, 10);
   fs::remove_all(dir);

@@ -40,143 +40,18 @@
 #include "trainer/merge.h"
 #include "trainer/model.h"
 #include "trainer/train.h"
+#include "peft_parity.h"
 
 namespace qlora {
 namespace {
-namespace fs = std::filesystem;
+using namespace peft_test;
 using json = nlohmann::json;
-using Refs = std::map<std::string, torch::Tensor>;
 
 constexpr double kGradTol = 1e-4;    // relative to the tensor's max |g_ref|
 constexpr double kStateTol = 1e-5;   // absolute, adapter weights after 5 AdamW steps
 constexpr double kLogitTol = 1e-4;   // absolute, fp32 logits (|logits| ≲ 1)
 
 const std::vector<std::string> kTargets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("qlora_lora_train_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-Refs load_refs(const fs::path& p) {
-  st::SafetensorsFile f(p.string());
-  Refs out;
-  for (const st::TensorInfo& t : f.tensors()) out[t.name] = load_tensor(f, t).clone();
-  return out;
-}
-
-double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
-double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
-}
-
-/// A data::Batch from [B, T] long tensors (right padding; segment 1 on real tokens).
-data::Batch to_batch(const torch::Tensor& ids, const torch::Tensor& labels, const torch::Tensor& mask) {
-  data::Batch b;
-  b.batch_size = ids.size(0);
-  b.seq_len = ids.size(1);
-  auto cp = [](const torch::Tensor& t) {
-    torch::Tensor c = t.to(torch::kInt32).contiguous();
-    return std::vector<int32_t>(c.data_ptr<int32_t>(), c.data_ptr<int32_t>() + c.numel());
-  };
-  b.input_ids = cp(ids);
-  b.labels = cp(labels);
-  b.attention_mask = cp(mask);
-  b.position_ids = cp((mask.cumsum(-1) - 1).clamp_min(0) * mask);
-  b.segment_ids = cp(mask);
-  for (int64_t r = 0; r < b.batch_size; ++r) b.example_ids.push_back(r);
-  return b;
-}
-
-TrainingConfig adamw_config(double weight_decay = 0.0) {
-  TrainingConfig t;
-  t.learning_rate = 1e-3;
-  t.adam_beta1 = 0.9;
-  t.adam_beta2 = 0.999;
-  t.adam_epsilon = 1e-8;
-  t.weight_decay = weight_decay;
-  return t;
-}
-
-/// Base + the adapter in `adapter_dir`, fp32 on the CPU, dropout as stored.
-LlamaModel with_adapter(const fs::path& base, const fs::path& adapter_dir) {
-  LlamaModel m = LlamaModel::load(base.string(), torch::kFloat32, torch::kCPU);
-  PeftConfig pc = read_peft_config(adapter_dir.string());
-  const LoraWeights w = load_peft_adapter(adapter_dir.string(), &pc, m.lora_shapes(pc.target_modules));
-  m.set_lora(w, lora_scale(pc.r, pc.lora_alpha, pc.use_rslora), pc.lora_dropout);
-  return m;
-}
-
-/// Loss and gradients of one step with lr 0 (a throwaway optimizer: the weights do not move).
-/// Returns the loss; gradients by "<module>.lora_A" / ".lora_B".
-double loss_and_grads(LlamaModel& m, const std::vector<data::Batch>& batches, Refs* grads) {
-  auto opt = make_adamw(m.lora_parameters(), adamw_config());
-  const StepResult r = train_step(m, *opt, batches, /*lr=*/0.0, /*max_grad_norm=*/0.0);
-  grads->clear();
-  for (const FrozenLinear* f : m.linears())
-    if (f->lora) {
-      (*grads)[f->name + ".lora_A"] = f->lora->A.grad().clone();
-      (*grads)[f->name + ".lora_B"] = f->lora->B.grad().clone();
-    }
-  return r.loss;
-}
-
-/// Logits at real (unpadded) positions only, [n_real, vocab]: what a padded query position
-/// computes is unspecified (transformers' sdpa path and ours differ there; nothing reads it).
-torch::Tensor real(const torch::Tensor& logits, const Refs& in) {
-  return logits.index({in.at("attention_mask").to(torch::kBool)});
-}
-
-/// Our logits for the fixture batch, real positions only.
-torch::Tensor logits_of(const LlamaModel& m, const Refs& in) {
-  torch::NoGradGuard ng;
-  ForwardInputs fi;
-  fi.input_ids = in.at("input_ids");
-  fi.attention_mask = in.at("attention_mask");
-  fi.position_ids = in.at("position_ids");
-  return real(m.forward(fi).to(torch::kFloat32), in);
-}
-
-std::string python() { return QLORA_PYTHON; }
-
-/// Runs tests/fixtures/peft_logits.py (transformers + PEFT) and returns its logits.
-torch::Tensor python_logits(const fs::path& model_dir, const std::string& adapter_dir, const Refs& in,
-                            const fs::path& work) {
-  const fs::path inp = work / "input.safetensors", out = work / "logits.safetensors", log = work / "python.log";
-  save_tensors(inp.string(), {{"input_ids", in.at("input_ids")},
-                              {"attention_mask", in.at("attention_mask")},
-                              {"position_ids", in.at("position_ids")}});
-  const std::string cmd = python() + " " + (test::source_dir() / "tests/fixtures/peft_logits.py").string() + " " +
-                          model_dir.string() + " " + adapter_dir + " " + out.string() + " " + inp.string() + " > " +
-                          log.string() + " 2>&1";
-  const int rc = std::system(cmd.c_str());
-  if (rc != 0) {
-    ADD_FAILURE() << "peft_logits.py failed (" << rc << "):\n" << read_file(log.string());
-    return {};
-  }
-  return real(load_refs(out).at("logits"), in);
-}
-
-#define QLORA_REQUIRE_PYTHON()                                                                \
-  if (python().empty()) FAIL() << "QLORA_PYTHON is empty (configure with the venv python; scripts/build.sh does)"
 
 // ---------------------------------------------------------------------------------------------
 // Gradient parity with PEFT
@@ -189,9 +64,10 @@ struct ParityRun {
   double max_grad_norm = 0.0;            ///< clip (0: none); the fixture's grad_norms are pre-clip
 };
 
+/// `family`: "" (the Llama runs) or "qwen2" / "qwen3" (peft/<family>/, same layout).
 void check_peft_parity(const std::string& base, const std::string& ref_file, const std::string& label,
-                       const ParityRun& run = {}) {
-  QLORA_REQUIRE_FIXTURE(root, "peft");
+                       const ParityRun& run = {}, const std::string& family = "") {
+  QLORA_REQUIRE_FIXTURE(root, family.empty() ? std::string("peft") : "peft/" + family);
   const Refs ref = load_refs(root / ref_file);
   LlamaModel m = with_adapter(root / base, root / run.adapter);
   m.training = true;
@@ -258,6 +134,41 @@ TEST(LoraPeftParity, RsLora) {
   QLORA_REQUIRE_FIXTURE(cfg, "peft/adapter_init_rslora/adapter_config.json");
   EXPECT_TRUE(read_peft_config(cfg.parent_path().string()).use_rslora);
   check_peft_parity("base", "ref_fp32_rslora.safetensors", "fp32 rslora", ParityRun{"adapter_init_rslora"});
+}
+
+// Qwen2 (q/k/v bias, tied embeddings) and Qwen3 (q_norm / k_norm, head_dim 32 != hidden/heads):
+// same bars as the Llama runs. The NF4 bases are bitsandbytes checkpoints whose biases are fp32.
+TEST(LoraPeftParity, Qwen2Fp32Base) { check_peft_parity("base", "ref_fp32.safetensors", "qwen2 fp32", {}, "qwen2"); }
+TEST(LoraPeftParity, Qwen2Nf4Base) { check_peft_parity("base_nf4", "ref_nf4.safetensors", "qwen2 nf4", {}, "qwen2"); }
+TEST(LoraPeftParity, Qwen3Fp32Base) { check_peft_parity("base", "ref_fp32.safetensors", "qwen3 fp32", {}, "qwen3"); }
+TEST(LoraPeftParity, Qwen3Nf4Base) { check_peft_parity("base_nf4", "ref_nf4.safetensors", "qwen3 nf4", {}, "qwen3"); }
+
+// Quantize-on-load of the 16-bit Qwen2 base gives bitsandbytes' bytes for every (bias-carrying)
+// linear, and the biases stay in the compute dtype, equal to the stored fp32 values.
+TEST(LoraPeftParity, Qwen2QuantizeOnLoadEqualsBitsandbytesAndKeepsBias) {
+  QLORA_REQUIRE_FIXTURE(root, "peft/qwen2");
+  QuantOptions q;
+  q.method = QuantOptions::Method::NF4;
+  const LlamaModel ours = LlamaModel::load((root / "base").string(), torch::kFloat32, torch::kCPU, q);
+  const LlamaModel bnb = LlamaModel::load((root / "base_nf4").string(), torch::kFloat32, torch::kCPU);
+  const LlamaModel plain = LlamaModel::load((root / "base").string(), torch::kFloat32, torch::kCPU);
+  const auto lo = ours.linears(), lb = bnb.linears(), lp = plain.linears();
+  int64_t with_bias = 0;
+  for (size_t i = 0; i < lo.size(); ++i) {
+    ASSERT_TRUE(lo[i]->quantized() && lb[i]->quantized()) << lo[i]->name;
+    EXPECT_TRUE(torch::equal(lo[i]->qweight->packed, lb[i]->qweight->packed)) << lo[i]->name;
+    EXPECT_TRUE(torch::equal(lo[i]->qweight->absmax_q, lb[i]->qweight->absmax_q)) << lo[i]->name;
+    EXPECT_TRUE(torch::equal(lo[i]->qweight->nested_absmax, lb[i]->qweight->nested_absmax)) << lo[i]->name;
+    EXPECT_EQ(lo[i]->qweight->offset, lb[i]->qweight->offset) << lo[i]->name;
+    ASSERT_EQ(lo[i]->bias.defined(), lp[i]->bias.defined()) << lo[i]->name;
+    if (!lo[i]->bias.defined()) continue;
+    ++with_bias;
+    EXPECT_EQ(lo[i]->bias.scalar_type(), torch::kFloat32) << lo[i]->name;
+    EXPECT_TRUE(torch::equal(lo[i]->bias, lp[i]->bias)) << lo[i]->name;
+    EXPECT_TRUE(torch::equal(lb[i]->bias, lp[i]->bias)) << lo[i]->name;
+  }
+  EXPECT_EQ(with_bias, 2 * 3);  // q/k/v of 2 layers
+  EXPECT_TRUE(ours.lm_head.is_same(ours.embed_tokens));  // tied, 16-bit
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -529,6 +440,17 @@ TEST(LoraMerge, TiedEmbeddingsShardedOutput) {
   cmd_merge(merge_opts(root / "base_tied", tmp.path / "adapter", tmp.path / "merged_bf16", "bf16"));
   const json cfg = json::parse(read_file((tmp.path / "merged_bf16" / "config.json").string()));
   EXPECT_EQ(cfg.value("torch_dtype", ""), "bfloat16");
+  EXPECT_TRUE(cfg.value("tie_word_embeddings", false));  // the merged model stays tied
+  EXPECT_TRUE(json::parse(read_file((out / "config.json").string())).value("tie_word_embeddings", false));
+  {
+    st::SafetensorsFile f((tmp.path / "merged_bf16" / "model.safetensors").string());
+    bool has_embed = false;
+    for (const st::TensorInfo& t : f.tensors()) {
+      EXPECT_NE(t.name, "lm_head.weight");
+      has_embed = has_embed || t.name == "model.embed_tokens.weight";
+    }
+    EXPECT_TRUE(has_embed);
+  }
   const torch::Tensor mb = logits_of(LlamaModel::load((tmp.path / "merged_bf16").string(), torch::kFloat32,
                                                       torch::kCPU), ref);
   EXPECT_LE(max_diff(mb, expect), 0.05);

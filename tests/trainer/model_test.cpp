@@ -78,8 +78,8 @@ TEST_P(Parity, LeftAndRightPaddingAgree) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Parity,
-                         ::testing::Values("llama_gqa", "llama_tied_llama3", "qwen2_bias", "mistral_sharded",
-                                           "mistral_window"));
+                         ::testing::Values("llama_gqa", "llama_tied_llama3", "qwen2_bias", "qwen3_qknorm",
+                                           "mistral_sharded", "mistral_window"));
 
 // Mistral's sliding window (5) on sequences of 12 and 7 tokens (mistral_window; Parity above
 // compares the logits): the same weights without the window give logits > 1e-2 away, so the
@@ -107,6 +107,57 @@ TEST(SlidingWindow, WindowShorterThanTheSequence) {
   const auto expect = j["new_ids"].get<std::vector<int64_t>>();
   ASSERT_GT(prompt.size() + expect.size(), 5u * 2) << "the reference generation does not pass the window";
   EXPECT_EQ(generate_tokens(m, prompt, g), expect);
+}
+
+// Tied embeddings (SmolLM2, Qwen2.5 <= 3B, Llama 3.2 1B/3B): no lm_head.weight in the checkpoint;
+// lm_head IS embed_tokens (one tensor), stays in the compute dtype when the decoder linears are
+// quantized on load, and is counted once.
+TEST(TiedEmbeddings, LmHeadIsTheEmbeddingAndStaysUnquantized) {
+  QLORA_REQUIRE_FIXTURE(dir, "models/llama_tied_llama3");
+  QuantOptions q;
+  q.method = QuantOptions::Method::NF4;
+  for (torch::Dtype dt : {torch::kFloat32, torch::kBFloat16}) {
+    LlamaModel m = LlamaModel::load(dir.string(), dt, torch::kCPU, q);
+    EXPECT_TRUE(m.config().tie_word_embeddings);
+    EXPECT_TRUE(m.lm_head.is_same(m.embed_tokens));
+    EXPECT_EQ(m.lm_head.scalar_type(), dt);
+    for (const FrozenLinear* f : m.linears()) EXPECT_TRUE(f->quantized()) << f->name;
+    for (const auto& [name, t] : m.named_tensors()) EXPECT_NE(name, "lm_head.weight");
+  }
+  LlamaModel plain = LlamaModel::load(dir.string(), torch::kFloat32, torch::kCPU);
+  int64_t n = 0;
+  for (const auto& [name, t] : plain.named_tensors()) n += t.numel();
+  EXPECT_EQ(n, plain.config().num_parameters());
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A LoRA target on lm_head or embed_tokens is refused with the reason (tied: it would change both);
+// the same for an adapter's target list (lora_shapes, used when loading a PEFT adapter).
+TEST(TiedEmbeddings, LoraOnLmHeadOrEmbeddingsIsRefusedWithTheReason) {
+  QLORA_REQUIRE_FIXTURE(tied, "models/llama_tied_llama3");
+  QLORA_REQUIRE_FIXTURE(untied, "models/llama_gqa");
+  LlamaModel m = LlamaModel::load(tied.string(), torch::kFloat32, torch::kCPU);
+  for (const std::string t : {"lm_head", "embed_tokens", "model.embed_tokens"}) {
+    const std::string e = error_of([&] { m.add_lora(4, 8, 0, {"q_proj", t}, false, 1); });
+    EXPECT_NE(e.find("lora.target_modules: '" + t + "' cannot carry a LoRA adapter"), std::string::npos) << e;
+    EXPECT_NE(e.find("tie_word_embeddings: true"), std::string::npos) << e;
+    EXPECT_NE(error_of([&] { m.lora_shapes({t}); }).find("cannot carry"), std::string::npos) << t;
+  }
+  for (const FrozenLinear* f : m.linears()) EXPECT_FALSE(f->lora) << "nothing attached on error";
+  LlamaModel u = LlamaModel::load(untied.string(), torch::kFloat32, torch::kCPU);
+  const std::string e = error_of([&] { u.add_lora(4, 8, 0, {"lm_head"}, false, 1); });
+  EXPECT_NE(e.find("stay frozen and unquantized"), std::string::npos) << e;
+  EXPECT_EQ(e.find("tie_word_embeddings"), std::string::npos) << e;
+  EXPECT_EQ(u.add_lora(4, 8, 0, {"all-linear"}, false, 1).size(), 7u);  // never lm_head
 }
 
 TEST(Generate, GreedyMatchesTransformersGenerate) {
@@ -171,6 +222,41 @@ TEST(ModelConfig, UnsupportedRopeTypeIsAnError) {
                       {"intermediate_size", 16}, {"num_hidden_layers", 1}, {"num_attention_heads", 2},
                       {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}};
   EXPECT_THROW(parse_model_config(j, "c.json"), Error);
+}
+
+nlohmann::json qwen3_json() {
+  return {{"architectures", {"Qwen3ForCausalLM"}}, {"vocab_size", 100}, {"hidden_size", 64},
+          {"intermediate_size", 128}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+          {"num_key_value_heads", 2}, {"tie_word_embeddings", true}};
+}
+
+// Qwen3's config class defaults: head_dim 128 (not hidden / heads), no bias, q/k norm; the parameter
+// count includes q_norm / k_norm and counts the tied embedding once; to_hf_json round-trips.
+TEST(ModelConfig, Qwen3DefaultsAndRoundTrip) {
+  ModelConfig c = parse_model_config(qwen3_json(), "q/config.json");
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.attention_bias || c.qkv_bias || c.mlp_bias);
+  const int64_t q = 4 * 128, kv = 2 * 128;
+  const int64_t layer = 64 * q * 2 + 64 * kv * 2 + 3 * 64 * 128 + 2 * 64 + 2 * 128;
+  EXPECT_EQ(c.num_parameters(), 100 * 64 + 2 * layer + 64);
+  ModelConfig back = parse_model_config(c.to_hf_json(), "round trip");
+  EXPECT_EQ(back.num_parameters(), c.num_parameters());
+  EXPECT_EQ(back.head_dim, 128);
+  EXPECT_TRUE(back.qk_norm && back.tie_word_embeddings);
+}
+
+TEST(ModelConfig, QwenSlidingWindowLayersAreRefusedByName) {
+  nlohmann::json j = qwen3_json();
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  EXPECT_NE(error_of([&] { parse_model_config(j, "q/config.json"); })
+                .find("q/config.json: field 'layer_types': \"sliding_attention\" is not supported"),
+            std::string::npos);
+  j = qwen3_json();
+  j["use_sliding_window"] = true;
+  EXPECT_NE(error_of([&] { parse_model_config(j, "q/config.json"); }).find("field 'use_sliding_window'"),
+            std::string::npos);
 }
 
 TEST(ModelConfig, PresetsRoundTripThroughHfJson) {
