@@ -158,8 +158,12 @@ TEST(LoraPeftParity, Qwen2QuantizeOnLoadEqualsBitsandbytesAndKeepsBias) {
     ASSERT_TRUE(lo[i]->quantized() && lb[i]->quantized()) << lo[i]->name;
     EXPECT_TRUE(torch::equal(lo[i]->qweight->packed, lb[i]->qweight->packed)) << lo[i]->name;
     EXPECT_TRUE(torch::equal(lo[i]->qweight->absmax_q, lb[i]->qweight->absmax_q)) << lo[i]->name;
-    EXPECT_TRUE(torch::equal(lo[i]->qweight->nested_absmax, lb[i]->qweight->nested_absmax)) << lo[i]->name;
-    EXPECT_EQ(lo[i]->qweight->offset, lb[i]->qweight->offset) << lo[i]->name;
+    // The nested (fp32) constants come from a mean over the block absmaxes, whose summation order
+    // differs from bitsandbytes' by fp32 ulps (measured: offsets print equal to 6 digits).
+    EXPECT_TRUE(torch::allclose(lo[i]->qweight->nested_absmax, lb[i]->qweight->nested_absmax, 1e-6, 0))
+        << lo[i]->name;
+    EXPECT_NEAR(lo[i]->qweight->offset, lb[i]->qweight->offset, 1e-6 * std::abs(lb[i]->qweight->offset))
+        << lo[i]->name;
     ASSERT_EQ(lo[i]->bias.defined(), lp[i]->bias.defined()) << lo[i]->name;
     if (!lo[i]->bias.defined()) continue;
     ++with_bias;
