@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -471,8 +473,9 @@ TEST_F(Cases, DiskFullDuringTheRunIsAnErrorAndNoLineIsLost) {
     return slow + " " + QLORA_BIN + " train " + (case_dir(cs) / "config.yaml").string() + " --set output_dir=" +
            out.string() + " --set model.path=" + tiny.string() + " --set data.train=" + data.string() + " " + extra;
   };
-  // 1. The case as given (no checkpoints): the disk fills after step 3; only metrics lines are
-  // written then, so the run must stop with metrics.jsonl named, and write no summary.
+  // 1. The case as given (save_steps 0; the only checkpoint is the end of epoch 0 at step 10): the
+  // disk fills after step 3; the run stops at the first failing write (a metrics line, or that
+  // checkpoint) naming the file, keeps every line before it, and writes no summary.
   fs::path log = w / "1.log";
   pid_t pid = start(cmd(""), log);
   ASSERT_TRUE(wait_for_line(log, "step 3/", pid)) << qlora::read_file(log.string());
@@ -481,7 +484,7 @@ TEST_F(Cases, DiskFullDuringTheRunIsAnErrorAndNoLineIsLost) {
   std::string text = qlora::read_file(log.string());
   EXPECT_EQ(rc, 1) << text;
   std::string err = line_with(text, "error:");
-  EXPECT_TRUE(contains(err, "cannot write " + (out / "metrics.jsonl").string() + ": No space left on device")) << text;
+  EXPECT_TRUE(contains(err, "cannot write " + out.string() + "/") && contains(err, ": No space left on device")) << text;
   EXPECT_FALSE(fs::exists(out / "summary.json")) << "no summary may claim a complete run";
   const auto partial = metric_steps(out);
   for (size_t i = 0; i < partial.size(); ++i) EXPECT_EQ(partial[i], int64_t(i + 1)) << "no line lost before the error";
