@@ -151,6 +151,14 @@ json parse_value(const std::string& text) {
     const int64_t off = std::count(text.begin(), text.begin() + upto, '\n');
     const bool utf8 = msg.find("UTF-8") != std::string::npos;
     throw BadRecord{utf8 ? "invalid UTF-8" : "invalid JSON", "invalid JSON: " + msg, off};
+  } catch (const json::exception& e) {
+    // e.g. out_of_range 406 "number overflow parsing '1e999'" (found by tests/fuzz/fuzz_dataset.cpp)
+    std::string msg = e.what();
+    const size_t close = msg.find("] ");
+    if (close != std::string::npos) msg = msg.substr(close + 2);
+    if (msg.size() > 160) msg = msg.substr(0, 160) + "...";
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    throw BadRecord{"invalid JSON", "invalid JSON: " + msg, 0};
   }
 }
 

@@ -54,6 +54,7 @@ TEST(BadInputData, EachFileNamesFileLineAndProblem) {
   expect_error("non_utf8.txt", "3: invalid UTF-8 at byte offset ");
   expect_error("empty.json", "1: empty file (no records)");
   expect_error("unterminated.json", "3: unterminated string");
+  expect_error("number_overflow.jsonl", "2: invalid JSON: number overflow");  // found by fuzz_dataset
   EXPECT_NE(error_of("/nonexistent/x.json").find("/nonexistent/x.json: dataset file not found"), std::string::npos);
 }
 

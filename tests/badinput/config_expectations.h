@@ -35,6 +35,7 @@ inline const std::map<std::string, BadConfigExpect>& bad_config_expectations() {
       {"misspelt_learning_rate.yaml", {8, "training.lerning_rate: unknown key; did you mean \"learning_rate\"?"}},
       {"model_missing.yaml", {0, "model: required section is missing"}},
       {"negative_learning_rate.yaml", {7, "training.learning_rate: expected a positive number, got -2e-4"}},
+      {"non_utf8_value.yaml", {5, "not valid UTF-8"}},  // found by fuzz_config
       {"nothing_to_train.yaml", {8, "nothing to train"}},
       {"only_comment.yaml", {0, "the config is empty"}},
       {"preset_without_random_init.yaml", {3, "model.preset: a preset has no weights; set model.init: random"}},

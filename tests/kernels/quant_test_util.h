@@ -2,6 +2,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -47,6 +48,17 @@ std::vector<T> read_bin(const std::filesystem::path& p) {
   std::vector<T> v(size / sizeof(T));
   f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(size));
   return v;
+}
+
+/// Distance of two finite floats in float32 ulps (representable values between them).
+inline int64_t ulp_distance(float a, float b) {
+  auto ordered = [](float f) {
+    int32_t i;
+    std::memcpy(&i, &f, 4);
+    return i < 0 ? int64_t{INT32_MIN} - i : int64_t{i};
+  };
+  const int64_t d = ordered(a) - ordered(b);
+  return d < 0 ? -d : d;
 }
 
 /// Index of the first differing byte of two equally sized arrays, or -1.

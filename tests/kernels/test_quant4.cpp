@@ -185,6 +185,19 @@ void expect_nested_codes_ok(const std::vector<float>& absmax, float offset,
   EXPECT_EQ(differ, 0u) << "absmax_q differs in " << differ << " of " << ours.size();
 }
 
+// Our double-quant offset vs torch's float32 mean (bnb's): at most this many float32 ulps apart.
+// Measured 2026-11-30 on the fixtures: see the "[quant4 bnb] offset" line the test prints.
+constexpr int64_t kOffsetUlps = 2;
+struct OffsetStats {
+  int cases = 0, identical = 0;
+  int64_t worst = 0;
+  void add(int64_t ulps) {
+    ++cases;
+    identical += ulps == 0;
+    worst = std::max(worst, ulps);
+  }
+} g_offset_stats;
+
 struct Fixture {
   std::filesystem::path dir;
   nlohmann::json manifest;
@@ -212,17 +225,26 @@ void check_case(const Fixture& f, const nlohmann::json& c) {
   EXPECT_EQ(first_diff(ours.absmax, bnb_absmax), -1) << "absmax";
 
   // The production CPU path directly against bnb, double quant included, with OUR offset
-  // (absmax_mean_ref over our absmax), not bnb's: packed, absmax, offset, absmax_q, nested_absmax.
+  // (absmax_mean_ref over our absmax), not bnb's: packed, absmax and absmax_q byte for byte; the
+  // offset within kOffsetUlps float32 ulps of torch's float32 mean (docs/quantization.md: we sum in
+  // double in a fixed order; torch's vectorised float sum depends on the CPU's vector width), and
+  // nested_absmax = max|absmax − offset| within that offset difference plus one rounding.
   {
     const Quantized prod = run_quantize<T, false>(x, bs, t, true);
     EXPECT_EQ(first_diff(prod.packed, bnb_packed), -1) << "packed bytes (production cpu path)";
     EXPECT_EQ(first_diff(prod.absmax, bnb_absmax), -1) << "absmax (production cpu path)";
     const float bnb_off = c["offset"];
-    EXPECT_EQ(std::memcmp(&prod.offset, &bnb_off, 4), 0)
-        << "offset (ours, computed) " << prod.offset << " vs bnb " << bnb_off;
+    const int64_t ulps = qlora::test::ulp_distance(prod.offset, bnb_off);
+    EXPECT_LE(ulps, kOffsetUlps) << "offset (ours, computed) " << prod.offset << " vs bnb " << bnb_off;
+    g_offset_stats.add(ulps);
     expect_nested_codes_ok(prod.absmax, prod.offset, prod.nested_absmax, prod.absmax_q,
                            bin<uint8_t>(f, c["absmax_q"]));
-    EXPECT_EQ(first_diff(prod.nested_absmax, bin<float>(f, c["nested_absmax"])), -1) << "nested_absmax (production)";
+    const auto bnb_nested = bin<float>(f, c["nested_absmax"]);
+    ASSERT_EQ(prod.nested_absmax.size(), bnb_nested.size());
+    for (size_t i = 0; i < bnb_nested.size(); ++i)
+      EXPECT_LE(std::fabs(prod.nested_absmax[i] - bnb_nested[i]),
+                std::fabs(prod.offset - bnb_off) + std::nextafter(bnb_nested[i], INFINITY) - bnb_nested[i])
+          << "nested_absmax[" << i << "] (production)";
   }
 
   // double quant: offset = torch's float32 mean — ours sums in double (see quant4.h), so it may
@@ -346,4 +368,6 @@ TEST(Quant4Bnb, ByteExactWithBitsandbytesCpu) {
     else if (dt == "bf16") check_case<k::BF16Bits>(f, c);
     else check_case<k::FP16Bits>(f, c);
   }
+  std::cout << "[quant4 bnb] offset: ours == bnb's bit for bit in " << g_offset_stats.identical << " of "
+            << g_offset_stats.cases << " cases, worst " << g_offset_stats.worst << " ulp\n";
 }

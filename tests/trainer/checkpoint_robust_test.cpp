@@ -51,10 +51,14 @@ class CheckpointRobust : public ::testing::Test {
   static fs::path root;
   static qlora::test::SuiteSetup setup;
   static void SetUpTestSuite() {
-    root = qlora::test::fresh_temp_dir("ckpt_robust");
-    Out o = qlora::test::make_tiny_run(root, 1);
-    if (!setup.expect(o.status == 0, "qlora init-model for the tiny run failed", o.out)) return;
-    std::ofstream(root / "data2.json") << qlora::read_file((root / "data.json").string());  // same examples, another file
+    try {
+      root = qlora::test::fresh_temp_dir("ckpt_robust");
+      Out o = qlora::test::make_tiny_run(root, 1);
+      if (!setup.expect(o.status == 0, "qlora init-model for the tiny run failed", o.out)) return;
+      std::ofstream(root / "data2.json") << qlora::read_file((root / "data.json").string());  // same examples, another file
+    } catch (const std::exception& e) {
+      setup.expect(false, std::string("exception: ") + e.what());
+    }
   }
   static void TearDownTestSuite() { fs::remove_all(root); }
   void SetUp() override { QLORA_CHECK_SUITE_SETUP(setup); }

@@ -30,9 +30,13 @@ class Resume : public ::testing::Test {
   static fs::path root;
   static qlora::test::SuiteSetup setup;
   static void SetUpTestSuite() {
-    root = qlora::test::fresh_temp_dir("resume");
-    Out o = qlora::test::make_tiny_run(root, 0);
-    setup.expect(o.status == 0, "qlora init-model for the tiny run failed", o.out);
+    try {
+      root = qlora::test::fresh_temp_dir("resume");
+      Out o = qlora::test::make_tiny_run(root, 0);
+      setup.expect(o.status == 0, "qlora init-model for the tiny run failed", o.out);
+    } catch (const std::exception& e) {
+      setup.expect(false, std::string("exception: ") + e.what());
+    }
   }
   void SetUp() override { QLORA_CHECK_SUITE_SETUP(setup); }
   static void TearDownTestSuite() { fs::remove_all(root); }
