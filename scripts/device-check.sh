@@ -249,6 +249,13 @@ if ((ISOLATE)); then
        -DCMAKE_C_COMPILER="$(command -v cc)" -DCMAKE_CXX_COMPILER="$(command -v c++)")
 fi
 export CUDA_MODULE_LOADING=LAZY
+# here (dry run) the shared machine's compiler cache, if any; the device has none and builds once
+LAUNCHER=()
+if ((DRY)) && command -v ccache >/dev/null; then
+  # shellcheck source=env.sh
+  source "$ROOT/scripts/env.sh"
+  LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 s_configure() {
   [ -s "$RUN/cuda-host" ] && CUDA_HOST=(-DCMAKE_CUDA_HOST_COMPILER="$(cat "$RUN/cuda-host")")
   rm -f "$BUILD/CMakeCache.txt"   # fresh find results every run (objects are kept)
@@ -257,7 +264,7 @@ s_configure() {
     -DPKG_CONFIG_EXECUTABLE="$BUILD/tools/pkg-config" \
     -DPython3_EXECUTABLE="$TPY" -DQLORA_PYTHON="$TPY" \
     -DQLORA_BUILD_TESTS=ON -DQLORA_BUILD_BENCH=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
-    "${CUDA_OPT[@]}" "${CUDA_HOST[@]}" "${ISO[@]}" || return $?
+    "${CUDA_OPT[@]}" "${CUDA_HOST[@]}" "${ISO[@]}" "${LAUNCHER[@]}" || return $?
   # what CMake picked, and that every carried package came from the prefix
   grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|benchmark_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece|Torch_DIR|CMAKE_CUDA_COMPILER|CMAKE_CUDA_HOST_COMPILER):' \
     "$BUILD/CMakeCache.txt" | sed 's/^/  /'

@@ -11,7 +11,8 @@
 #       name, status, seconds, note): ok | FAIL(rc) | TIMEOUT (killed at the deadline) | NOTIME
 #       (fewer than MIN_LEFT seconds left: not started) | SKIP (not in QLORA_STEPS, a comma-separated
 #       list of glob patterns, for a rerun of some steps). MIN_LEFT < 0: runs even after the deadline,
-#       limited to -MIN_LEFT seconds (the report). Returns FN's status (124: killed, 125: not started).
+#       limited to -MIN_LEFT seconds (the report). Returns FN's status (124: killed, 125: not started
+#       for lack of time; 0 for SKIP, which is no failure).
 #   ds_failed                   0 when no step failed, timed out or was left without time
 #   ds_pick_cuda_host NVCC      prints "" (nvcc's default host compiler works) or the path of a g++
 #                               nvcc accepts; returns 1 with the reason on stderr when none does.
@@ -42,7 +43,7 @@ ds__row() {  # NAME STATUS SECONDS NOTE
 
 ds_run() {
   local name="$1" min_left="$2" lname="$3" log="$DS_RES/$3"; shift 3
-  if ! ds_selected "$name"; then ds__row "$name" SKIP 0 "not in QLORA_STEPS"; return 125; fi
+  if ! ds_selected "$name"; then ds__row "$name" SKIP 0 "not in QLORA_STEPS"; return 0; fi
   local left secs
   left=$(ds_left)
   if ((min_left >= 0)); then

@@ -34,12 +34,13 @@ namespace fs = std::filesystem;
 // 1e-8 lets a gradient element within rounding of zero flip its update by ±lr: a discontinuity, not
 // an error); with it an update moves by at most lr/eps × the gradient's error. 1e-4 is >10× that.
 constexpr double kFp32Tol = 1e-4;
-// bf16: 8 significant bits (2^-9 ≈ 2e-3 per rounding); the CPU bf16 run of this harness differs from
-// fp32 by GpuPrepParity's printed amounts (~1e-2 on losses/gradients, issue 15's calibration here);
-// CUDA's bf16 kernels round at the same places. Tolerance 3× the CPU calibration's worst.
-constexpr double kBf16LossTol = 3e-2, kBf16TensorTol = 0.15;
+// bf16: 8 significant bits (2^-9 ≈ 2e-3 per rounding). Calibrated here with this harness, CPU bf16
+// against CPU fp32 (2026-11-30, GpuPrepParity): loss 1.9e-4, step-1 gradients 0.134, adapter after
+// 5 steps 0.215 (small LoRA tensors: the bf16 gradient of each is a few % off, and Adam normalises
+// it). CUDA's bf16 kernels round at the same places; the tolerances are ~3× those gaps.
+constexpr double kBf16LossTol = 1e-3, kBf16GradTol = 0.4, kBf16TensorTol = 0.65;
 
-struct Run {
+struct TrainRun {
   std::vector<double> losses;
   std::vector<torch::Tensor> grads1;  // step-1 gradients (CPU fp32)
   std::vector<torch::Tensor> params;  // final LoRA A/B (CPU fp32)
@@ -67,7 +68,7 @@ data::Batch make_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, int64
   return b;
 }
 
-Run train_run(const torch::Device& dev, torch::Dtype dtype, int steps = 5) {
+TrainRun train_run(const torch::Device& dev, torch::Dtype dtype, int steps = 5) {
   ModelConfig cfg = preset_config("small");
   cfg.vocab_size = 2048;
   QuantOptions q;
@@ -81,7 +82,7 @@ Run train_run(const torch::Device& dev, torch::Dtype dtype, int steps = 5) {
   TrainingConfig tc;
   tc.adam_epsilon = 1e-6;
   auto opt = make_adamw(m.lora_parameters(), tc);
-  Run run;
+  TrainRun run;
   for (int s = 0; s < steps; ++s) {
     const StepResult r = train_step(m, *opt, {make_batch(2, 96, cfg.vocab_size, 100 + s, 24)}, 1e-3, 1.0);
     EXPECT_FALSE(r.skipped) << "step " << s + 1;
@@ -103,7 +104,7 @@ struct Gap {
   double loss = 0, grad = 0, param = 0;
 };
 
-Gap gap(const Run& a, const Run& ref) {
+Gap gap(const TrainRun& a, const TrainRun& ref) {
   Gap g;
   EXPECT_EQ(a.losses.size(), ref.losses.size());
   EXPECT_EQ(a.params.size(), ref.params.size());
@@ -119,24 +120,26 @@ Gap gap(const Run& a, const Run& ref) {
   return g;
 }
 
-const Run& cpu_fp32() {
-  static const Run r = train_run(torch::kCPU, torch::kFloat32);
+const TrainRun& cpu_fp32() {
+  static const TrainRun r = train_run(torch::kCPU, torch::kFloat32);
   return r;
 }
 
 // The harness on the CPU: bf16 compute lands inside the bf16 tolerance but outside the fp32 one,
 // so the CUDA cases below can tell a precision problem from rounding.
 TEST(GpuPrepParity, HarnessSeparatesFp32FromBf16) {
-  const Run& ref = cpu_fp32();
+  const TrainRun& ref = cpu_fp32();
   ASSERT_EQ(ref.losses.size(), 5u);
-  EXPECT_LT(ref.losses.back(), ref.losses.front());  // it trains
-  const Run again = train_run(torch::kCPU, torch::kFloat32);
+  double moved = 0;  // it trains: every B starts at zero
+  for (size_t i = 1; i < ref.params.size(); i += 2) moved += ref.params[i].abs().sum().item<double>();
+  EXPECT_GT(moved, 0.0);
+  const TrainRun again = train_run(torch::kCPU, torch::kFloat32);
   const Gap same = gap(again, ref);
   EXPECT_EQ(same.loss, 0.0);
   EXPECT_EQ(same.param, 0.0);
   const Gap g = gap(train_run(torch::kCPU, torch::kBFloat16), ref);
   EXPECT_LT(g.loss, kBf16LossTol);
-  EXPECT_LT(g.grad, kBf16TensorTol);
+  EXPECT_LT(g.grad, kBf16GradTol);
   EXPECT_LT(g.param, kBf16TensorTol);
   EXPECT_GT(std::max({g.loss, g.grad, g.param}), kFp32Tol);
 }
@@ -153,7 +156,7 @@ TEST(CudaTraining, Bf16WithinBf16ToleranceOfCpuFp32) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
   const Gap g = gap(train_run(torch::Device(torch::kCUDA), torch::kBFloat16), cpu_fp32());
   EXPECT_LT(g.loss, kBf16LossTol);
-  EXPECT_LT(g.grad, kBf16TensorTol);
+  EXPECT_LT(g.grad, kBf16GradTol);
   EXPECT_LT(g.param, kBf16TensorTol);
 }
 
