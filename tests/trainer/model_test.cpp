@@ -102,7 +102,7 @@ TEST(SlidingWindow, WindowShorterThanTheSequence) {
   auto j = nlohmann::json::parse(in);
   GenerateOptions g;
   g.max_new_tokens = 16;
-  g.eos_token_id = 2;
+  g.eos_token_ids = {2};
   const auto prompt = j["prompt_ids"].get<std::vector<int64_t>>();
   const auto expect = j["new_ids"].get<std::vector<int64_t>>();
   ASSERT_GT(prompt.size() + expect.size(), 5u * 2) << "the reference generation does not pass the window";
