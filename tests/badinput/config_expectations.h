@@ -26,6 +26,7 @@ inline const std::map<std::string, BadConfigExpect>& bad_config_expectations() {
       {"field_map_value_list.yaml", {6, "data.field_map.instruction: expected a name, got a list"}},
       {"integer_overflow.yaml", {6, "data.sequence_len: expected a positive integer"}},
       {"keep_last_zero.yaml", {7, "checkpoint.keep_last: expected an integer >= 1, got 0"}},
+      {"leading_comma.yaml", {2, "YAML syntax error: ',' outside a flow collection"}},
       {"lora_alpha_string.yaml", {8, "lora.alpha: expected a positive number, got \"32\" (a quoted string)"}},
       {"lora_r_negative.yaml", {7, "lora.r: expected a positive integer, got -8"}},
       {"malformed_indent.yaml", {5, "YAML syntax error"}},

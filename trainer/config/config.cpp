@@ -875,8 +875,29 @@ const std::vector<std::string>& known_lora_targets() {
   return targets;
 }
 
+/// yaml-cpp 0.7 never returns (its memory grows without bound) on a document whose first token is
+/// a flow entry ','; found by fuzz_config (tests/fuzz/findings/config_memory_blowup.yaml). YAML
+/// forbids a ',' there anyway, so it is refused before yaml-cpp sees the text.
+static void reject_leading_flow_entry(const std::string& text, const std::string& source_name) {
+  std::istringstream lines(text);
+  std::string line;
+  bool doc_start = true;
+  for (int64_t n = 1; std::getline(lines, line); ++n) {
+    if (line.rfind("---", 0) == 0) {
+      doc_start = true;
+      line = line.substr(3);
+    }
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line[first] == '#' || (doc_start && line[first] == '%')) continue;
+    if (doc_start && line[first] == ',')
+      fail(source_name, ":", n, ": YAML syntax error: ',' outside a flow collection ([...] or {...})");
+    doc_start = false;
+  }
+}
+
 Config parse_config_string(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides) {
+  reject_leading_flow_entry(yaml_text, source_name);
   Context ctx{source_name, {}};
   if (const size_t bad = invalid_utf8_at(yaml_text); bad != std::string::npos)
     fail(source_name, ":", 1 + std::count(yaml_text.begin(), yaml_text.begin() + bad, '\n'),
