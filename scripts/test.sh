@@ -42,7 +42,7 @@ if [ "$ctest_rc" != 0 ] || [ "$skips_rc" != 0 ]; then
   exit 1
 fi
 # The GPU check script's CPU part (docs/gpu.md): syntax, and the dequant bench in CPU mode.
-bash -n "$QLORA_ROOT/scripts/device-check.sh" "$QLORA_ROOT/scripts/device-prepare.sh"
+for f in device-check.sh device-prepare.sh device-lib.sh fuzz.sh; do bash -n "$QLORA_ROOT/scripts/$f"; done
 if [ -x "$QLORA_BUILD/bench/quant4/bench_quant4" ]; then
   echo "[test] GPU check, CPU dry run: bench_quant4 cpu"
   "$QLORA_BUILD/bench/quant4/bench_quant4" cpu 1
