@@ -171,6 +171,13 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::string>* skipped,
                                     const std::string& run_id) {
   for (const std::string& c : list_checkpoints(dir)) {
+    // Integrity first: a damaged checkpoint is reported by the file that fails (its run id may be
+    // unreadable because of that damage), then ownership.
+    const std::string why = verify_checkpoint(c);
+    if (!why.empty()) {
+      if (skipped) skipped->push_back(c + ": " + why);
+      continue;
+    }
     if (!run_id.empty()) {
       const std::string other = checkpoint_run_id(c);
       if (other != run_id) {
@@ -178,9 +185,7 @@ std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::str
         continue;
       }
     }
-    const std::string why = verify_checkpoint(c);
-    if (why.empty()) return c;
-    if (skipped) skipped->push_back(c + ": " + why);
+    return c;
   }
   return "";
 }
