@@ -11,6 +11,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -875,33 +876,55 @@ const std::vector<std::string>& known_lora_targets() {
   return targets;
 }
 
-/// yaml-cpp 0.7 never returns (its memory grows without bound) on a document whose first token is
-/// a flow entry ','; found by fuzz_config (tests/fuzz/findings/config_memory_blowup.yaml). YAML
-/// forbids a ',' there anyway, so it is refused before yaml-cpp sees the text.
+/// yaml-cpp 0.7 may never return (its memory grows without bound) on a ',' that starts a line
+/// outside a flow collection (found by fuzz_config: tests/fuzz/corpus/crashes/config/). YAML forbids
+/// it there (a plain scalar cannot start with ','), so it is refused before yaml-cpp sees the text.
+/// Flow depth is tracked roughly ('[' '{' vs ']' '}' outside quotes and comments); when unsure
+/// (depth > 0) the line is left to yaml-cpp.
 static void reject_leading_flow_entry(const std::string& text, const std::string& source_name) {
+  // YAML allows no C0 control character but tab, LF and CR (YAML 1.2, 5.1); yaml-cpp hangs on some.
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 && c != '\t' && c != '\n' && c != '\r')
+      fail(source_name, ":", 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(i), '\n'),
+           ": YAML syntax error: control character 0x", "0123456789ABCDEF"[c >> 4], "0123456789ABCDEF"[c & 15],
+           " at byte ", i, " (YAML text allows only tab, LF and CR)");
+  }
   std::istringstream lines(text);
   std::string line;
-  bool doc_start = true;
+  int64_t depth = 0;
   for (int64_t n = 1; std::getline(lines, line); ++n) {
-    if (line.rfind("---", 0) == 0) {
-      doc_start = true;
-      line = line.substr(3);
-    }
     const size_t first = line.find_first_not_of(" \t\r");
-    if (first == std::string::npos || line[first] == '#' || (doc_start && line[first] == '%')) continue;
-    if (doc_start && line[first] == ',')
+    if (first == std::string::npos) continue;
+    if (depth == 0 && line[first] == ',')
       fail(source_name, ":", n, ": YAML syntax error: ',' outside a flow collection ([...] or {...})");
-    doc_start = false;
+    char quote = 0;
+    for (size_t i = first; i < line.size(); ++i) {
+      const char c = line[i];
+      const char prev = i > first ? line[i - 1] : ' ';
+      if (quote) {
+        if (c == '\\' && quote == '"') ++i;
+        else if (c == quote) quote = 0;
+      } else if (c == '#' && (prev == ' ' || prev == '\t')) {
+        break;
+      } else if ((c == '"' || c == '\'') && std::strchr(" \t:[{,", prev)) {
+        quote = c;
+      } else if (c == '[' || c == '{') {
+        ++depth;
+      } else if ((c == ']' || c == '}') && depth > 0) {
+        --depth;
+      }
+    }
   }
 }
 
 Config parse_config_string(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides) {
-  reject_leading_flow_entry(yaml_text, source_name);
   Context ctx{source_name, {}};
   if (const size_t bad = invalid_utf8_at(yaml_text); bad != std::string::npos)
     fail(source_name, ":", 1 + std::count(yaml_text.begin(), yaml_text.begin() + bad, '\n'),
          ": not valid UTF-8 (byte ", bad, "; YAML text must be UTF-8)");
+  reject_leading_flow_entry(yaml_text, source_name);
   std::vector<YAML::Node> docs;
   try {
     docs = YAML::LoadAll(yaml_text);
