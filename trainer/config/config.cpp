@@ -896,7 +896,20 @@ static void reject_leading_flow_entry(const std::string& text, const std::string
   for (int64_t n = 1; std::getline(lines, line); ++n) {
     const size_t first = line.find_first_not_of(" \t\r");
     if (first == std::string::npos) continue;
-    if (depth == 0 && line[first] == ',')
+    // A ',' preceded on its line only by spaces, indicators (- ? : | >) and tag/anchor/alias
+    // tokens would start a plain scalar, which YAML forbids (" ,key", "!,s", "!!str,": each hangs
+    // yaml-cpp 0.7).
+    size_t k = 0;  // skip spaces, block indicators and tag/anchor/alias tokens ("!!str", "&a")
+    while (k < line.size()) {
+      if (std::strchr(" \t\r-?:|>", line[k])) {
+        ++k;
+      } else if (line[k] == '!' || line[k] == '&' || line[k] == '*') {
+        while (k < line.size() && line[k] != ' ' && line[k] != '\t' && line[k] != ',') ++k;
+      } else {
+        break;
+      }
+    }
+    if (depth == 0 && k < line.size() && line[k] == ',')
       fail(source_name, ":", n, ": YAML syntax error: ',' outside a flow collection ([...] or {...})");
     char quote = 0;
     for (size_t i = first; i < line.size(); ++i) {
