@@ -283,7 +283,7 @@ s_prefix_check() {
   local deps leaked libs
   if [ "${GEN[1]}" = Ninja ]; then deps="$("$NINJA" -C "$BUILD" -t deps)"
   else deps="$(find "$BUILD" \( -name '*.d' -o -name compiler_depend.make \) -exec cat {} +)"; fi
-  leaked="$(echo "$deps" | grep -oE '(^|[[:space:]])/usr/include/(x86_64-linux-gnu/)?(nlohmann|yaml-cpp|spdlog|fmt|CLI|openssl|gtest|gmock|benchmark|sentencepiece)[^ :]*' | sort -u)"
+  leaked="$(echo "$deps" | grep -oE '(^|[[:space:]])/usr/include/(x86_64-linux-gnu/)?(nlohmann|yaml-cpp|spdlog|fmt|CLI|openssl|gtest|gmock|benchmark|sentencepiece|pcre2|utf8proc|yaml\.h)[^ :]*' | sort -u)"
   [ -z "$leaked" ] || { echo "headers taken from /usr/include, not the carried prefix:"; echo "$leaked" | head -20; return 1; }
   libs="$(ldd "$TK" 2>&1)"; echo "$libs"
   if echo "$libs" | grep -q 'not found' || echo "$libs" | grep -E 'libspdlog|libfmt|libcrypto' | grep -vq "$PREFIX"; then
@@ -419,7 +419,7 @@ EOF
     local pd leaked
     if [ "${GEN[1]}" = Ninja ]; then pd="$("$NINJA" -C "$probe/build" -t deps 2>/dev/null)"
     else pd="$(find "$probe/build" \( -name '*.d' -o -name compiler_depend.make \) -exec cat {} +)"; fi
-    leaked="$(echo "$pd" | grep -oE '(^|[[:space:]])/usr/include/(x86_64-linux-gnu/)?(nlohmann|yaml-cpp|spdlog|fmt|CLI|openssl|gtest|gmock|benchmark|sentencepiece)[^ :]*' | tr -d '[:blank:]' | sort -u)"
+    leaked="$(echo "$pd" | grep -oE '(^|[[:space:]])/usr/include/(x86_64-linux-gnu/)?(nlohmann|yaml-cpp|spdlog|fmt|CLI|openssl|gtest|gmock|benchmark|sentencepiece|pcre2|utf8proc|yaml\.h)[^ :]*' | tr -d '[:blank:]' | sort -u)"
     [ -z "$leaked" ] || { echo "probe took headers from /usr/include:"; echo "$leaked" | head; return 1; }
   fi
 }

@@ -24,6 +24,9 @@ FIXT="$DEV/fixtures"
 PKGS=(
   nlohmann-json3-dev
   libyaml-cpp-dev libyaml-cpp0.7
+  libyaml-dev libyaml-0-2
+  libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
+  libutf8proc-dev libutf8proc2
   libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
   libcli11-dev
   libsentencepiece-dev libsentencepiece0

@@ -7,7 +7,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
-DEBS=(libsentencepiece-dev libpcre2-dev libutf8proc-dev libgloo-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libssl-dev
+DEBS=(libsentencepiece-dev libyaml-dev libpcre2-dev libutf8proc-dev libgloo-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libssl-dev
       libgtest-dev libbenchmark-dev ccache cmake g++ pkg-config python3-venv
       clang-14 libclang-rt-14-dev)  # clang + libFuzzer: scripts/fuzz.sh
 missing=()

@@ -1,7 +1,6 @@
 #include "trainer/checkpoint.h"
 
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +14,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/tensor_io.h"
+#include "common/yaml.h"
 
 namespace qlora {
 namespace fs = std::filesystem;
@@ -57,16 +57,24 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"data_sha256", s.data_sha256}};
 }
 
-void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>* out) {
-  if (n.IsMap()) {
-    for (const auto& kv : n) flatten(kv.second, prefix.empty() ? kv.first.as<std::string>() : prefix + "." + kv.first.as<std::string>(), out);
-  } else if (n.IsScalar()) {
-    (*out)[prefix] = n.as<std::string>();
+/// Dotted key -> value text of every leaf of a config tree (lists and maps below a key: flow text).
+void flatten(const yaml::Node& n, const std::string& prefix, std::map<std::string, std::string>* out) {
+  if (n.is_map()) {
+    for (const auto& [k, v] : n.entries) {
+      const std::string name = k.is_scalar() ? k.value : yaml::to_flow(k);
+      flatten(v, prefix.empty() ? name : prefix + "." + name, out);
+    }
+  } else if (n.is_scalar()) {
+    (*out)[prefix] = n.value;
   } else {
-    YAML::Emitter e;
-    e << YAML::Flow << n;
-    (*out)[prefix] = e.c_str();
+    (*out)[prefix] = yaml::to_flow(n);
   }
+}
+
+/// The first document of a stored or current config's YAML text (`what` names it in errors).
+yaml::Node parse_config_tree(const std::string& text, const std::string& what) {
+  auto docs = yaml::parse_all(text, what);
+  return docs.empty() ? yaml::Node() : std::move(docs[0]);
 }
 
 bool ignored_key(const std::string& k) {
@@ -267,7 +275,7 @@ std::string new_run_id() {
 
 std::string run_fingerprint(const std::string& config_yaml, const std::map<std::string, std::string>& data_sha256) {
   std::map<std::string, std::string> flat;
-  flatten(YAML::Load(config_yaml), "", &flat);
+  flatten(parse_config_tree(config_yaml, "the resolved config"), "", &flat);
   std::string text;
   for (const auto& [k, v] : flat)
     if (!ignored_key(k)) text += k + "=" + v + "\n";
@@ -302,8 +310,8 @@ void write_run_record(const std::string& output_dir, const RunRecord& r) {
 
 std::vector<std::string> config_differences(const std::string& saved_yaml, const std::string& current_yaml) {
   std::map<std::string, std::string> a, b;
-  flatten(YAML::Load(saved_yaml), "", &a);
-  flatten(YAML::Load(current_yaml), "", &b);
+  flatten(parse_config_tree(saved_yaml, "the checkpoint's config"), "", &a);
+  flatten(parse_config_tree(current_yaml, "the current config"), "", &b);
   std::vector<std::string> out;
   for (const auto& [k, v] : a) {
     if (ignored_key(k)) continue;

@@ -8,7 +8,7 @@
 #include "trainer/model_config.h"
 
 #include <spdlog/spdlog.h>
-#include <yaml-cpp/yaml.h>
+#include <yaml-cpp/yaml.h>  // the emitter only (to_yaml); parsing is common/yaml.h (libyaml)
 
 #include <algorithm>
 #include <cstring>
@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/yaml.h"
 
 namespace qlora {
 namespace {
@@ -128,7 +129,7 @@ std::string one_line(const std::string& s, size_t max_len = 60) {
 
 // ---- YAML 1.2 core-schema scalars (plus `_` digit separators) ----
 
-bool is_plain(const YAML::Node& n) { return n.IsScalar() && n.Tag() == "?"; }
+bool is_plain(const yaml::Node& n) { return n.is_scalar() && n.plain; }
 
 /// Removes `_` digit separators; nullopt when an underscore is not between two alphanumerics.
 std::optional<std::string> strip_underscores(const std::string& s) {
@@ -218,11 +219,11 @@ bool is_yaml11_bool_word(const std::string& s) {
 }
 
 /// What a node is, for "got ..." in messages.
-std::string describe(const YAML::Node& n) {
-  if (!n.IsDefined() || n.IsNull()) return "nothing (an empty value)";
-  if (n.IsSequence()) return "a list";
-  if (n.IsMap()) return "a map";
-  const std::string& v = n.Scalar();
+std::string describe(const yaml::Node& n) {
+  if (n.is_null()) return "nothing (an empty value)";
+  if (n.is_sequence()) return "a list";
+  if (n.is_map()) return "a map";
+  const std::string& v = n.value;
   if (is_plain(n) && (parse_int(v) || parse_float(v) || is_true_word(v) || is_false_word(v)))
     return one_line(v);  // a number or boolean: shown as written
   const std::string q = "\"" + one_line(v) + "\"";
@@ -236,7 +237,7 @@ struct Context {
   std::map<std::string, std::string> overrides;  // dotted key -> "--set key=value"
 
   /// `file:line` of `mark`, or the override that set `path` (or a section above it).
-  std::string where(const std::string& path, const YAML::Mark& mark) const {
+  std::string where(const std::string& path, const yaml::Mark& mark) const {
     std::string p = path;
     while (!p.empty()) {
       auto it = overrides.find(p);
@@ -249,7 +250,7 @@ struct Context {
     return source + ":" + std::to_string(mark.line + 1);
   }
 
-  [[noreturn]] void error(const std::string& path, const YAML::Mark& mark, const std::string& msg) const {
+  [[noreturn]] void error(const std::string& path, const yaml::Mark& mark, const std::string& msg) const {
     fail(where(path, mark), ": ", path.empty() ? std::string() : path + ": ", msg);
   }
 };
@@ -323,27 +324,26 @@ class Section {
  public:
   /// `node` is the section's value (undefined or null: empty section); `key_mark` is where its
   /// key sits (for "missing key" errors); `path` is its dotted name ("" for the top level).
-  Section(const Context& ctx, std::string path, const YAML::Node& node, YAML::Mark key_mark,
+  Section(const Context& ctx, std::string path, const yaml::Node& node, yaml::Mark key_mark,
           const std::vector<std::string>& keys)
       : ctx_(ctx), path_(std::move(path)), mark_(key_mark), keys_(keys) {
-    if (!node.IsDefined() || node.IsNull()) return;
-    if (!node.IsMap()) {
-      ctx_.error(path_, node.Mark(),
+    if (!node.is_defined() || node.is_null()) return;
+    if (!node.is_map()) {
+      ctx_.error(path_, node.mark,
                  "expected a map of " + (path_.empty() ? std::string("sections") : "keys") +
                      ", got " + describe(node));
     }
-    for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node k = it->first;
-      if (!k.IsScalar() || k.Scalar().empty())
-        ctx_.error(path_, k.Mark(), "keys must be plain names, got " + describe(k));
-      const std::string& name = k.Scalar();
+    for (const auto& [k, v] : node.entries) {
+      if (!k.is_scalar() || k.value.empty())
+        ctx_.error(path_, k.mark, "keys must be plain names, got " + describe(k));
+      const std::string& name = k.value;
       const std::string full = key_path(name);
       for (const auto& e : entries_)
         if (e.name == name)
-          ctx_.error(full, k.Mark(),
+          ctx_.error(full, k.mark,
                      "duplicate key (first set on line " + std::to_string(e.key_mark.line + 1) + ")");
-      if (!contains(keys_, name)) ctx_.error(full, k.Mark(), unknown_key_message(name));
-      entries_.push_back({name, k.Mark(), it->second});
+      if (!contains(keys_, name)) ctx_.error(full, k.mark, unknown_key_message(name));
+      entries_.push_back({name, k.mark, v});
     }
   }
 
@@ -353,12 +353,12 @@ class Section {
   /// Throws a one-line error about `key` (at its value when present, else at the section).
   [[noreturn]] void error(const std::string& key, const std::string& msg) const {
     const auto* e = find(key);
-    ctx_.error(key_path(key), e ? e->value.Mark() : mark_, msg);
+    ctx_.error(key_path(key), e ? e->value.mark : mark_, msg);
   }
   /// Throws a one-line error about item `i` of the list under `key`.
   [[noreturn]] void item_error(const std::string& key, size_t i, const std::string& msg) const {
     const auto* e = find(key);
-    const YAML::Mark m = e && e->value.IsSequence() && i < e->value.size() ? e->value[i].Mark() : mark_;
+    const yaml::Mark m = e && e->value.is_sequence() && i < e->value.items.size() ? e->value.items[i].mark : mark_;
     ctx_.error(key_path(key) + "[" + std::to_string(i) + "]", m, msg);
   }
   /// Throws a one-line error about the section itself.
@@ -369,13 +369,13 @@ class Section {
     const auto* e = find(key);
     if (!e) {
       if (required) ctx_.error(key_path(key), mark_, "required section is missing");
-      return Section(ctx_, key_path(key), YAML::Node(), mark_, keys);
+      return Section(ctx_, key_path(key), yaml::Node(), mark_, keys);
     }
     return Section(ctx_, key_path(key), e->value, e->key_mark, keys);
   }
 
   /// The raw value node of `key` (nullptr when absent). For keys with a shape of their own.
-  const YAML::Node* raw(const std::string& key) const {
+  const yaml::Node* raw(const std::string& key) const {
     const auto* e = find(key);
     return e ? &e->value : nullptr;
   }
@@ -387,8 +387,8 @@ class Section {
       return def;
     }
     std::string v;
-    if (e->value.IsNull()) v = "";
-    else if (e->value.IsScalar()) v = e->value.Scalar();
+    if (e->value.is_null()) v = "";
+    else if (e->value.is_scalar()) v = e->value.value;
     else error(key, "expected a string, got " + describe(e->value));
     if (v.empty() && !allow_empty) error(key, "expected a non-empty string, got " + describe(e->value));
     return v;
@@ -409,8 +409,8 @@ class Section {
     const auto* e = find(key);
     if (!e) return def;
     const std::string expected = "expected one of " + join(choices, "|");
-    if (!e->value.IsScalar()) error(key, expected + ", got " + describe(e->value));
-    const std::string& v = e->value.Scalar();
+    if (!e->value.is_scalar()) error(key, expected + ", got " + describe(e->value));
+    const std::string& v = e->value.value;
     if (!contains(choices, v)) {
       const std::string near = closest(v, choices);
       error(key, expected + ", got " + describe(e->value) +
@@ -423,11 +423,11 @@ class Section {
     const auto* e = find(key);
     if (!e) return def;
     if (is_plain(e->value)) {
-      if (is_true_word(e->value.Scalar())) return true;
-      if (is_false_word(e->value.Scalar())) return false;
+      if (is_true_word(e->value.value)) return true;
+      if (is_false_word(e->value.value)) return false;
     }
     std::string msg = "expected true or false, got " + describe(e->value);
-    if (e->value.IsScalar() && is_yaml11_bool_word(e->value.Scalar()))
+    if (e->value.is_scalar() && is_yaml11_bool_word(e->value.value))
       msg += " (YAML 1.2 booleans: write true or false)";
     error(key, msg);
   }
@@ -440,9 +440,9 @@ class Section {
     if (!e) return def;
     std::optional<int64_t> v;
     if (is_plain(e->value)) {
-      v = parse_int(e->value.Scalar());
+      v = parse_int(e->value.value);
       if (!v) {
-        const auto f = parse_float(e->value.Scalar());
+        const auto f = parse_float(e->value.value);
         if (f && std::isfinite(*f) && std::floor(*f) == *f && std::fabs(*f) < 9.0e18)
           v = static_cast<int64_t>(*f);
       }
@@ -458,8 +458,8 @@ class Section {
     if (!e) return def;
     std::optional<double> v;
     if (is_plain(e->value)) {
-      if (auto i = parse_int(e->value.Scalar())) v = static_cast<double>(*i);
-      else v = parse_float(e->value.Scalar());
+      if (auto i = parse_int(e->value.value)) v = static_cast<double>(*i);
+      else v = parse_float(e->value.value);
     }
     if (!v || !std::isfinite(*v) || !ok(*v))
       error(key, "expected " + expected + ", got " + describe(e->value));
@@ -471,16 +471,16 @@ class Section {
                                            const std::vector<std::string>& def) const {
     const auto* e = find(key);
     if (!e) return def;
-    if (e->value.IsNull()) return {};
-    if (!e->value.IsSequence()) error(key, "expected a list of names, got " + describe(e->value));
+    if (e->value.is_null()) return {};
+    if (!e->value.is_sequence()) error(key, "expected a list of names, got " + describe(e->value));
     std::vector<std::string> out;
-    for (size_t i = 0; i < e->value.size(); ++i) {
-      const YAML::Node item = e->value[i];
+    for (size_t i = 0; i < e->value.items.size(); ++i) {
+      const yaml::Node& item = e->value.items[i];
       const std::string ipath = key_path(key) + "[" + std::to_string(i) + "]";
-      if (!item.IsScalar() || item.Scalar().empty())
-        ctx_.error(ipath, item.Mark(), "expected a name, got " + describe(item));
-      if (contains(out, item.Scalar())) ctx_.error(ipath, item.Mark(), "\"" + one_line(item.Scalar()) + "\" is listed twice");
-      out.push_back(item.Scalar());
+      if (!item.is_scalar() || item.value.empty())
+        ctx_.error(ipath, item.mark, "expected a name, got " + describe(item));
+      if (contains(out, item.value)) ctx_.error(ipath, item.mark, "\"" + one_line(item.value) + "\" is listed twice");
+      out.push_back(item.value);
     }
     return out;
   }
@@ -489,18 +489,16 @@ class Section {
   std::map<std::string, std::string> get_string_map(const std::string& key) const {
     const auto* e = find(key);
     std::map<std::string, std::string> out;
-    if (!e || e->value.IsNull()) return out;
-    if (!e->value.IsMap()) error(key, "expected a map of name: name, got " + describe(e->value));
-    for (auto it = e->value.begin(); it != e->value.end(); ++it) {
-      const YAML::Node k = it->first;
-      const YAML::Node v = it->second;
-      if (!k.IsScalar() || k.Scalar().empty())
-        ctx_.error(key_path(key), k.Mark(), "keys must be plain names, got " + describe(k));
-      const std::string kpath = key_path(key) + "." + k.Scalar();
-      if (out.count(k.Scalar())) ctx_.error(kpath, k.Mark(), "duplicate key");
-      if (!v.IsScalar() || v.Scalar().empty())
-        ctx_.error(kpath, v.Mark(), "expected a name, got " + describe(v));
-      out[k.Scalar()] = v.Scalar();
+    if (!e || e->value.is_null()) return out;
+    if (!e->value.is_map()) error(key, "expected a map of name: name, got " + describe(e->value));
+    for (const auto& [k, v] : e->value.entries) {
+      if (!k.is_scalar() || k.value.empty())
+        ctx_.error(key_path(key), k.mark, "keys must be plain names, got " + describe(k));
+      const std::string kpath = key_path(key) + "." + k.value;
+      if (out.count(k.value)) ctx_.error(kpath, k.mark, "duplicate key");
+      if (!v.is_scalar() || v.value.empty())
+        ctx_.error(kpath, v.mark, "expected a name, got " + describe(v));
+      out[k.value] = v.value;
     }
     return out;
   }
@@ -508,8 +506,8 @@ class Section {
  private:
   struct Entry {
     std::string name;
-    YAML::Mark key_mark;
-    YAML::Node value;
+    yaml::Mark key_mark;
+    yaml::Node value;
   };
 
   const Entry* find(const std::string& key) const {
@@ -530,7 +528,7 @@ class Section {
 
   const Context& ctx_;
   std::string path_;
-  YAML::Mark mark_;
+  yaml::Mark mark_;
   const std::vector<std::string>& keys_;
   std::vector<Entry> entries_;
 };
@@ -584,11 +582,11 @@ LoraConfig read_lora(const Section& top) {
   l.alpha = s.get_number("alpha", l.alpha, [](double v) { return v > 0; }, "a positive number");
   l.dropout = s.get_number("dropout", l.dropout, [](double v) { return v >= 0 && v < 1; },
                            "a number in [0, 1)");
-  const YAML::Node* t = s.raw("target_modules");
-  if (!t || (t->IsScalar() && t->Scalar() == "all-linear")) {
+  const yaml::Node* t = s.raw("target_modules");
+  if (!t || (t->is_scalar() && t->value == "all-linear")) {
     l.all_linear = true;
     l.target_modules = known_lora_targets();
-  } else if (t->IsSequence()) {
+  } else if (t->is_sequence()) {
     l.all_linear = false;
     l.target_modules = s.get_string_list("target_modules", {});
     if (l.target_modules.empty()) s.error("target_modules", "expected at least one module name");
@@ -687,9 +685,9 @@ CheckpointConfig read_checkpoint(const Section& top) {
   c.save_minutes = s.get_number("save_minutes", c.save_minutes, [](double v) { return v >= 0; },
                                 "a number >= 0 (0: off)");
   c.keep_last = s.get_int("keep_last", c.keep_last, kPositive, "an integer >= 1");
-  if (const YAML::Node* r = s.raw("resume")) {
-    if (r->IsScalar() && is_plain(*r) &&
-        (is_true_word(r->Scalar()) || is_false_word(r->Scalar()) || is_yaml11_bool_word(r->Scalar())))
+  if (const yaml::Node* r = s.raw("resume")) {
+    if (r->is_scalar() && is_plain(*r) &&
+        (is_true_word(r->value) || is_false_word(r->value) || is_yaml11_bool_word(r->value)))
       s.error("resume", "expected auto, never or a checkpoint path, got " + describe(*r));
     const std::string v = s.get_string("resume", "auto", false);
     if (v == "auto") c.resume = ResumeMode::kAuto;
@@ -743,7 +741,7 @@ size_t invalid_utf8_at(const std::string& s) {
 }
 
 /// Applies one "a.b.c=value" to the tree; records the override as the source of "a.b.c".
-void apply_override(YAML::Node& root, const std::string& spec, Context& ctx) {
+void apply_override(yaml::Node& root, const std::string& spec, Context& ctx) {
   const std::string src = "--set " + one_line(spec, 200);
   const size_t eq = spec.find('=');
   if (eq == std::string::npos) fail(src, ": expected section.key=value");
@@ -755,28 +753,44 @@ void apply_override(YAML::Node& root, const std::string& spec, Context& ctx) {
   if (key.empty() || key.back() == '.' ||
       std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); }))
     fail(src, ": expected section.key=value, got an empty key name");
-  YAML::Node value;
+  yaml::Node value;
   try {
-    value = YAML::Load(spec.substr(eq + 1));
-  } catch (const YAML::Exception& e) {
-    fail(src, ": value is not valid YAML (", one_line(e.msg, 120), ")");
+    const auto docs = yaml::parse_all(spec.substr(eq + 1), src);
+    if (docs.size() > 1) fail(src, ": value is more than one YAML document");
+    if (!docs.empty()) value = docs[0];
+  } catch (const Error& e) {
+    fail(src, ": value is not valid YAML (", one_line(e.what(), 160), ")");
   }
-  YAML::Node cur;
-  cur.reset(root);
+  if (!value.is_defined()) value.kind = yaml::Node::Kind::kScalar, value.plain = true;  // "a.b=": null
+  yaml::Node* cur = &root;
   std::string prefix;
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     prefix += (i ? "." : "") + parts[i];
-    YAML::Node child = cur[parts[i]];
-    if (!child.IsDefined() || child.IsNull()) {
-      cur[parts[i]] = YAML::Node(YAML::NodeType::Map);
-      child.reset(cur[parts[i]]);
+    yaml::Node* child = cur->find(parts[i]);
+    if (!child || child->is_null()) {
+      if (!child) {
+        yaml::Node k;
+        k.kind = yaml::Node::Kind::kScalar;
+        k.value = parts[i];
+        cur->entries.emplace_back(std::move(k), yaml::Node::map());
+        child = &cur->entries.back().second;
+      } else {
+        *child = yaml::Node::map();
+      }
       if (!ctx.overrides.count(prefix)) ctx.overrides[prefix] = src;  // the override made this section
-    } else if (!child.IsMap()) {
-      fail(src, ": ", prefix, " is not a section (it holds ", describe(child), ")");
+    } else if (!child->is_map()) {
+      fail(src, ": ", prefix, " is not a section (it holds ", describe(*child), ")");
     }
-    cur.reset(child);
+    cur = child;
   }
-  cur[parts.back()] = value;
+  if (yaml::Node* existing = cur->find(parts.back())) {
+    *existing = std::move(value);
+  } else {
+    yaml::Node k;
+    k.kind = yaml::Node::Kind::kScalar;
+    k.value = parts.back();
+    cur->entries.emplace_back(std::move(k), std::move(value));
+  }
   ctx.overrides[key] = src;
 }
 
@@ -831,14 +845,14 @@ void emit_map(YAML::Emitter& out, const std::string& key, const std::map<std::st
   out << YAML::EndMap;
 }
 
-Config parse_tree(YAML::Node root, Context& ctx, const std::vector<std::string>& overrides) {
-  if (!root.IsDefined() || root.IsNull())
+Config parse_tree(yaml::Node root, Context& ctx, const std::vector<std::string>& overrides) {
+  if (!root.is_defined() || root.is_null())
     fail(ctx.source, ": the config is empty (expected a map with output_dir, model, data, ...)");
-  if (!root.IsMap())
-    ctx.error("", root.Mark(), "expected a map of sections at the top level, got " + describe(root));
+  if (!root.is_map())
+    ctx.error("", root.mark, "expected a map of sections at the top level, got " + describe(root));
   for (const auto& o : overrides) apply_override(root, o, ctx);
 
-  const Section top(ctx, "", root, YAML::Mark::null_mark(), kTopKeys);
+  const Section top(ctx, "", root, yaml::Mark{}, kTopKeys);
   Config c;
   c.output_dir = top.get_path("output_dir", "", /*allow_empty=*/false);
   c.model = read_model(top);
@@ -876,92 +890,36 @@ const std::vector<std::string>& known_lora_targets() {
   return targets;
 }
 
-/// yaml-cpp 0.7 may never return (its memory grows without bound) on a ',' that starts a line
-/// outside a flow collection (found by fuzz_config: tests/fuzz/corpus/crashes/config/). YAML forbids
-/// it there (a plain scalar cannot start with ','), so it is refused before yaml-cpp sees the text.
-/// Flow depth is tracked roughly ('[' '{' vs ']' '}' outside quotes and comments); when unsure
-/// (depth > 0) the line is left to yaml-cpp.
-static void reject_leading_flow_entry(const std::string& text, const std::string& source_name) {
-  // YAML allows no C0 control character but tab, LF and CR (YAML 1.2, 5.1); yaml-cpp hangs on some.
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 && c != '\t' && c != '\n' && c != '\r')
-      fail(source_name, ":", 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(i), '\n'),
-           ": YAML syntax error: control character 0x", "0123456789ABCDEF"[c >> 4], "0123456789ABCDEF"[c & 15],
-           " at byte ", i, " (YAML text allows only tab, LF and CR)");
-  }
-  std::istringstream lines(text);
-  std::string line;
-  int64_t depth = 0;
-  for (int64_t n = 1; std::getline(lines, line); ++n) {
-    const size_t first = line.find_first_not_of(" \t\r");
-    if (first == std::string::npos) continue;
-    // A ',' preceded on its line only by spaces, indicators (- ? : | >) and tag/anchor/alias
-    // tokens would start a plain scalar, which YAML forbids (" ,key", "!,s", "!!str,": each hangs
-    // yaml-cpp 0.7).
-    size_t k = 0;  // skip spaces, block indicators and tag/anchor/alias tokens ("!!str", "&a")
-    while (k < line.size()) {
-      if (std::strchr(" \t\r-?:|>", line[k])) {
-        ++k;
-      } else if (line[k] == '!' || line[k] == '&' || line[k] == '*') {
-        while (k < line.size() && line[k] != ' ' && line[k] != '\t' && line[k] != ',') ++k;
-      } else {
-        break;
-      }
-    }
-    if (depth == 0 && k < line.size() && line[k] == ',')
-      fail(source_name, ":", n, ": YAML syntax error: ',' outside a flow collection ([...] or {...})");
-    char quote = 0;
-    for (size_t i = first; i < line.size(); ++i) {
-      const char c = line[i];
-      const char prev = i > first ? line[i - 1] : ' ';
-      if (quote) {
-        if (c == '\\' && quote == '"') ++i;
-        else if (c == quote) quote = 0;
-      } else if (c == '#' && (prev == ' ' || prev == '\t')) {
-        break;
-      } else if ((c == '"' || c == '\'') && std::strchr(" \t:[{,", prev)) {
-        quote = c;
-      } else if (c == '[' || c == '{') {
-        ++depth;
-      } else if ((c == ']' || c == '}') && depth > 0) {
-        --depth;
-      }
-    }
-  }
-}
-
 Config parse_config_string(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides) {
   Context ctx{source_name, {}};
   if (const size_t bad = invalid_utf8_at(yaml_text); bad != std::string::npos)
     fail(source_name, ":", 1 + std::count(yaml_text.begin(), yaml_text.begin() + bad, '\n'),
          ": not valid UTF-8 (byte ", bad, "; YAML text must be UTF-8)");
-  reject_leading_flow_entry(yaml_text, source_name);
-  std::vector<YAML::Node> docs;
+  std::vector<yaml::Node> docs;
   try {
-    docs = YAML::LoadAll(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    const std::string at = e.mark.is_null() ? source_name : source_name + ":" + std::to_string(e.mark.line + 1);
+    docs = yaml::parse_all(yaml_text, source_name);
+  } catch (const Error& e) {
+    // YAML forbids tabs in indentation; libyaml says only "found character that cannot start any token".
     std::string hint;
-    if (!e.mark.is_null()) {  // YAML forbids tabs in indentation; yaml-cpp's message doesn't say so
+    const std::string msg = e.what();
+    const std::string prefix = source_name + ":";
+    if (msg.compare(0, prefix.size(), prefix) == 0) {
+      const long line = std::strtol(msg.c_str() + prefix.size(), nullptr, 10);
       std::istringstream lines(yaml_text);
-      std::string line;
-      for (int i = 0; i <= e.mark.line && std::getline(lines, line); ++i) {}
-      const size_t first = line.find_first_not_of(' ');
-      if (first != std::string::npos && line[first] == '\t') hint = " (a tab in the indentation; YAML indents with spaces)";
+      std::string text;
+      for (long i = 0; i < line && std::getline(lines, text); ++i) {}
+      const size_t first = text.find_first_not_of(' ');
+      if (line > 0 && first != std::string::npos && text[first] == '\t')
+        hint = " (a tab in the indentation; YAML indents with spaces)";
     }
-    fail(at, ": YAML syntax error: ", one_line(e.msg, 160), hint);
-  } catch (const YAML::Exception& e) {
-    fail(source_name, ": YAML error: ", one_line(e.msg, 160));
+    if (hint.empty()) throw;
+    fail(one_line(msg, 300), hint);
   }
   if (docs.size() > 1)
-    ctx.error("", docs[1].Mark(), "expected one YAML document, found " + std::to_string(docs.size()));
-  try {
-    return parse_tree(docs.empty() ? YAML::Node() : docs[0], ctx, overrides);
-  } catch (const YAML::Exception& e) {  // defensive: the walk should not throw these
-    fail(source_name, ": YAML error: ", one_line(e.what(), 160));
-  }
+    ctx.error("", docs[1].mark, "expected one YAML document, found " + std::to_string(docs.size()));
+  // A stream with no document, or one whose document is empty, has nothing to train.
+  return parse_tree(docs.empty() ? yaml::Node() : docs[0], ctx, overrides);
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
