@@ -48,7 +48,7 @@ struct Node {
 /// Aliases are expanded as copies; more than `max_nodes` nodes after expansion is an error (so
 /// "billion laughs" input is refused, not expanded).
 /// Throws qlora::Error "<source>:<line>: YAML syntax error: <libyaml's problem> ..." (1-based line).
-std::vector<Node> parse_all(const std::string& text, const std::string& source, int64_t max_nodes = 1000000);
+std::vector<Node> parse_all(const std::string& text, const std::string& source, int64_t max_nodes = 100000);
 
 /// The node in YAML flow style, for one-line display: scalars as written ("a", "5"), quoted
 /// (JSON-style double quotes) when not plain; sequences "[a, b]", maps "{k: v}".
