@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/utf8.h"
 
 namespace qlora::data {
 namespace fs = std::filesystem;
@@ -279,33 +280,6 @@ Record record_from_json(const std::string& json_text, const std::string& path, c
   QLORA_CHECK(v.size() == 1, path, ":1: expected one record");
   return std::move(v[0]);
 }
-
-size_t first_invalid_utf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned c = p[i];
-    if (c < 0x80) { ++i; continue; }
-    int len;
-    uint32_t cp;
-    if ((c >> 5) == 0x6) { len = 2; cp = c & 0x1F; }
-    else if ((c >> 4) == 0xE) { len = 3; cp = c & 0x0F; }
-    else if ((c >> 3) == 0x1E) { len = 4; cp = c & 0x07; }
-    else return i;
-    if (i + len > n) return i;
-    for (int k = 1; k < len; ++k) {
-      if ((p[i + k] >> 6) != 0x2) return i;
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-      return i;
-    i += len;
-  }
-  return std::string::npos;
-}
-
-bool is_valid_utf8(const std::string& s) { return first_invalid_utf8(s) == std::string::npos; }
 
 size_t check_encoding(const std::string& path, const std::string& buf, bool skip_invalid) {
   auto starts = [&](const char* bom, size_t n) { return buf.size() >= n && buf.compare(0, n, bom, n) == 0; };

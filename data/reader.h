@@ -61,12 +61,6 @@ std::vector<Record> read_records(const std::string& path, const DataOptions& opt
 /// single conversation a user is debugging. Errors read `path:LINE: problem` (line 1 + offset).
 Record record_from_json(const std::string& json_text, const std::string& path, const DataOptions& opts);
 
-/// True when `s` is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
-bool is_valid_utf8(const std::string& s);
-
-/// Byte offset of the first byte of `s` that does not start a valid UTF-8 sequence, or npos.
-size_t first_invalid_utf8(const std::string& s);
-
 /// Checks a data file's bytes before parsing and returns where its text starts: 3 after a UTF-8
 /// byte-order mark (EF BB BF, skipped), else 0. Throws qlora::Error naming `path` and the byte
 /// offset for a UTF-16/UTF-32 byte-order mark, a NUL byte (UTF-16/32 without a mark), or, unless

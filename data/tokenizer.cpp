@@ -10,20 +10,13 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "data/tokenizer_backend.h"
 
 namespace qlora::data {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string read_file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  QLORA_CHECK(f.good(), path, ": cannot open (missing or unreadable)");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // A special token entry in tokenizer_config.json / special_tokens_map.json: "..." or {"content": "..."}.
 std::string token_content(const nlohmann::json& v) {
@@ -35,7 +28,7 @@ std::string token_content(const nlohmann::json& v) {
 
 nlohmann::json read_json_if_exists(const fs::path& p) {
   if (!fs::exists(p)) return nlohmann::json();
-  const std::string bytes = read_file_bytes(p.string());
+  const std::string bytes = read_file(p.string());
   nlohmann::json j = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
   QLORA_CHECK(!j.is_discarded() && j.is_object(), p.string(), ":1: not a JSON object");
   return j;

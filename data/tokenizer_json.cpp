@@ -28,6 +28,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "data/tokenizer_backend.h"
 
 namespace qlora::data::detail {
@@ -109,21 +110,6 @@ int valid_seq(const unsigned char* s, size_t n, size_t i, int* sub) {
   if (k == need + 1) return need + 1;
   *sub = k;
   return 0;
-}
-
-bool is_valid_utf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  for (size_t i = 0; i < s.size();) {
-    if (p[i] < 0x80) {
-      ++i;
-      continue;
-    }
-    int sub = 0;
-    const int k = valid_seq(p, s.size(), i, &sub);
-    if (k == 0) return false;
-    i += k;
-  }
-  return true;
 }
 
 // Rust String::from_utf8_lossy / Python bytes.decode('utf-8', 'replace'): one U+FFFD per maximal

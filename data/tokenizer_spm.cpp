@@ -11,20 +11,13 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "data/tokenizer_backend.h"
 
 namespace qlora::data::detail {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string read_file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  QLORA_CHECK(f.good(), path, ": cannot open (missing or unreadable)");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 void check_status(const sentencepiece::util::Status& s, const std::string& what) {
   QLORA_CHECK(s.ok(), what, ": ", s.ToString());
@@ -76,7 +69,7 @@ class SpmBackend final : public TokenizerBackend {
 
 SpmBackend::SpmBackend(const std::string& path) {
   QLORA_CHECK(fs::is_regular_file(path), path, ": tokenizer model not found");
-  const std::string bytes = read_file_bytes(path);
+  const std::string bytes = read_file(path);
   sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
   check_status(sp_->LoadFromSerializedProto(bytes), path + ": not a sentencepiece model");
   const int32_t n = sp_->GetPieceSize();

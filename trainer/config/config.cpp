@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "common/yaml.h"
 
 namespace qlora {
@@ -717,35 +718,12 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t") - b + 1);
 }
 
-/// Byte offset of the first byte of `s` that is not valid UTF-8 (overlongs, surrogates and code
-/// points above U+10FFFF are invalid), or npos. YAML text must be UTF-8 (YAML 1.2 §5.2); yaml-cpp
-/// accepts other bytes and its emitter rewrites them, so config.resolved.yaml would not reload to
-/// the same config (found by tests/fuzz/fuzz_config.cpp).
-size_t invalid_utf8_at(const std::string& s) {
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return i;
-    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
-    for (int k = 1; k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc >> 6) != 2) return i;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-      return i;
-    i += len;
-  }
-  return std::string::npos;
-}
-
 /// Applies one "a.b.c=value" to the tree; records the override as the source of "a.b.c".
 void apply_override(yaml::Node& root, const std::string& spec, Context& ctx) {
   const std::string src = "--set " + one_line(spec, 200);
   const size_t eq = spec.find('=');
   if (eq == std::string::npos) fail(src, ": expected section.key=value");
-  if (invalid_utf8_at(spec) != std::string::npos) fail(src, ": not valid UTF-8");
+  if (first_invalid_utf8(spec) != std::string::npos) fail(src, ": not valid UTF-8");
   const std::string key = trim(spec.substr(0, eq));
   std::vector<std::string> parts;
   std::stringstream ks(key);
@@ -893,9 +871,9 @@ const std::vector<std::string>& known_lora_targets() {
 Config parse_config_string(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides) {
   Context ctx{source_name, {}};
-  if (const size_t bad = invalid_utf8_at(yaml_text); bad != std::string::npos)
+  if (const size_t bad = first_invalid_utf8(yaml_text); bad != std::string::npos)
     fail(source_name, ":", 1 + std::count(yaml_text.begin(), yaml_text.begin() + bad, '\n'),
-         ": not valid UTF-8 (byte ", bad, "; YAML text must be UTF-8)");
+         ": not valid UTF-8 (byte ", bad, "; YAML text must be UTF-8)");  // said here, with the byte, before libyaml
   std::vector<yaml::Node> docs;
   try {
     docs = yaml::parse_all(yaml_text, source_name);
