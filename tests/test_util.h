@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <string>
 
+#include "common/error.h"
+
 namespace qlora::test {
 
 /// Directory of generated fixtures (env QLORA_FIXTURES overrides the build-time default).
@@ -55,6 +57,29 @@ inline std::filesystem::path fresh_temp_dir(const std::string& name) {
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d;
+}
+
+/// fresh_temp_dir that removes itself (and what is in it) when it goes out of scope.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name) : path(fresh_temp_dir(name)) {}
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+/// Message of the qlora::Error that `f()` throws ("" when it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const ::qlora::Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 /// The outcome of a suite's SetUpTestSuite. GoogleTest marks every test SKIPPED when an ASSERT

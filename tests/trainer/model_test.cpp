@@ -13,6 +13,7 @@
 
 namespace qlora {
 namespace {
+using test::error_of;
 
 struct Ref {
   torch::Tensor ids, mask, pos, logits_fp32, logits_bf16;
@@ -128,16 +129,6 @@ TEST(TiedEmbeddings, LmHeadIsTheEmbeddingAndStaysUnquantized) {
   int64_t n = 0;
   for (const auto& [name, t] : plain.named_tensors()) n += t.numel();
   EXPECT_EQ(n, plain.config().num_parameters());
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // A LoRA target on lm_head or embed_tokens is refused with the reason (tied: it would change both);

@@ -24,29 +24,8 @@
 namespace qlora::peft_test {
 namespace fs = std::filesystem;
 using Refs = std::map<std::string, torch::Tensor>;
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("qlora_peft_test_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-template <typename F>
-inline std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::TempDir;
+using test::error_of;
 
 inline Refs load_refs(const fs::path& p) {
   st::SafetensorsFile f(p.string());

@@ -19,6 +19,8 @@ namespace qlora {
 namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using test::TempDir;
+using test::error_of;
 
 QuantOptions nf4(bool dq = true, int64_t bs = 64) {
   QuantOptions q;
@@ -26,31 +28,6 @@ QuantOptions nf4(bool dq = true, int64_t bs = 64) {
   q.double_quant = dq;
   q.blocksize = bs;
   return q;
-}
-
-/// A fresh empty directory under the temp dir, removed by the destructor.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("qlora_quant_model_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-/// Message of the qlora::Error thrown by f ("" when none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 bool bits_equal(const torch::Tensor& a, const torch::Tensor& b) {
