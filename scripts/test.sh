@@ -12,6 +12,10 @@ mkdir -p "$FIX"
 # A fixture is remade when its generator, the pinned Python packages (requirements.lock) or
 # ../shared change: the stamp's name is a hash of the three (../shared by its file list, sizes and
 # mtimes, which is cheap).
+if [ ! -d "$QLORA_SHARED" ]; then  # tests read it; without this check pipefail would exit silently here
+  echo "[test] FAILED: the shared test data folder is missing: $QLORA_SHARED (../shared beside the clone, or set QLORA_SHARED)" >&2
+  exit 1
+fi
 shared_key="$( (cd "$QLORA_SHARED" 2>/dev/null && find . -type f -printf '%P %s %T@\n' | LC_ALL=C sort) | sha256sum | cut -c1-16)"
 for f in "$QLORA_ROOT"/tests/fixtures/make_*.py; do
   key="$(cat "$f" "$QLORA_ROOT/scripts/requirements.lock" <(echo "$shared_key") | sha256sum | cut -c1-16)"
