@@ -63,6 +63,8 @@ torch::Tensor FrozenLinear::base_forward(const torch::Tensor& x) const {
       torch::Tensor y = Dequant4Linear::apply(x, h);
       return bias.defined() ? y + bias : y;
     }
+    if (dequantized.defined() && dequantized.scalar_type() == x.scalar_type())  // inference cache
+      return bias.defined() ? F::linear(x, dequantized, bias) : F::linear(x, dequantized);
     const torch::Tensor w = qweight->dequantize(x.scalar_type());  // freed on return
     return bias.defined() ? F::linear(x, w, bias) : F::linear(x, w);
   }
@@ -620,6 +622,21 @@ std::vector<FrozenLinear*> LlamaModel::linears() {
     for (FrozenLinear* f : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
       out.push_back(f);
   return out;
+}
+
+int64_t LlamaModel::cache_dequantized(int64_t max_bytes) {
+  int64_t bytes = 0;
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype_));
+  for (const FrozenLinear* f : const_cast<const LlamaModel*>(this)->linears())
+    if (f->quantized()) bytes += f->in_features() * f->out_features() * elem;
+  if (bytes == 0 || bytes > max_bytes) return 0;
+  for (FrozenLinear* f : linears())
+    if (f->quantized()) f->dequantized = f->qweight->dequantize(dtype_);
+  return bytes;
+}
+
+void LlamaModel::drop_dequantized() {
+  for (FrozenLinear* f : linears()) f->dequantized = torch::Tensor();
 }
 
 namespace {

@@ -66,6 +66,10 @@ struct FrozenLinear {
   torch::Tensor forward(const torch::Tensor& x, bool train = false) const;
   bool quantized() const { return qweight != nullptr; }
   std::shared_ptr<LoraAdapter> lora;  ///< trainable low-rank update, or null
+  /// Inference cache (LlamaModel::cache_dequantized): qweight dequantized once, [out, in] in the
+  /// compute dtype, or undefined. base_forward uses it instead of dequantizing again when it is
+  /// defined, of x's dtype, and no gradient is wanted; the same values, so bit-identical output.
+  torch::Tensor dequantized;
   /// x·Wᵀ + b without the adapter.
   torch::Tensor base_forward(const torch::Tensor& x) const;
   int64_t in_features() const;
@@ -169,6 +173,17 @@ class LlamaModel {
   /// Module path → {in, out} for the linears a PEFT config with these targets would adapt. Throws
   /// qlora::Error, with the reason, when a target names lm_head or embed_tokens (as add_lora).
   std::map<std::string, std::pair<int64_t, int64_t>> lora_shapes(const std::vector<std::string>& targets) const;
+  /// Dequantizes every 4-bit decoder linear once into FrozenLinear::dequantized (compute dtype)
+  /// so that inference (generate, exact-match eval) stops dequantizing all weights again at every
+  /// decode step: the same values, so the same logits bit for bit. Does nothing, and returns 0,
+  /// when there is no 4-bit linear or the copies would take more than `max_bytes` (then every
+  /// forward keeps dequantizing into a temporary, QLoRA's memory bound). Returns the bytes cached.
+  /// Training never uses the copies (the grad path dequantizes as before); drop them with
+  /// drop_dequantized() before training to free the memory.
+  int64_t cache_dequantized(int64_t max_bytes);
+  /// Frees the copies made by cache_dequantized().
+  void drop_dequantized();
+
   /// Trainable parameters: every adapter's A then B, in module order.
   std::vector<torch::Tensor> lora_parameters() const;
   /// Current adapter weights (fp32, detached) by module path.

@@ -10,13 +10,18 @@
 //   - after the last step, the logits of the trained model on a held-out batch against the trained
 //     PEFT model's (kTrainedLogitRelTol, below);
 //   - our trained adapter, saved in PEFT's format and loaded by PeftModel.from_pretrained onto the
-//     transformers model, gives our logits (fp32 base; kRoundTripLogitTol).
+//     transformers model, gives our logits (fp32 base; kRoundTripLogitTol);
+//   - greedy decoding of the NF4 base: the same tokens as transformers' generate(do_sample=False)
+//     on the bitsandbytes model, both when every forward dequantizes the 4-bit weights (training's
+//     path) and with LlamaModel::cache_dequantized (eval's path), whose logits are bit-identical.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <iostream>
 
 #include "peft_parity.h"
+#include "trainer/generate.h"
 
 namespace qlora {
 namespace {
@@ -94,6 +99,55 @@ void check_real_parity(bool nf4, const std::string& ref_file) {
 TEST(RealModelParity, SmolLM2Fp32BaseStepLossesMatchPeft) { check_real_parity(false, "ref_fp32.safetensors"); }
 TEST(RealModelParity, SmolLM2Nf4BaseStepLossesMatchPeftBitsandbytes) {
   check_real_parity(true, "ref_nf4.safetensors");
+}
+
+// cache_dequantized (qlora eval's inference path) against the per-forward dequantization and
+// against transformers + bitsandbytes greedy decoding, on the real NF4 model.
+TEST(RealModelParity, SmolLM2Nf4GreedyDecodeCachedDequantMatchesTransformers) {
+  QLORA_REQUIRE_FIXTURE(root, "real/smollm2_135m");
+  const Refs ref = load_refs(root.parent_path() / "greedy_nf4.safetensors");
+  QuantOptions q;
+  q.method = QuantOptions::Method::NF4;
+  LlamaModel m = LlamaModel::load(root.string(), torch::kFloat32, torch::kCPU, q);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor pid = ref.at("prompt_ids");
+  const std::vector<int64_t> prompt(pid.data_ptr<int64_t>(), pid.data_ptr<int64_t>() + pid.numel());
+  const torch::Tensor tt = ref.at("tokens");
+  const std::vector<int64_t> want(tt.data_ptr<int64_t>(), tt.data_ptr<int64_t>() + tt.numel());
+  ASSERT_EQ(want.size(), 12u);
+  GenerateOptions g;
+  g.max_new_tokens = static_cast<int64_t>(want.size());
+  ForwardInputs in;
+  in.input_ids = pid;
+
+  EXPECT_EQ(m.cache_dequantized(1 << 20), 0);  // over the budget: nothing cached
+  for (const FrozenLinear* f : m.linears()) ASSERT_FALSE(f->dequantized.defined()) << f->name;
+  const torch::Tensor slow_logits = m.forward(in);
+  using clk = std::chrono::steady_clock;
+  auto t = clk::now();
+  const std::vector<int64_t> slow = generate_tokens(m, prompt, g);
+  const double slow_s = std::chrono::duration<double>(clk::now() - t).count();
+
+  const int64_t bytes = m.cache_dequantized(int64_t{1} << 30);
+  // 30 layers × (q, o: 576² + k, v: 192·576 + gate, up, down: 1536·576) fp32 = 405 MiB
+  EXPECT_EQ(bytes, int64_t{30} * (2 * 576 * 576 + 2 * 192 * 576 + 3 * 1536 * 576) * 4);
+  int64_t want_bytes = 0;
+  for (const FrozenLinear* f : m.linears()) {
+    ASSERT_TRUE(f->quantized() && f->dequantized.defined()) << f->name;
+    want_bytes += f->in_features() * f->out_features() * 4;
+  }
+  EXPECT_EQ(bytes, want_bytes);
+  const torch::Tensor fast_logits = m.forward(in);
+  EXPECT_TRUE(torch::equal(fast_logits, slow_logits)) << "max |diff| " << max_diff(fast_logits, slow_logits);
+  t = clk::now();
+  const std::vector<int64_t> fast = generate_tokens(m, prompt, g);
+  const double fast_s = std::chrono::duration<double>(clk::now() - t).count();
+  EXPECT_EQ(fast, slow);
+  EXPECT_EQ(fast, want) << "transformers + bitsandbytes greedy decoding differs";
+  m.drop_dequantized();
+  for (const FrozenLinear* f : m.linears()) ASSERT_FALSE(f->dequantized.defined()) << f->name;
+  std::cout << "[real nf4 greedy] " << fast.size() << " tokens equal to transformers', cached copies " << bytes
+            << " bytes; generate " << slow_s << " s per-forward dequantization, " << fast_s << " s cached\n";
 }
 
 }  // namespace
