@@ -124,21 +124,37 @@ Distributed::Distributed(const DistEnv& env, const torch::Device& device) : env_
 }
 
 namespace {
-void allreduce_doubles(c10d::ProcessGroupGloo& pg, std::vector<double>& values, c10d::ReduceOp op) {
+/// Runs one collective; a failure (a peer closed its connection: exited or was killed; or the
+/// timeout) becomes one qlora::Error naming this rank and the rank(s) it lost.
+template <typename F>
+void collective(const DistEnv& env, const char* what, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    const std::string lost = env.world_size == 2 ? "rank " + std::to_string(1 - env.rank)
+                                                 : "another rank (see their logs)";
+    fail("distributed: ", what, " failed on rank ", env.rank, " of ", env.world_size, ": lost ", lost,
+         " (it exited, was killed, or did not answer within ", env.timeout.count() / 1000,
+         " s, QLORA_DIST_TIMEOUT_S): ", first_line(e.what()));
+  }
+}
+
+void allreduce_doubles(const DistEnv& env, c10d::ProcessGroupGloo& pg, std::vector<double>& values,
+                       c10d::ReduceOp op) {
   if (values.empty()) return;
   std::vector<at::Tensor> t{torch::from_blob(values.data(), {static_cast<int64_t>(values.size())}, torch::kFloat64)};
   c10d::AllreduceOptions o;
   o.reduceOp = op;
-  pg.allreduce(t, o)->wait();
+  collective(env, "allreduce", [&] { pg.allreduce(t, o)->wait(); });
 }
 }  // namespace
 
 void Distributed::sum(std::vector<double>& values) {
-  if (active()) allreduce_doubles(*impl_->pg, values, c10d::ReduceOp::SUM);
+  if (active()) allreduce_doubles(env_, *impl_->pg, values, c10d::ReduceOp::SUM);
 }
 
 void Distributed::max(std::vector<double>& values) {
-  if (active()) allreduce_doubles(*impl_->pg, values, c10d::ReduceOp::MAX);
+  if (active()) allreduce_doubles(env_, *impl_->pg, values, c10d::ReduceOp::MAX);
 }
 
 void Distributed::sum_gradients(const std::vector<torch::Tensor>& params) {
@@ -150,7 +166,7 @@ void Distributed::sum_gradients(const std::vector<torch::Tensor>& params) {
     flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
   }
   std::vector<at::Tensor> buf{torch::cat(flat)};
-  impl_->pg->allreduce(buf)->wait();
+  collective(env_, "gradient allreduce", [&] { impl_->pg->allreduce(buf)->wait(); });
   torch::NoGradGuard ng;
   int64_t at = 0;
   for (const torch::Tensor& p : params) {
@@ -164,7 +180,7 @@ void Distributed::sum_gradients(const std::vector<torch::Tensor>& params) {
 }
 
 void Distributed::barrier() {
-  if (active()) impl_->pg->barrier()->wait();
+  if (active()) collective(env_, "barrier", [&] { impl_->pg->barrier()->wait(); });
 }
 
 std::string Distributed::from_main(const std::string& key, const std::function<std::string()>& produce) {
@@ -181,7 +197,13 @@ std::string Distributed::from_main(const std::string& key, const std::function<s
     impl_->store->set(k, "V" + value);
     return value;
   }
-  const std::string got = impl_->store->get_to_str(k);
+  std::string got;
+  try {
+    got = impl_->store->get_to_str(k);
+  } catch (const std::exception& e) {
+    fail("distributed: rank ", env_.rank, " got no '", key, "' from rank 0 within ", env_.timeout.count() / 1000,
+         " s (rank 0 exited or was killed?): ", first_line(e.what()));
+  }
   QLORA_CHECK(!got.empty() && got[0] == 'V', "distributed: rank 0 failed at ", key, ": ", got.substr(got.empty() ? 0 : 1));
   return got.substr(1);
 }
