@@ -584,6 +584,7 @@ void Trainer::save_checkpoint(const std::string& why) {
   st.run_id = run_id_;
   st.fingerprint = fingerprint_;
   st.data_sha256 = data_sha_;
+  st.world_size = dist_->world_size();
   OptimizerTensors ot;
   for (const torch::Tensor& p : model_->lora_parameters()) {
     auto it = opt_->state().find(p.unsafeGetTensorImpl());
@@ -775,6 +776,17 @@ void Trainer::resume_from(const std::string& ckpt) {
     QLORA_CHECK(run_.force, "resume from ", ckpt, " refused: settings that change the run differ: ", list,
                 " (use --force to resume anyway, or --overwrite-output-dir to start a new run)");
     log::warn("resume: --force: continuing although settings differ: ", list);
+  }
+  // Another world size changes the global batch. The sampler state is global (docs/distributed.md),
+  // so with --force the data continues at the same global sample.
+  if (lc.state.world_size != dist_->world_size()) {
+    const int64_t rows = cfg_.training.micro_batch_size * cfg_.training.gradient_accumulation_steps;
+    QLORA_CHECK(run_.force, "resume from ", ckpt, " refused: it was written by a job of WORLD_SIZE=",
+                lc.state.world_size, ", this one has WORLD_SIZE=", dist_->world_size(), " (global batch ",
+                rows * lc.state.world_size, " -> ", rows * dist_->world_size(),
+                " rows; use --force to resume anyway: the data continues at the same global sample)");
+    log::warn("resume: --force: WORLD_SIZE ", lc.state.world_size, " -> ", dist_->world_size(),
+              "; the data continues at the same global sample");
   }
   // LoRA shapes must match exactly, --force or not (the optimizer state is per element).
   {

@@ -207,6 +207,31 @@ TEST_F(DataParallel, SigtermOnOneRankStopsAllAtTheSameStepAndResumesExactly) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
 }
 
+// Checkpoints record the world size: a 2-rank checkpoint resumed by 1 rank is refused naming
+// WORLD_SIZE; with --force and accumulation 2 (the same global batches) the run continues at the
+// same global sample and ends with the uninterrupted 2-rank run's adapter (within 1e-6).
+TEST_F(DataParallel, WorldSizeChangeOnResumeIsRefusedUnlessForced) {
+  const fs::path ref = root / "ws_ref", out = root / "ws_change";
+  const std::string ex = "--set training.micro_batch_size=5 --set training.num_epochs=2 ";
+  auto r = two_ranks(ref, {ex + "--set training.gradient_accumulation_steps=1",
+                           ex + "--set training.gradient_accumulation_steps=1"});
+  ASSERT_EQ(r[0].status, 0) << r[0].out;
+  r = two_ranks(out, {ex + "--set training.gradient_accumulation_steps=1",
+                      ex + "--set training.gradient_accumulation_steps=1"},
+                {"QLORA_FAULT_SIGTERM_AT=4:0", ""});
+  ASSERT_EQ(r[0].status, 75) << r[0].out;
+  Out o = single(out, ex + "--set training.gradient_accumulation_steps=1");
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(o.out.find("refused: it was written by a job of WORLD_SIZE=2, this one has WORLD_SIZE=1 "
+                       "(global batch 10 -> 5 rows; use --force"),
+            std::string::npos)
+      << o.out;
+  o = single(out, ex + "--set training.gradient_accumulation_steps=2 --force");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("resume: --force: WORLD_SIZE 2 -> 1"), std::string::npos) << o.out;
+  expect_same_run(ref, out, 6);
+}
+
 // SIGKILL of rank 1 mid-run (as soon as rank 0 has written checkpoint-2): rank 0 fails well
 // within 60 s with one line naming rank 1; checkpoint-2 stays valid and the rerun resumes from it
 // and finishes.
