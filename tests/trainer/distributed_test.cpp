@@ -141,6 +141,11 @@ class DataParallel : public ::testing::Test {
       EXPECT_EQ(b[i].tokens, a[i].tokens) << "step " << i + 1 << ": tokens count all ranks";
     }
     EXPECT_LE(adapter_rel_diff(one, two), 1e-6);
+    // Stronger, for two ranks: every cross-rank sum then has two terms, and a two-term fp32 sum
+    // commutes exactly, so the allreduce gives autograd's accumulation bit for bit.
+    EXPECT_EQ(qlora::read_file((one / "adapter_model.safetensors").string()),
+              qlora::read_file((two / "adapter_model.safetensors").string()))
+        << "2 ranks: expected byte-identical adapters";
     // The update did something: the adapter is not the initial one (B starts at zero).
     EXPECT_GT(a.front().loss - a.back().loss, 0.0);
   }
