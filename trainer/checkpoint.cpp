@@ -54,7 +54,8 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"config", s.config_yaml},
           {"run_id", s.run_id},
           {"fingerprint", s.fingerprint},
-          {"data_sha256", s.data_sha256}};
+          {"data_sha256", s.data_sha256},
+          {"world_size", s.world_size}};
 }
 
 /// Dotted key -> value text of every leaf of a config tree (lists and maps below a key: flow text).
@@ -235,6 +236,8 @@ LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
     c.state.run_id = j.value("run_id", std::string());
     c.state.fingerprint = j.value("fingerprint", std::string());
     if (j.contains("data_sha256")) c.state.data_sha256 = j["data_sha256"].get<std::map<std::string, std::string>>();
+    c.state.world_size = j.value("world_size", int64_t{1});
+    QLORA_CHECK(c.state.world_size >= 1, sp, ": world_size must be >= 1, got ", c.state.world_size);
   } catch (const json::exception& e) {
     fail(sp, ": ", e.what());
   }

@@ -34,6 +34,7 @@ struct TrainerState {
   std::string run_id;               ///< the run that wrote it (output_dir/run.json); "" = older format
   std::string fingerprint;          ///< run_fingerprint() of that run's config and data
   std::map<std::string, std::string> data_sha256;  ///< data file path → SHA-256 of its content
+  int64_t world_size = 1;           ///< ranks of the data-parallel job that wrote it (absent: 1)
 };
 
 /// The tensors of a checkpoint besides the adapter.

@@ -2,10 +2,12 @@
 #include <filesystem>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "trainer/commands.h"
 #include "trainer/config/config.h"
+#include "trainer/distributed.h"
 #include "trainer/train.h"
 
 namespace qlora {
@@ -24,6 +26,8 @@ std::string cmd_data_preview(const DataPreviewOptions& o) {
 
 void cmd_train(const TrainCliOptions& o) {
   RunOptions run;
+  run.dist = read_dist_env();  // RANK / WORLD_SIZE / ... (docs/distributed.md): checked before anything else
+  if (run.dist.rank > 0) log::setup(log::Level::warn);  // rank 0 tells the story; the others warn and fail
   run.force = o.force;
   run.max_time_s = o.max_time_s;
   run.overwrite_output_dir = o.overwrite_output_dir;

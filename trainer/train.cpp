@@ -13,6 +13,7 @@
 #include "trainer/loss.h"
 #include "trainer/memory.h"
 #include "trainer/checkpoint.h"
+#include "trainer/distributed.h"
 
 #include <csignal>
 #include <cstdio>
@@ -47,9 +48,14 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>
 }
 
 StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std::vector<data::Batch>& micro_batches,
-                      double lr, double max_grad_norm, int64_t ce_chunk_tokens) {
+                      double lr, double max_grad_norm, int64_t ce_chunk_tokens, Distributed* dist) {
   StepResult r;
   for (const data::Batch& b : micro_batches) r.targets += count_targets(b);
+  if (dist && dist->active()) {  // the normaliser is the target count of the global group
+    std::vector<double> n{static_cast<double>(r.targets)};
+    dist->sum(n);
+    r.targets = static_cast<int64_t>(n[0]);
+  }
   QLORA_CHECK(r.targets > 0, "training: an accumulated batch has no label tokens");
   opt.zero_grad();
   double loss_sum = 0;
@@ -63,8 +69,15 @@ StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std
     loss_sum += loss.item<double>();
     for (int32_t m : b.attention_mask) r.tokens += m;
   }
-  r.loss = loss_sum / static_cast<double>(r.targets);
   std::vector<torch::Tensor> params = model.lora_parameters();
+  if (dist && dist->active()) {  // global gradient, loss sum and token count
+    dist->sum_gradients(params);
+    std::vector<double> sums{loss_sum, static_cast<double>(r.tokens)};
+    dist->sum(sums);
+    loss_sum = sums[0];
+    r.tokens = static_cast<int64_t>(sums[1]);
+  }
+  r.loss = loss_sum / static_cast<double>(r.targets);
   r.grad_norm = max_grad_norm > 0 ? torch::nn::utils::clip_grad_norm_(params, max_grad_norm)
                                   : torch::nn::utils::clip_grad_norm_(params, std::numeric_limits<double>::infinity());
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
@@ -175,6 +188,7 @@ void Trainer::setup() {
   const TrainingConfig& t = cfg_.training;
   device_ = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   torch::manual_seed(t.seed);
+  dist_ = std::make_unique<Distributed>(run_.dist, device_);  // WORLD_SIZE > 1: rendezvous (docs/distributed.md)
 
   // Everything that can fail on bad input happens before output_dir is touched.
   const std::string tok_src = !cfg_.model.tokenizer.empty() ? cfg_.model.tokenizer : cfg_.model.path;
@@ -190,9 +204,18 @@ void Trainer::setup() {
   data_sha_[cfg_.data.train] = sha256_file(cfg_.data.train);
   if (!cfg_.data.eval.empty()) data_sha_[cfg_.data.eval] = sha256_file(cfg_.data.eval);
   fingerprint_ = run_fingerprint(to_yaml(cfg_), data_sha_);
-  const std::string ckpt = claim_output_dir();
+  // Data parallel: every rank runs rank 0's config on the same data; rank 0 alone decides (and
+  // later writes) output_dir, the others take its run id and checkpoint.
+  check_same_run_as_main();
+  const std::string claim = dist_->from_main("claim", [&] {
+    const std::string c = claim_output_dir();
+    return run_id_ + "\n" + c;
+  });
+  run_id_ = claim.substr(0, claim.find('\n'));
+  const std::string ckpt = claim.substr(claim.find('\n') + 1);
 
-  memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_);  // warns if it will not fit
+  if (dist_->is_main())  // memory_report.json is rank 0's (other ranks: no tracker)
+    memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_);  // warns if it will not fit
   const torch::Dtype dtype = compute_dtype(cfg_.model.dtype, device_);
   const QuantOptions q = quant_options(cfg_.quantization);
   if (!cfg_.model.path.empty()) {
@@ -220,8 +243,9 @@ void Trainer::setup() {
   pad_id_ = tok_->pad_id() >= 0 ? tok_->pad_id() : tok_->eos_id();
   loader_ = std::make_unique<data::DataLoader>(&data_.train, t.micro_batch_size, cfg_.data, pad_id_, data::SamplerState{0, 0, cfg_.data.seed});
   int64_t per_epoch = 0;
+  const int64_t group = global_group_size();
   for (int64_t e = 0; e < std::max<int64_t>(1, t.num_epochs); ++e)
-    per_epoch += (loader_->batches_in_epoch(e) + t.gradient_accumulation_steps - 1) / t.gradient_accumulation_steps;
+    per_epoch += (loader_->batches_in_epoch(e) + group - 1) / group;
   total_steps_ = t.max_steps > 0 ? t.max_steps : per_epoch;
   warmup_steps_ = t.warmup_ratio > 0 ? static_cast<int64_t>(std::ceil(t.warmup_ratio * total_steps_)) : t.warmup_steps;
   schedule_ = schedule_of(t.lr_scheduler);
@@ -235,6 +259,11 @@ void Trainer::setup() {
   if (const char* d = std::getenv("QLORA_FAULT_STEP_DELAY_MS")) step_delay_ms_ = std::atoll(d);  // test hook
   preemption_ = {{"interruptions", 0}, {"time_lost_s", 0.0}, {"checkpoints", json::array()}};
   if (!ckpt.empty()) resume_from(ckpt);         // may refuse (changed settings, data, shapes)
+  dist_->barrier();  // every rank has read the checkpoint before rank 0 writes into output_dir
+  if (!dist_->is_main()) {
+    log::info("train: rank ", dist_->rank(), " ready; rank 0 writes ", cfg_.output_dir);
+    return;
+  }
   if (!aside_.empty()) {
     std::error_code ec;
     fs::rename(cfg_.output_dir, aside_, ec);
@@ -255,6 +284,50 @@ void Trainer::setup() {
   log::info("run: ", run_id_, step_ == 0 ? " (from step 0)" : " (resumed)", " in ", cfg_.output_dir);
   log::info("train: ", total_steps_, " steps of ", t.micro_batch_size, " x ", t.gradient_accumulation_steps,
             " rows, warmup ", warmup_steps_, ", device ", device_.str());
+  if (dist_->active())
+    log::info("train: data parallel over ", dist_->world_size(), " ranks: global batch ", t.micro_batch_size, " x ",
+              t.gradient_accumulation_steps, " x ", dist_->world_size(), " = ", t.micro_batch_size * group,
+              " rows per optimizer step (micro-batch x accumulation x world size)");
+}
+
+int64_t Trainer::global_group_size() const {
+  return cfg_.training.gradient_accumulation_steps * dist_->world_size();
+}
+
+void Trainer::check_same_run_as_main() {
+  if (!dist_->active()) return;
+  const std::string mine = to_yaml(cfg_);
+  const std::string main_yaml = dist_->from_main("config", [&] { return mine; });
+  const std::string main_fp = dist_->from_main("fingerprint", [&] { return fingerprint_; });
+  if (main_yaml == mine && main_fp == fingerprint_) return;
+  // Name the differing keys: "section.key: rank 0's -> this rank's", from the resolved YAML lines.
+  auto keyed = [](const std::string& yaml) {
+    std::map<std::string, std::string> m;
+    std::istringstream in(yaml);
+    std::string section;
+    for (std::string line; std::getline(in, line);) {
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      const bool top = !line.empty() && line[0] != ' ';
+      std::string key = line.substr(0, colon);
+      key.erase(0, key.find_first_not_of(' '));
+      if (top) section = key;
+      m[top ? key : section + "." + key] = line.substr(colon + 1);
+    }
+    return m;
+  };
+  const auto a = keyed(main_yaml), b = keyed(mine);
+  std::string diffs;
+  for (const auto& [k, v] : b) {
+    auto it = a.find(k);
+    if (it == a.end() || it->second != v)
+      diffs += (diffs.empty() ? "" : "; ") + k + ":" + (it == a.end() ? " (unset)" : it->second) + " ->" + v;
+  }
+  for (const auto& [k, v] : a)
+    if (!b.count(k)) diffs += (diffs.empty() ? "" : "; ") + k + ":" + v + " -> (unset)";
+  if (diffs.empty()) diffs = "the data files' content differs (sha256)";
+  fail("distributed: rank ", dist_->rank(), "'s config differs from rank 0's (every rank must run the same config ",
+       "on the same data): ", diffs);
 }
 
 namespace {
@@ -306,15 +379,18 @@ void Trainer::train() {
   while (step_ < total_steps_) {
     const auto ts = std::chrono::steady_clock::now();
     const uint64_t epoch_before = loader_->state().epoch;
+    // The global group: accumulation x world_size micro-batches, drawn by every rank in the same
+    // order; rank r trains those with index i % world_size == r (docs/distributed.md).
     std::vector<data::Batch> group;
-    for (int64_t i = 0; i < t.gradient_accumulation_steps; ++i) {
+    for (int64_t i = 0; i < global_group_size(); ++i) {
       if (fault_.step == step_ + 1 && fault_.micro == i) std::raise(SIGTERM);  // test hook, see setup()
       const uint64_t epoch = loader_->state().epoch;
-      group.push_back(loader_->next());
+      data::Batch b = loader_->next();
+      if (i % dist_->world_size() == dist_->rank()) group.push_back(std::move(b));
       if (loader_->state().epoch != epoch) break;  // an accumulation group never spans two epochs
     }
     const double lr = lr_at(schedule_, t.learning_rate, step_, warmup_steps_, total_steps_);
-    StepResult r = train_step(*model_, *opt_, group, lr, t.max_grad_norm);
+    StepResult r = train_step(*model_, *opt_, group, lr, t.max_grad_norm, 1024, dist_.get());
     memory_.after_step();
     ++step_;
     if (r.skipped) {
@@ -331,18 +407,22 @@ void Trainer::train() {
     tokens_trained_ += r.tokens;
     double eval_loss = std::nan("");
     const bool last = step_ == total_steps_;
-    if ((t.eval_steps > 0 && step_ % t.eval_steps == 0) || last) {
+    if (dist_->is_main() && ((t.eval_steps > 0 && step_ % t.eval_steps == 0) || last)) {
       model_->training = false;
       eval_loss = evaluate_loss(*model_, data_.eval, t.micro_batch_size, cfg_.data, pad_id_).first;
       model_->training = true;
     }
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     slowest_step = std::max(slowest_step, step_s);
-    log_step(step_, r, lr, step_s, eval_loss);
+    if (dist_->is_main()) log_step(step_, r, lr, step_s, eval_loss);
 
-    // Checkpoint triggers: signal, time budget, steps, minutes, end of epoch, end of run.
-    const int sig = g_stop_signal.load();
-    const bool out_of_time = run_.max_time_s > 0 && elapsed() + 2 * slowest_step > run_.max_time_s;
+    // Checkpoint triggers: signal, time budget, steps, minutes, end of epoch, end of run. A signal
+    // or the time budget on any rank stops all of them at this step (one small allreduce).
+    std::vector<double> stop{static_cast<double>(g_stop_signal.load()),
+                             run_.max_time_s > 0 && elapsed() + 2 * slowest_step > run_.max_time_s ? 1.0 : 0.0};
+    dist_->max(stop);
+    const int sig = static_cast<int>(stop[0]);
+    const bool out_of_time = stop[1] > 0;
     std::string why;
     if (sig) why = std::string("signal ") + strsignal(sig);
     else if (out_of_time) why = "--max-time budget";
@@ -350,12 +430,16 @@ void Trainer::train() {
     else if (c.save_steps > 0 && step_ % c.save_steps == 0) why = "save_steps";
     else if (c.save_minutes > 0 && elapsed() - last_save >= 60 * c.save_minutes) why = "save_minutes";
     else if (loader_->state().epoch != epoch_before) why = "end of epoch";
-    if (!why.empty()) {
+    if (!why.empty() && dist_->is_main()) {
       save_checkpoint(why);
       last_save = elapsed();
     }
     if (sig || (out_of_time && !last)) {
       model_->training = false;
+      dist_->barrier();  // rank 0's checkpoint is complete before any rank exits
+      if (!dist_->is_main())
+        throw Interrupted("stopped at step " + std::to_string(step_) + " by " + why + " (on some rank); rank 0 " +
+                          "wrote the checkpoint; run the same command on every rank again to resume");
       throw Interrupted("stopped at step " + std::to_string(step_) + " by " + why + " after writing " +
                         last_checkpoint_ + "; " + resume_advice(last_checkpoint_));
     }
@@ -363,7 +447,8 @@ void Trainer::train() {
   }
   model_->training = false;
   memory_.finish();  // peak; estimated vs measured into memory_report.json and the log
-  save_outputs(train_seconds_before_ + elapsed());
+  if (dist_->is_main()) save_outputs(train_seconds_before_ + elapsed());
+  dist_->barrier();  // the other ranks end once rank 0 has written the adapter
 }
 
 void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seconds, double eval_loss) {
@@ -499,6 +584,7 @@ void Trainer::save_checkpoint(const std::string& why) {
   st.run_id = run_id_;
   st.fingerprint = fingerprint_;
   st.data_sha256 = data_sha_;
+  st.world_size = dist_->world_size();
   OptimizerTensors ot;
   for (const torch::Tensor& p : model_->lora_parameters()) {
     auto it = opt_->state().find(p.unsafeGetTensorImpl());
@@ -690,6 +776,17 @@ void Trainer::resume_from(const std::string& ckpt) {
     QLORA_CHECK(run_.force, "resume from ", ckpt, " refused: settings that change the run differ: ", list,
                 " (use --force to resume anyway, or --overwrite-output-dir to start a new run)");
     log::warn("resume: --force: continuing although settings differ: ", list);
+  }
+  // Another world size changes the global batch. The sampler state is global (docs/distributed.md),
+  // so with --force the data continues at the same global sample.
+  if (lc.state.world_size != dist_->world_size()) {
+    const int64_t rows = cfg_.training.micro_batch_size * cfg_.training.gradient_accumulation_steps;
+    QLORA_CHECK(run_.force, "resume from ", ckpt, " refused: it was written by a job of WORLD_SIZE=",
+                lc.state.world_size, ", this one has WORLD_SIZE=", dist_->world_size(), " (global batch ",
+                rows * lc.state.world_size, " -> ", rows * dist_->world_size(),
+                " rows; use --force to resume anyway: the data continues at the same global sample)");
+    log::warn("resume: --force: WORLD_SIZE ", lc.state.world_size, " -> ", dist_->world_size(),
+              "; the data continues at the same global sample");
   }
   // LoRA shapes must match exactly, --force or not (the optimizer state is per element).
   {

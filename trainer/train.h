@@ -16,6 +16,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "trainer/config/config.h"
+#include "trainer/distributed.h"
 #include "trainer/estimate.h"
 #include "trainer/model.h"
 #include "trainer/schedule.h"
@@ -52,8 +53,12 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>
 /// accumulation 1 and micro_batch 1 × accumulation 4 give the same update. Gradients are clipped to
 /// max_grad_norm (≤ 0: no clipping); the optimizer's lr is set to `lr` first. A non-finite loss or
 /// gradient skips the update (gradients zeroed) and sets `skipped`.
+/// Data parallel (`dist` active, docs/distributed.md): `micro_batches` are this rank's share of the
+/// global group; the target count, the gradients (one flat allreduce), the loss sum and the token
+/// count are summed over ranks, so every rank clips on the global norm and applies the same update,
+/// and the result (loss, grad_norm, tokens, targets) is the global one.
 StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std::vector<data::Batch>& micro_batches,
-                      double lr, double max_grad_norm, int64_t ce_chunk_tokens = 1024);
+                      double lr, double max_grad_norm, int64_t ce_chunk_tokens = 1024, Distributed* dist = nullptr);
 
 /// Mean next-token CE (nats) over `examples` in batches of `batch_size`, no grad, dropout off.
 /// Returns {mean loss, targets counted}.
@@ -84,6 +89,8 @@ struct RunOptions {
   /// The command line that started this run (shell-quoted), for the interrupt message's resume
   /// command; "" = "qlora train CONFIG".
   std::string command;
+  /// Where this process sits in a data-parallel job (read_dist_env); world_size 1 = alone.
+  DistEnv dist;
 };
 
 /// The `qlora train` recipe.
@@ -120,6 +127,11 @@ class Trainer {
   /// Writes checkpoint-<step_> under checkpoint_dir(), prunes, starts the sync command.
   void save_checkpoint(const std::string& why);
   std::string checkpoint_dir() const;
+  /// Micro-batches per optimizer step over all ranks: gradient_accumulation_steps × world size.
+  int64_t global_group_size() const;
+  /// Data parallel: throws qlora::Error naming the differing keys when this rank's resolved config
+  /// or data content differs from rank 0's. Nothing with world_size 1.
+  void check_same_run_as_main();
   PeftConfig peft_config() const;
 
   Config cfg_;
@@ -150,6 +162,7 @@ class Trainer {
   std::string last_checkpoint_;                  ///< path of the newest checkpoint written
   int64_t step_delay_ms_ = 0;                    ///< QLORA_FAULT_STEP_DELAY_MS test hook
   std::string kept_metrics_;                     ///< metrics.jsonl lines up to the resumed checkpoint
+  std::unique_ptr<Distributed> dist_;            ///< the process group; identity when world_size is 1
 };
 
 }  // namespace qlora

@@ -1,0 +1,211 @@
+#include "trainer/distributed.h"
+
+// ProcessGroupGloo.hpp compiles to nothing unless USE_C10D_GLOO is defined (torch's own build
+// defines it); the Gloo headers come from Debian's libgloo-dev, the Gloo code is in libtorch_cpu.
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO 1
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace qlora {
+
+namespace {
+
+/// The first line of an exception's message (c10 errors carry a backtrace after it).
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+/// `name`'s value as a decimal integer in [lo, hi]; `fallback` when unset. Throws qlora::Error
+/// naming the variable otherwise.
+int env_int(const std::function<const char*(const char*)>& getenv, const char* name, long lo, long hi, int fallback) {
+  const char* v = getenv(name);
+  if (!v) return fallback;
+  const std::string s(v);
+  QLORA_CHECK(!s.empty() && s.find_first_not_of("0123456789") == std::string::npos, name,
+              ": expected a non-negative decimal integer, got '", s, "'");
+  errno = 0;
+  const long n = std::strtol(s.c_str(), nullptr, 10);
+  QLORA_CHECK(errno == 0 && n >= lo && n <= hi, name, "=", s, ": must be in ", lo, "..", hi);
+  return static_cast<int>(n);
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+}  // namespace
+
+DistEnv read_dist_env(const std::function<const char*(const char*)>& getenv) {
+  DistEnv e;
+  const bool torchrun = getenv("RANK") || getenv("WORLD_SIZE");
+  const bool slurm = !torchrun && (getenv("SLURM_PROCID") || getenv("SLURM_NTASKS"));
+  const char* rank_var = torchrun ? "RANK" : "SLURM_PROCID";
+  const char* world_var = torchrun ? "WORLD_SIZE" : "SLURM_NTASKS";
+  const char* local_var = torchrun ? "LOCAL_RANK" : "SLURM_LOCALID";
+  if (!torchrun && !slurm) {
+    e.timeout = std::chrono::seconds(env_int(getenv, "QLORA_DIST_TIMEOUT_S", 1, INT_MAX, 1800));
+    return e;  // a single process
+  }
+  e.source = torchrun ? "torchrun" : "SLURM";
+  QLORA_CHECK(getenv(rank_var), rank_var, ": not set while ", world_var, "=", getenv(world_var),
+              " is (set both, or neither for a single process)");
+  QLORA_CHECK(getenv(world_var), world_var, ": not set while ", rank_var, "=", getenv(rank_var),
+              " is (set both, or neither for a single process)");
+  e.world_size = env_int(getenv, world_var, 1, 1 << 20, 1);
+  e.rank = env_int(getenv, rank_var, 0, INT_MAX, 0);
+  QLORA_CHECK(e.rank < e.world_size, rank_var, "=", e.rank, " must be < ", world_var, "=", e.world_size,
+              " (ranks are 0 .. ", world_var, "-1)");
+  e.local_rank = env_int(getenv, local_var, 0, e.world_size - 1, e.rank);
+  e.master_port = env_int(getenv, "MASTER_PORT", 1, 65535, 29500);
+  e.timeout = std::chrono::seconds(env_int(getenv, "QLORA_DIST_TIMEOUT_S", 1, INT_MAX, 1800));
+  if (e.world_size > 1) {
+    const char* addr = getenv("MASTER_ADDR");
+    QLORA_CHECK(addr && *addr, "MASTER_ADDR: not set while ", world_var, "=", e.world_size,
+                " (the host of rank 0, e.g. 127.0.0.1 on one node; torchrun sets it)");
+    e.master_addr = addr;
+  }
+  return e;
+}
+
+struct Distributed::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+};
+
+Distributed::Distributed() = default;
+Distributed::~Distributed() = default;
+
+Distributed::Distributed(const DistEnv& env, const torch::Device& device) : env_(env) {
+  if (!env_.active()) return;
+  QLORA_CHECK(!device.is_cuda(), "distributed: WORLD_SIZE=", env_.world_size, " on ", device.str(),
+              ": the NCCL backend for CUDA is not built yet (docs/distributed.md); run the ranks on CPU "
+              "(CUDA_VISIBLE_DEVICES=) or as a single process");
+  impl_ = std::make_unique<Impl>();
+  const std::string where = env_.master_addr + ":" + std::to_string(env_.master_port);
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(env_.master_port);
+  so.isServer = env_.rank == 0;
+  so.numWorkers = env_.world_size;
+  so.waitWorkers = true;
+  so.timeout = env_.timeout;
+  try {
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, so);
+  } catch (const std::exception& e) {
+    const std::string msg = first_line(e.what());
+    if (env_.rank == 0)
+      fail("MASTER_PORT=", env_.master_port, ": rank 0 cannot host the rendezvous at ", where,
+           " (port in use, or MASTER_ADDR is not this host?), or not all ", env_.world_size, " ranks joined within ",
+           env_.timeout.count() / 1000, " s: ", msg);
+    fail("MASTER_ADDR=", env_.master_addr, ": rank ", env_.rank, " cannot reach rank 0's rendezvous at ", where,
+         " within ", env_.timeout.count() / 1000, " s: ", msg);
+  }
+  auto opts = c10d::ProcessGroupGloo::Options::create(env_.timeout);
+  try {
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    else if (is_loopback(env_.master_addr))
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(env_.master_addr));
+    else
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, env_.rank, env_.world_size, opts);
+  } catch (const std::exception& e) {
+    fail("distributed: rank ", env_.rank, " could not connect the Gloo process group (", env_.world_size,
+         " ranks, rendezvous ", where, "): ", first_line(e.what()));
+  }
+  log::info("distributed: rank ", env_.rank, " of ", env_.world_size, " (local rank ", env_.local_rank, ", from ",
+            env_.source, "), Gloo on CPU, rendezvous ", where);
+}
+
+namespace {
+/// Runs one collective; a failure (a peer closed its connection: exited or was killed; or the
+/// timeout) becomes one qlora::Error naming this rank and the rank(s) it lost.
+template <typename F>
+void collective(const DistEnv& env, const char* what, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    const std::string lost = env.world_size == 2 ? "rank " + std::to_string(1 - env.rank)
+                                                 : "another rank (see their logs)";
+    fail("distributed: ", what, " failed on rank ", env.rank, " of ", env.world_size, ": lost ", lost,
+         " (it exited, was killed, or did not answer within ", env.timeout.count() / 1000,
+         " s, QLORA_DIST_TIMEOUT_S): ", first_line(e.what()));
+  }
+}
+
+void allreduce_doubles(const DistEnv& env, c10d::ProcessGroupGloo& pg, std::vector<double>& values,
+                       c10d::ReduceOp op) {
+  if (values.empty()) return;
+  std::vector<at::Tensor> t{torch::from_blob(values.data(), {static_cast<int64_t>(values.size())}, torch::kFloat64)};
+  c10d::AllreduceOptions o;
+  o.reduceOp = op;
+  collective(env, "allreduce", [&] { pg.allreduce(t, o)->wait(); });
+}
+}  // namespace
+
+void Distributed::sum(std::vector<double>& values) {
+  if (active()) allreduce_doubles(env_, *impl_->pg, values, c10d::ReduceOp::SUM);
+}
+
+void Distributed::max(std::vector<double>& values) {
+  if (active()) allreduce_doubles(env_, *impl_->pg, values, c10d::ReduceOp::MAX);
+}
+
+void Distributed::sum_gradients(const std::vector<torch::Tensor>& params) {
+  if (!active() || params.empty()) return;
+  std::vector<torch::Tensor> flat;
+  for (const torch::Tensor& p : params) {
+    QLORA_CHECK(p.scalar_type() == params[0].scalar_type(), "distributed: trainable parameters of mixed dtypes (",
+                p.scalar_type(), " and ", params[0].scalar_type(), ") cannot share one allreduce buffer");
+    flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+  }
+  std::vector<at::Tensor> buf{torch::cat(flat)};
+  collective(env_, "gradient allreduce", [&] { impl_->pg->allreduce(buf)->wait(); });
+  torch::NoGradGuard ng;
+  int64_t at = 0;
+  for (const torch::Tensor& p : params) {
+    torch::Tensor g = buf[0].narrow(0, at, p.numel()).view(p.sizes());
+    if (p.grad().defined())
+      p.mutable_grad().copy_(g);
+    else
+      p.mutable_grad() = g.clone();
+    at += p.numel();
+  }
+}
+
+void Distributed::barrier() {
+  if (active()) collective(env_, "barrier", [&] { impl_->pg->barrier()->wait(); });
+}
+
+std::string Distributed::from_main(const std::string& key, const std::function<std::string()>& produce) {
+  if (!active()) return produce();
+  const std::string k = "qlora/" + key;
+  if (is_main()) {
+    std::string value;
+    try {
+      value = produce();
+    } catch (const std::exception& e) {
+      impl_->store->set(k, "E" + first_line(e.what()));
+      throw;
+    }
+    impl_->store->set(k, "V" + value);
+    return value;
+  }
+  std::string got;
+  try {
+    got = impl_->store->get_to_str(k);
+  } catch (const std::exception& e) {
+    fail("distributed: rank ", env_.rank, " got no '", key, "' from rank 0 within ", env_.timeout.count() / 1000,
+         " s (rank 0 exited or was killed?): ", first_line(e.what()));
+  }
+  QLORA_CHECK(!got.empty() && got[0] == 'V', "distributed: rank 0 failed at ", key, ": ", got.substr(got.empty() ? 0 : 1));
+  return got.substr(1);
+}
+
+}  // namespace qlora
