@@ -153,11 +153,6 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t rep) {
   return x.unsqueeze(2).expand({s[0], s[1], rep, s[2], s[3]}).reshape({s[0], s[1] * rep, s[2], s[3]});
 }
 
-std::vector<std::string> linear_names() {
-  return {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-          "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
-}
-
 FrozenLinear* linear_by_suffix(DecoderLayer& l, const std::string& s) {
   if (s == "self_attn.q_proj") return &l.q_proj;
   if (s == "self_attn.k_proj") return &l.k_proj;

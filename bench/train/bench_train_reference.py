@@ -8,8 +8,9 @@ the `qlora train` run it is compared with.
 
 Data: alpaca records rendered with the alpaca template exactly as qlora's data/template.cpp does
 ("{system}\\n\\n### Instruction:\\n{instruction}[\\n\\n{input}]\\n\\n### Response:\\n" + output + EOS,
-BOS first), tokenised with the model directory's tokenizer.model through sentencepiece (prompt and
-response encoded separately, as qlora encodes the template's pieces); labels -100 on the prompt and
+BOS first when the tokenizer has one), tokenised with the model directory's tokenizer.model through
+sentencepiece, or its tokenizer.json through `tokenizers` (special tokens from tokenizer_config.json)
+(prompt and response encoded separately, as qlora encodes the template's pieces); labels -100 on the prompt and
 on padding; examples longer than --seq dropped (qlora's truncation: drop); rows shuffled (seed 42);
 each micro-batch right-padded to its longest row (qlora's collate). Optimizer torch.optim.AdamW
 (betas 0.9/0.999, eps 1e-8, weight decay 0), constant lr. --quant nf4 loads the model with
@@ -34,6 +35,36 @@ ALPACA_SYSTEM = ("Below is an instruction that describes a task. "
                  "Write a response that appropriately completes the request.")
 
 
+class Tok:
+    """encode(text) -> ids without special tokens; bos_id / eos_id (None when the model has none)."""
+
+    def __init__(self, model_dir):
+        spm_path = os.path.join(model_dir, "tokenizer.model")
+        if os.path.exists(spm_path):
+            import sentencepiece as spm
+            sp = spm.SentencePieceProcessor(model_file=spm_path)
+            self.encode = sp.encode
+            self.bos_id = sp.bos_id() if sp.bos_id() >= 0 else None
+            self.eos_id = sp.eos_id()
+            self.pad_id = sp.pad_id() if sp.pad_id() >= 0 else sp.eos_id()
+            return
+        from tokenizers import Tokenizer
+        tk = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+        with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
+            tc = json.load(f)
+
+        def special(key):
+            v = tc.get(key)
+            if isinstance(v, dict):
+                v = v.get("content")
+            return tk.token_to_id(v) if v else None
+
+        self.encode = lambda text: tk.encode(text, add_special_tokens=False).ids
+        self.bos_id, self.eos_id = special("bos_token"), special("eos_token")
+        pad = special("pad_token")
+        self.pad_id = pad if pad is not None else self.eos_id
+
+
 def load_examples(path, sp, seq):
     with open(path) as f:
         recs = json.load(f) if path.endswith(".json") else [json.loads(l) for l in f if l.strip()]
@@ -41,8 +72,8 @@ def load_examples(path, sp, seq):
     for r in recs:
         user = r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")
         prompt = (r.get("system") or ALPACA_SYSTEM) + "\n\n" + "### Instruction:\n" + user + "\n\n### Response:\n"
-        p = [sp.bos_id()] + sp.encode(prompt)
-        a = sp.encode(r["output"]) + [sp.eos_id()]
+        p = ([sp.bos_id] if sp.bos_id is not None else []) + sp.encode(prompt)
+        a = sp.encode(r["output"]) + [sp.eos_id]
         ids = p + a
         if len(ids) > seq:
             continue
@@ -82,14 +113,13 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing")
     args = ap.parse_args()
 
-    import sentencepiece as spm
     from transformers import BitsAndBytesConfig, LlamaForCausalLM
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(args.model, "tokenizer.model"))
+    sp = Tok(args.model)
     examples = load_examples(args.data, sp, args.seq)
-    pad_id = sp.pad_id() if sp.pad_id() >= 0 else sp.eos_id()
+    pad_id = sp.pad_id
 
     kw = {"torch_dtype": torch.float32}
     if args.quant == "nf4":
@@ -130,7 +160,8 @@ def main():
                       "median_step_s": statistics.median(step_s),
                       "median_tokens_per_s": timed_tokens / timed_steps / statistics.median(step_s),
                       "first_loss": losses[0], "final_loss": losses[-1],
-                      "threads": torch.get_num_threads(), "examples": len(examples)}))
+                      "threads": torch.get_num_threads(), "examples": len(examples),
+                      "trainable_tokens": sum(sum(1 for y in lab if y != -100) for _, lab in examples)}))
 
 
 if __name__ == "__main__":

@@ -193,7 +193,9 @@ TEST(Sampler, ResumeAnywhereGivesTheSameSequence) {
       auto joined = head;
       joined.insert(joined.end(), tail.begin(), tail.end());
       EXPECT_EQ(joined, full) << "packing " << packing << " stop after " << k;
-      if (k == per_epoch) EXPECT_EQ(saved.dump(), R"({"cursor":0,"epoch":1,"seed":7})");
+      if (k == per_epoch) {
+        EXPECT_EQ(saved.dump(), R"({"cursor":0,"epoch":1,"seed":7})");
+      }
     }
     // each epoch is a permutation, different epochs differ
     const auto p0 = epoch_permutation(23, 7, 0, true), p1 = epoch_permutation(23, 7, 1, true);

@@ -103,7 +103,9 @@ TEST(FamilyTemplates, IdsMatchTransformersAndOnlyAssistantTurnsAreTrained) {
     ASSERT_GE(close_id, 0) << name << ": " << closing.at(name) << " not in " << tdir;
     for (size_t i = 0; i < ex.labels.size(); ++i) {
       trained.push_back(ex.labels[i] != kIgnoreIndex);
-      if (trained.back()) EXPECT_EQ(ex.labels[i], ex.input_ids[i]);
+      if (trained.back()) {
+        EXPECT_EQ(ex.labels[i], ex.input_ids[i]);
+      }
       closing_trained += trained.back() && ex.input_ids[i] == close_id;
     }
     EXPECT_EQ(trained, c["trained"].get<std::vector<bool>>()) << name << " #" << c["index"] << ": " << c["rendered"];

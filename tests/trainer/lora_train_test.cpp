@@ -102,7 +102,9 @@ void check_peft_parity(const std::string& base, const std::string& ref_file, con
     const double rn = norms[s].item<double>();
     EXPECT_NEAR(r.grad_norm, rn, 1e-4 * rn) << label << " grad norm (before clipping) at step " << s;
     worst_norm = std::max(worst_norm, std::abs(r.grad_norm - rn) / rn);
-    if (run.max_grad_norm > 0) EXPECT_GT(rn, run.max_grad_norm) << label << ": step " << s << " was not clipped";
+    if (run.max_grad_norm > 0) {
+      EXPECT_GT(rn, run.max_grad_norm) << label << ": step " << s << " was not clipped";
+    }
   }
   double worst_w = 0, moved = 0;
   const LoraWeights init = with_adapter(root / base, root / run.adapter).lora_weights();
