@@ -85,6 +85,7 @@ struct TrainCliOptions {
   bool force = false;                  ///< resume despite changed run-meaning settings
   double max_time_s = 0;               ///< --max-time budget in seconds (0 = none)
   bool overwrite_output_dir = false;   ///< a fresh run moves a used output_dir aside instead of refusing
+  int nproc_per_node = 0;              ///< --nproc-per-node N: launch N local ranks (trainer/launch.h); 0 = be one
 };
 /// `qlora train CONFIG [--set k=v]`: validates the config, trains, writes the adapter and reports
 /// into output_dir. Bad config or data: qlora::Error before anything is written to output_dir.
