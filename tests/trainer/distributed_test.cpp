@@ -346,6 +346,25 @@ TEST_F(DataParallel, NprocPerNodeRefusesAnEnvironmentThatIsAlreadyARank) {
   EXPECT_FALSE(fs::exists(out));
 }
 
+// The replica check: rank 1's parameters perturbed after step 3 (test hook QLORA_FAULT_PERTURB_AT,
+// 1e-3 on one element) are caught at step 3 (end of epoch 1, before its checkpoint): both ranks
+// exit 1 naming step 3 and rank 1; checkpoint-2 (save_steps 2) stays, nothing of step 3 is written.
+TEST_F(DataParallel, DivergedReplicaIsAnErrorNamingTheStepAndTheRank) {
+  const fs::path out = root / "diverged";
+  const std::string ex = "--set training.micro_batch_size=5 --set training.num_epochs=2 "
+                         "--set training.gradient_accumulation_steps=1 --set checkpoint.save_steps=2";
+  auto r = two_ranks(out, {ex, ex}, {"", "QLORA_FAULT_PERTURB_AT=3"});
+  EXPECT_EQ(r[0].status, 1) << r[0].out;
+  EXPECT_EQ(r[1].status, 1) << r[1].out;
+  const std::string msg = "error: distributed: the LoRA parameters of rank 1 differ from rank 0's after step 3 (checksum ";
+  EXPECT_NE(r[0].out.find(msg), std::string::npos) << r[0].out;
+  EXPECT_NE(r[1].out.find(msg), std::string::npos) << r[1].out;
+  EXPECT_TRUE(fs::exists(out / "checkpoints" / "checkpoint-2" / "manifest.json"));
+  EXPECT_FALSE(fs::exists(out / "checkpoints" / "checkpoint-3"));
+  EXPECT_FALSE(fs::exists(out / "adapter_model.safetensors"));
+  EXPECT_EQ(steps(out).size(), 3u);  // step 3 was logged before the check
+}
+
 // Rank 1 with another lora.r: it fails naming the key, and rank 0 fails too (nothing trained).
 TEST_F(DataParallel, ConfigDifferingBetweenRanksIsRefusedNamingTheKey) {
   const fs::path out = root / "differ";
