@@ -148,6 +148,7 @@ struct EstimateCliOptions {
   std::string dtype = "bf16";                  ///< compute dtype: bf16 | fp16 | fp32
   bool json = false;
   double tokens = 0, gpu_hour_price = 0, tokens_per_s = 0, utilization = 1.0;  ///< cost (tokens > 0)
+  int64_t world_size = 1;                      ///< data-parallel ranks: per-rank memory, all ranks' cost
 };
 /// `qlora estimate (--preset NAME | --model DIR | --config YAML) [...]`: the memory estimate per
 /// component (trainer/estimate.h, docs/memory.md), the cards it fits, the rules of thumb; with

@@ -234,6 +234,9 @@ MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o)
     add("LoRA gradients (fp32)", 4 * e.lora_parameters, "same shapes as the parameters");
     add("AdamW states (exp_avg + exp_avg_sq, fp32)", 8 * e.lora_parameters,
         "2·4 per LoRA parameter; the fp32 LoRA parameters are their own master copy");
+    if (o.world_size > 1)  // Distributed::sum_gradients: torch::cat of the grads, summed, copied back
+      add("gradient allreduce buffer (fp32, flat)", 4 * e.lora_parameters,
+          "4 per LoRA parameter, one flat buffer per step (world size " + std::to_string(o.world_size) + ")");
   } else if (o.method == M::Full) {
     const int64_t P = e.num_parameters;
     add("gradients (compute dtype)", P * b, "P·b");
@@ -399,7 +402,7 @@ json estimate_to_json(const MemoryEstimate& e) {
             {"double_quant", o.double_quant}, {"lora_r", o.lora_r}, {"lora_targets", o.lora_targets},
             {"lora_dropout", o.lora_dropout}, {"micro_batch_size", o.micro_batch_size}, {"seq_len", o.seq_len},
             {"gradient_checkpointing", o.gradient_checkpointing}, {"compute_bytes", o.compute_bytes},
-            {"ce_chunk_tokens", o.ce_chunk_tokens}, {"cuda", o.cuda}}},
+            {"ce_chunk_tokens", o.ce_chunk_tokens}, {"cuda", o.cuda}, {"world_size", o.world_size}}},
           {"lora_parameters", e.lora_parameters},
           {"activation_bytes_per_layer", e.activation_bytes_per_layer},
           {"activation_bytes_per_layer_checkpointed", e.activation_bytes_per_layer_checkpointed},
@@ -423,6 +426,7 @@ std::string format_estimate(const MemoryEstimate& e) {
       for (const auto& t : o.lora_targets) s += (s.empty() ? "" : ",") + t;
       return s;
     }() << " (" << e.lora_parameters << " trainable)";
+  if (o.world_size > 1) os << "\ndata parallel over " << o.world_size << " ranks: the memory below is per rank";
   os << "\nmicro-batch " << o.micro_batch_size << " × " << o.seq_len << " tokens, compute " << o.compute_bytes * 8
      << "-bit, gradient checkpointing " << (o.gradient_checkpointing ? "on" : "off") << "\n\n";
   os << std::left << std::setw(50) << "component" << std::right << std::setw(14) << "bytes" << "  formula\n";
@@ -481,17 +485,20 @@ double peak_flops_for_device_name(const std::string& name) {
   return 0;
 }
 
-CostEstimate estimate_cost(double tokens, double tokens_per_s, double price, double utilization) {
+CostEstimate estimate_cost(double tokens, double tokens_per_s, double price, double utilization, int64_t devices) {
+  QLORA_CHECK(devices >= 1, "cost: --world-size must be >= 1, got ", devices);
   QLORA_CHECK(tokens >= 0, "cost: --tokens must be >= 0, got ", tokens);
   QLORA_CHECK(tokens_per_s > 0, "cost: --tokens-per-s must be > 0, got ", tokens_per_s);
   QLORA_CHECK(price >= 0, "cost: --gpu-hour-price must be >= 0, got ", price);
   QLORA_CHECK(utilization > 0 && utilization <= 1, "cost: --utilization must be in (0, 1], got ", utilization);
   CostEstimate c;
-  c.gpu_hours_full = tokens / tokens_per_s / 3600.0;
+  c.job_tokens_per_s = tokens_per_s * static_cast<double>(devices);
+  c.wall_hours_full = tokens / c.job_tokens_per_s / 3600.0;
+  c.gpu_hours_full = c.wall_hours_full * static_cast<double>(devices);
   c.gpu_hours_at_utilization = c.gpu_hours_full / utilization;
   c.cost_full = c.gpu_hours_full * price;
   c.cost_at_utilization = c.gpu_hours_at_utilization * price;
-  c.cost_per_million_tokens = 1e6 / tokens_per_s / 3600.0 * price;
+  c.cost_per_million_tokens = 1e6 / c.job_tokens_per_s / 3600.0 * static_cast<double>(devices) * price;
   return c;
 }
 

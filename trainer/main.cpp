@@ -129,6 +129,8 @@ int run(int argc, char** argv) {
   estimate->add_option("--seq-len", est.seq_len, "tokens per row")->capture_default_str();
   estimate->add_flag("--no-gradient-checkpointing", est.no_gradient_checkpointing, "keep every layer's activations");
   estimate->add_option("--dtype", est.dtype, "compute dtype bf16|fp16|fp32")->capture_default_str();
+  estimate->add_option("--world-size", est.world_size, "data-parallel ranks (per-rank memory; cost of all ranks)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   estimate->add_flag("--json", est.json, "machine-readable output");
   estimate->add_option("--tokens", est.tokens, "planned training tokens (cost)");
   estimate->add_option("--tokens-per-s", est.tokens_per_s, "throughput for the cost (e.g. from qlora bench)");
