@@ -191,6 +191,24 @@ std::vector<uint64_t> Distributed::all_gather(uint64_t value) {
   return out;
 }
 
+std::vector<std::string> Distributed::gather_to_main(const std::string& key, const std::string& value) {
+  if (!active()) return {value};
+  if (!is_main()) {
+    impl_->store->set("qlora/" + key + "/" + std::to_string(env_.rank), value);
+    return {};
+  }
+  std::vector<std::string> out{value};
+  for (int r = 1; r < env_.world_size; ++r) {
+    try {
+      out.push_back(impl_->store->get_to_str("qlora/" + key + "/" + std::to_string(r)));
+    } catch (const std::exception& e) {
+      fail("distributed: rank 0 got no '", key, "' from rank ", r, " within ", env_.timeout.count() / 1000,
+           " s (it exited or was killed?): ", first_line(e.what()));
+    }
+  }
+  return out;
+}
+
 void Distributed::barrier() {
   if (active()) collective(env_, "barrier", [&] { impl_->pg->barrier()->wait(); });
 }

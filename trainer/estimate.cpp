@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 #include "adapters/lora.h"
 #include "common/error.h"
@@ -579,12 +580,17 @@ std::string format_comparison(const json& rows) {
   return os.str();
 }
 
-void MemoryTracker::begin(const Config& cfg, const ModelConfig& model, const torch::Device& device) {
+void MemoryTracker::begin(const Config& cfg, const ModelConfig& model, const torch::Device& device,
+                          int64_t world_size, bool writes) {
   device_ = device;
   output_dir_ = cfg.output_dir;
-  estimate_ = estimate_memory(model, estimate_options_for(cfg, device));
+  writes_ = writes;
+  EstimateOptions eo = estimate_options_for(cfg, device);
+  eo.world_size = world_size;
+  estimate_ = estimate_memory(model, eo);
   active_ = true;
-  report_ = {{"device", device.str()}, {"estimate", estimate_to_json(estimate_)}, {"phases", json::object()}};
+  report_ = {{"device", device.str()}, {"pid", static_cast<int64_t>(::getpid())}, {"estimate", estimate_to_json(estimate_)},
+             {"phases", json::object()}};
   log::info("memory estimate: ", human_bytes(static_cast<double>(estimate_.total_bytes)), " peak (",
             to_string(estimate_.options.method), ", micro-batch ", estimate_.options.micro_batch_size, " × ",
             estimate_.options.seq_len, " tokens; `qlora estimate` itemises it)");
@@ -614,8 +620,21 @@ json MemoryTracker::finish() {
   return report_;
 }
 
+void MemoryTracker::add_ranks(const std::vector<json>& reports) {
+  if (!active_) return;
+  json ranks = json::array();
+  for (size_t r = 0; r < reports.size(); ++r)
+    ranks.push_back({{"rank", r},
+                     {"device", reports[r].value("device", "")},
+                     {"pid", reports[r].value("pid", int64_t{0})},
+                     {"phases", reports[r].value("phases", json::object())},
+                     {"comparison", reports[r].value("comparison", json::array())}});
+  report_["ranks"] = ranks;
+  write();
+}
+
 void MemoryTracker::write() const {
-  if (output_dir_.empty() || !fs::is_directory(output_dir_)) return;
+  if (!writes_ || output_dir_.empty() || !fs::is_directory(output_dir_)) return;
   atomic_write_string((fs::path(output_dir_) / "memory_report.json").string(), report_.dump(2) + "\n");
 }
 

@@ -165,9 +165,14 @@ ModelConfig model_config_for(const Config& cfg, int64_t vocab_size = 0);
 /// Phases: "before_load", "after_load", "after_first_step", "peak" (memory_snapshot of each).
 class MemoryTracker {
  public:
-  /// Estimates, logs the total, warns (log::warn) when it exceeds the visible CUDA device's memory,
-  /// and records "before_load". Call before loading the model.
-  void begin(const Config& cfg, const ModelConfig& model, const torch::Device& device);
+  /// Estimates (for one rank of `world_size`), logs the total, warns (log::warn) when it exceeds the
+  /// visible CUDA device's memory, and records "before_load". Call before loading the model.
+  /// `writes` false: the report is kept in memory only (data-parallel ranks other than 0).
+  void begin(const Config& cfg, const ModelConfig& model, const torch::Device& device, int64_t world_size = 1,
+             bool writes = true);
+  /// Data parallel, rank 0: every rank's finish() report (index = rank) goes into the report as
+  /// "ranks": [{"rank", "device", "phases", "comparison"}], and the file is rewritten.
+  void add_ranks(const std::vector<nlohmann::json>& reports);
   /// Records a phase; rewrites OUTPUT_DIR/memory_report.json when the directory exists.
   void record(const std::string& phase);
   /// Records "after_first_step" the first time it is called; later calls do nothing.
@@ -184,6 +189,7 @@ class MemoryTracker {
   void write() const;
   bool active_ = false;
   bool first_step_done_ = false;
+  bool writes_ = true;
   std::string output_dir_;
   torch::Device device_ = torch::kCPU;
   MemoryEstimate estimate_;

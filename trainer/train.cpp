@@ -235,8 +235,9 @@ void Trainer::setup() {
   run_id_ = claim.substr(0, claim.find('\n'));
   const std::string ckpt = claim.substr(claim.find('\n') + 1);
 
-  if (dist_->is_main())  // memory_report.json is rank 0's (other ranks: no tracker)
-    memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_);  // warns if it will not fit
+  // memory_report.json: every rank measures; rank 0 alone writes, with the others' reports
+  // gathered at the end ("ranks"). Warns if it will not fit.
+  memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(), dist_->is_main());
   const torch::Dtype dtype = compute_dtype(cfg_.model.dtype, device_);
   const QuantOptions q = quant_options(cfg_.quantization);
   if (!cfg_.model.path.empty()) {
@@ -480,7 +481,12 @@ void Trainer::train() {
     if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
   }
   model_->training = false;
-  memory_.finish();  // peak; estimated vs measured into memory_report.json and the log
+  const json report = memory_.finish();  // peak; estimated vs measured into memory_report.json and the log
+  if (dist_->active()) {  // every rank's measurement into rank 0's memory_report.json
+    std::vector<json> reports;
+    for (const std::string& r : dist_->gather_to_main("memory_report", report.dump())) reports.push_back(json::parse(r));
+    if (dist_->is_main()) memory_.add_ranks(reports);
+  }
   if (dist_->is_main()) save_outputs(train_seconds_before_ + elapsed());
   dist_->barrier();  // the other ranks end once rank 0 has written the adapter
 }
@@ -592,12 +598,15 @@ void Trainer::save_outputs(double seconds) {
             {"preemption", preemption_}};
   if (cfg_.cost.gpu_hour_price > 0) {
     // cost.gpu_hour_price is currency-free: the same unit comes back.
-    const double run_cost = cfg_.cost.gpu_hour_price * seconds / 3600.0;
+    // Data parallel: every rank's device is billed for the run's wall time.
+    const double run_cost = cfg_.cost.gpu_hour_price * seconds / 3600.0 * dist_->world_size();
     s["cost"] = {{"gpu_hour_price", cfg_.cost.gpu_hour_price},
+                 {"devices", dist_->world_size()},
                  {"run", run_cost},
                  {"per_million_tokens", tokens_trained_ > 0 ? run_cost / tokens_trained_ * 1e6 : 0.0}};
     log::info("cost: ", run_cost, " for this run, ", s["cost"]["per_million_tokens"].get<double>(),
-              " per 1M training tokens (at ", cfg_.cost.gpu_hour_price, " per GPU-hour)");
+              " per 1M training tokens (at ", cfg_.cost.gpu_hour_price, " per GPU-hour",
+              dist_->active() ? " x " + std::to_string(dist_->world_size()) + " devices" : std::string(), ")");
   }
   atomic_write_string((fs::path(cfg_.output_dir) / "summary.json").string(), s.dump(2) + "\n");
   log::info("done: ", step_, " steps, ", tokens_trained_, " tokens in ", seconds, " s; adapter in ",

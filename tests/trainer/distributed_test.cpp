@@ -159,12 +159,37 @@ TEST_F(DataParallel, TwoRanksEqualOneRankWithAccumulation) {
   const fs::path one = root / "acc2", two = root / "ws2";
   Out s = single(one, "--set training.num_epochs=1 --set training.gradient_accumulation_steps=2");
   ASSERT_EQ(s.status, 0) << s.out;
-  const std::string ex = "--set training.num_epochs=1 --set training.gradient_accumulation_steps=1";
+  const std::string ex = "--set training.num_epochs=1 --set training.gradient_accumulation_steps=1 "
+                         "--set cost.gpu_hour_price=3.6";
   auto r = two_ranks(two, {ex, ex});
   ASSERT_EQ(r[0].status, 0) << r[0].out;
   ASSERT_EQ(r[1].status, 0) << r[1].out;
   EXPECT_NE(r[0].out.find("global batch 2 x 1 x 2 = 4 rows per optimizer step"), std::string::npos) << r[0].out;
   expect_same_run(one, two, 6);
+  // memory_report.json (rank 0 writes it) holds every rank's measurement, and its per-rank estimate
+  // has the flat fp32 gradient buffer: 4 bytes per LoRA parameter.
+  const json mem = json::parse(qlora::read_file((two / "memory_report.json").string()));
+  ASSERT_EQ(mem["ranks"].size(), 2u) << mem.dump(1);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(mem["ranks"][k]["rank"], k);
+    EXPECT_GT(mem["ranks"][k]["phases"]["peak"]["peak_rss_bytes"].get<int64_t>(), 0) << k;
+    EXPECT_GE(mem["ranks"][k]["phases"]["peak"]["peak_rss_bytes"].get<int64_t>(),
+              mem["ranks"][k]["phases"]["after_load"]["rss_bytes"].get<int64_t>()) << k;
+  }
+  EXPECT_NE(mem["ranks"][0]["pid"], mem["ranks"][1]["pid"]) << "two processes, two measurements";
+  EXPECT_EQ(mem["estimate"]["options"]["world_size"], 2);
+  int64_t buffer = -1;
+  for (const json& c : mem["estimate"]["components"])
+    if (c["name"] == "gradient allreduce buffer (fp32, flat)") buffer = c["bytes"].get<int64_t>();
+  EXPECT_EQ(buffer, 4 * mem["estimate"]["lora_parameters"].get<int64_t>());
+  EXPECT_GT(buffer, 0);
+  // summary.json: tokens count both ranks; the cost bills both devices for the wall time.
+  const json sum = json::parse(qlora::read_file((two / "summary.json").string()));
+  EXPECT_EQ(sum["cost"]["devices"], 2);
+  EXPECT_NEAR(sum["cost"]["run"].get<double>(), 3.6 * sum["wall_seconds"].get<double>() / 3600.0 * 2, 1e-12);
+  int64_t tokens = 0;
+  for (const Step& st : steps(two)) tokens += st.tokens;
+  EXPECT_EQ(sum["tokens_trained"].get<int64_t>(), tokens);
   // Rank 0 alone writes: one metrics line per step, one adapter, one run.json.
   EXPECT_TRUE(fs::exists(two / "adapter_model.safetensors"));
   EXPECT_TRUE(fs::exists(two / "summary.json"));
