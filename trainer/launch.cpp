@@ -117,17 +117,26 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv) {
   std::map<pid_t, int> live;  // pid -> rank
   for (int r = 0; r < nproc; ++r) {
     env["RANK"] = env["LOCAL_RANK"] = std::to_string(r);
+    // The rank's whole environment, built before fork: the child only calls async-signal-safe
+    // functions (this process may have threads).
+    std::vector<std::string> entries;
+    for (char** e = environ; *e; ++e) {
+      const std::string kv(*e);
+      if (!env.count(kv.substr(0, kv.find('=')))) entries.push_back(kv);
+    }
+    for (const auto& [k, v] : env) entries.push_back(k + "=" + v);
+    std::vector<char*> cenv;
+    for (const std::string& kv : entries) cenv.push_back(const_cast<char*>(kv.c_str()));
+    cenv.push_back(nullptr);
+    static const char kExecFailed[] = "error: --nproc-per-node: cannot exec /proc/self/exe for a rank\n";
     const pid_t pid = ::fork();
     if (pid == 0) {
-      // The child: the rank's environment, default signal dispositions (exec resets caught ones),
-      // SIGTERM when the launcher dies (a rank then checkpoints and exits 75), then this binary.
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      // The child: default signal dispositions (exec resets caught ones), SIGTERM when the
+      // launcher dies (a rank then checkpoints and exits 75), then this binary.
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != launcher) ::_exit(128 + SIGTERM);  // the launcher died before prctl
-      ::execv("/proc/self/exe", cargv.data());
-      const std::string msg = "error: --nproc-per-node: cannot exec /proc/self/exe for rank " + std::to_string(r) +
-                              ": " + std::strerror(errno) + "\n";
-      (void)!::write(2, msg.data(), msg.size());
+      ::execve("/proc/self/exe", cargv.data(), cenv.data());
+      (void)!::write(2, kExecFailed, sizeof kExecFailed - 1);
       ::_exit(127);
     }
     if (pid < 0) {

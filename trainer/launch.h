@@ -28,7 +28,8 @@ constexpr int kLaunchKillSeconds = 5;
 /// stopped as kLaunchGraceSeconds says, so the launcher never hangs on a rank that waits for a dead
 /// peer. Throws qlora::Error (nothing started) when nproc is not in 1..1024, RANK or WORLD_SIZE is
 /// already set (this process is itself a rank), the resulting environment is invalid
-/// (read_dist_env's checks, e.g. MASTER_PORT out of range), or fork fails for rank 0.
+/// (read_dist_env's checks, e.g. MASTER_PORT out of range), or fork fails (the ranks already
+/// started are killed first).
 int launch_local_ranks(int nproc, const std::vector<std::string>& argv);
 
 /// `argv` without the launcher's own option (`--nproc-per-node N` or `--nproc-per-node=N`): the
