@@ -85,6 +85,7 @@ struct TrainCliOptions {
   bool force = false;                  ///< resume despite changed run-meaning settings
   double max_time_s = 0;               ///< --max-time budget in seconds (0 = none)
   bool overwrite_output_dir = false;   ///< a fresh run moves a used output_dir aside instead of refusing
+  int nproc_per_node = 0;              ///< --nproc-per-node N: launch N local ranks (trainer/launch.h); 0 = be one
 };
 /// `qlora train CONFIG [--set k=v]`: validates the config, trains, writes the adapter and reports
 /// into output_dir. Bad config or data: qlora::Error before anything is written to output_dir.
@@ -147,6 +148,7 @@ struct EstimateCliOptions {
   std::string dtype = "bf16";                  ///< compute dtype: bf16 | fp16 | fp32
   bool json = false;
   double tokens = 0, gpu_hour_price = 0, tokens_per_s = 0, utilization = 1.0;  ///< cost (tokens > 0)
+  int64_t world_size = 1;                      ///< data-parallel ranks: per-rank memory, all ranks' cost
 };
 /// `qlora estimate (--preset NAME | --model DIR | --config YAML) [...]`: the memory estimate per
 /// component (trainer/estimate.h, docs/memory.md), the cards it fits, the rules of thumb; with

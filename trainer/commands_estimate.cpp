@@ -36,14 +36,18 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
                 "or fp32, got '", o.dtype, "'");
     e.compute_bytes = o.dtype == "fp32" ? 4 : 2;
   }
+  e.world_size = o.world_size;
   const MemoryEstimate est = estimate_memory(model, e);
 
   json cost;
   if (o.tokens > 0 || o.tokens_per_s > 0) {
     QLORA_CHECK(o.tokens > 0 && o.tokens_per_s > 0, "estimate: cost needs both --tokens and --tokens-per-s");
-    const CostEstimate c = estimate_cost(o.tokens, o.tokens_per_s, o.gpu_hour_price, o.utilization);
+    const CostEstimate c = estimate_cost(o.tokens, o.tokens_per_s, o.gpu_hour_price, o.utilization, o.world_size);
     cost = {{"tokens", o.tokens},
             {"tokens_per_s", o.tokens_per_s},
+            {"world_size", o.world_size},
+            {"job_tokens_per_s", c.job_tokens_per_s},
+            {"wall_hours_full_utilization", c.wall_hours_full},
             {"utilization", o.utilization},
             {"gpu_hour_price", o.gpu_hour_price},
             {"gpu_hours_full_utilization", c.gpu_hours_full},
@@ -61,7 +65,11 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
   os << format_estimate(est);
   if (!cost.is_null()) {
     os << std::fixed << std::setprecision(2) << "\ncost of " << o.tokens << " tokens at " << o.tokens_per_s
-       << " tokens/s:\n  full utilization:   " << cost["gpu_hours_full_utilization"].get<double>() << " GPU-hours";
+       << " tokens/s";
+    if (o.world_size > 1)
+      os << " per rank x " << o.world_size << " ranks = " << cost["job_tokens_per_s"].get<double>() << " tokens/s (ideal scaling), "
+         << cost["wall_hours_full_utilization"].get<double>() << " h wall-clock; GPU-hours of all ranks";
+    os << ":\n  full utilization:   " << cost["gpu_hours_full_utilization"].get<double>() << " GPU-hours";
     if (o.gpu_hour_price > 0) os << ", " << cost["cost_full_utilization"].get<double>();
     os << "\n  at utilization " << o.utilization << ": " << cost["gpu_hours_at_utilization"].get<double>()
        << " GPU-hours";

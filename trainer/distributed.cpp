@@ -179,6 +179,36 @@ void Distributed::sum_gradients(const std::vector<torch::Tensor>& params) {
   }
 }
 
+std::vector<uint64_t> Distributed::all_gather(uint64_t value) {
+  if (!active()) return {value};
+  std::vector<double> slots(2 * static_cast<size_t>(env_.world_size), 0.0);
+  slots[2 * env_.rank] = static_cast<double>(value >> 32);
+  slots[2 * env_.rank + 1] = static_cast<double>(value & 0xffffffffu);
+  allreduce_doubles(env_, *impl_->pg, slots, c10d::ReduceOp::SUM);
+  std::vector<uint64_t> out(env_.world_size);
+  for (int r = 0; r < env_.world_size; ++r)
+    out[r] = (static_cast<uint64_t>(slots[2 * r]) << 32) | static_cast<uint64_t>(slots[2 * r + 1]);
+  return out;
+}
+
+std::vector<std::string> Distributed::gather_to_main(const std::string& key, const std::string& value) {
+  if (!active()) return {value};
+  if (!is_main()) {
+    impl_->store->set("qlora/" + key + "/" + std::to_string(env_.rank), value);
+    return {};
+  }
+  std::vector<std::string> out{value};
+  for (int r = 1; r < env_.world_size; ++r) {
+    try {
+      out.push_back(impl_->store->get_to_str("qlora/" + key + "/" + std::to_string(r)));
+    } catch (const std::exception& e) {
+      fail("distributed: rank 0 got no '", key, "' from rank ", r, " within ", env_.timeout.count() / 1000,
+           " s (it exited or was killed?): ", first_line(e.what()));
+    }
+  }
+  return out;
+}
+
 void Distributed::barrier() {
   if (active()) collective(env_, "barrier", [&] { impl_->pg->barrier()->wait(); });
 }

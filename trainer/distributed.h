@@ -76,6 +76,13 @@ class Distributed {
   /// sum(numel) elements, summed, and copied back (undefined grads become defined). Throws
   /// qlora::Error when the parameters differ in dtype.
   void sum_gradients(const std::vector<torch::Tensor>& params);
+  /// Every rank's `value`, indexed by rank (one float64 allreduce of 2 × world_size slots, each
+  /// rank filling its own two with the 32-bit halves, so the sum is exact). World size 1: {value}.
+  std::vector<uint64_t> all_gather(uint64_t value);
+  /// Every rank's `value` on rank 0, indexed by rank (through the store, keys "qlora/<key>/<rank>",
+  /// `key` unique per call); the other ranks get {} back. World size 1: {value}. Throws
+  /// qlora::Error on rank 0 when a rank's value does not arrive within the timeout.
+  std::vector<std::string> gather_to_main(const std::string& key, const std::string& value);
   /// Blocks until every rank has called it.
   void barrier();
   /// Rank 0 runs `produce` and every rank returns its result (through the store, key `key`, which

@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 #include "adapters/lora.h"
 #include "common/error.h"
@@ -234,6 +235,9 @@ MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o)
     add("LoRA gradients (fp32)", 4 * e.lora_parameters, "same shapes as the parameters");
     add("AdamW states (exp_avg + exp_avg_sq, fp32)", 8 * e.lora_parameters,
         "2·4 per LoRA parameter; the fp32 LoRA parameters are their own master copy");
+    if (o.world_size > 1)  // Distributed::sum_gradients: torch::cat of the grads, summed, copied back
+      add("gradient allreduce buffer (fp32, flat)", 4 * e.lora_parameters,
+          "4 per LoRA parameter, one flat buffer per step (world size " + std::to_string(o.world_size) + ")");
   } else if (o.method == M::Full) {
     const int64_t P = e.num_parameters;
     add("gradients (compute dtype)", P * b, "P·b");
@@ -399,7 +403,7 @@ json estimate_to_json(const MemoryEstimate& e) {
             {"double_quant", o.double_quant}, {"lora_r", o.lora_r}, {"lora_targets", o.lora_targets},
             {"lora_dropout", o.lora_dropout}, {"micro_batch_size", o.micro_batch_size}, {"seq_len", o.seq_len},
             {"gradient_checkpointing", o.gradient_checkpointing}, {"compute_bytes", o.compute_bytes},
-            {"ce_chunk_tokens", o.ce_chunk_tokens}, {"cuda", o.cuda}}},
+            {"ce_chunk_tokens", o.ce_chunk_tokens}, {"cuda", o.cuda}, {"world_size", o.world_size}}},
           {"lora_parameters", e.lora_parameters},
           {"activation_bytes_per_layer", e.activation_bytes_per_layer},
           {"activation_bytes_per_layer_checkpointed", e.activation_bytes_per_layer_checkpointed},
@@ -423,6 +427,7 @@ std::string format_estimate(const MemoryEstimate& e) {
       for (const auto& t : o.lora_targets) s += (s.empty() ? "" : ",") + t;
       return s;
     }() << " (" << e.lora_parameters << " trainable)";
+  if (o.world_size > 1) os << "\ndata parallel over " << o.world_size << " ranks: the memory below is per rank";
   os << "\nmicro-batch " << o.micro_batch_size << " × " << o.seq_len << " tokens, compute " << o.compute_bytes * 8
      << "-bit, gradient checkpointing " << (o.gradient_checkpointing ? "on" : "off") << "\n\n";
   os << std::left << std::setw(50) << "component" << std::right << std::setw(14) << "bytes" << "  formula\n";
@@ -481,17 +486,20 @@ double peak_flops_for_device_name(const std::string& name) {
   return 0;
 }
 
-CostEstimate estimate_cost(double tokens, double tokens_per_s, double price, double utilization) {
+CostEstimate estimate_cost(double tokens, double tokens_per_s, double price, double utilization, int64_t devices) {
+  QLORA_CHECK(devices >= 1, "cost: --world-size must be >= 1, got ", devices);
   QLORA_CHECK(tokens >= 0, "cost: --tokens must be >= 0, got ", tokens);
   QLORA_CHECK(tokens_per_s > 0, "cost: --tokens-per-s must be > 0, got ", tokens_per_s);
   QLORA_CHECK(price >= 0, "cost: --gpu-hour-price must be >= 0, got ", price);
   QLORA_CHECK(utilization > 0 && utilization <= 1, "cost: --utilization must be in (0, 1], got ", utilization);
   CostEstimate c;
-  c.gpu_hours_full = tokens / tokens_per_s / 3600.0;
+  c.job_tokens_per_s = tokens_per_s * static_cast<double>(devices);
+  c.wall_hours_full = tokens / c.job_tokens_per_s / 3600.0;
+  c.gpu_hours_full = c.wall_hours_full * static_cast<double>(devices);
   c.gpu_hours_at_utilization = c.gpu_hours_full / utilization;
   c.cost_full = c.gpu_hours_full * price;
   c.cost_at_utilization = c.gpu_hours_at_utilization * price;
-  c.cost_per_million_tokens = 1e6 / tokens_per_s / 3600.0 * price;
+  c.cost_per_million_tokens = 1e6 / c.job_tokens_per_s / 3600.0 * static_cast<double>(devices) * price;
   return c;
 }
 
@@ -572,12 +580,17 @@ std::string format_comparison(const json& rows) {
   return os.str();
 }
 
-void MemoryTracker::begin(const Config& cfg, const ModelConfig& model, const torch::Device& device) {
+void MemoryTracker::begin(const Config& cfg, const ModelConfig& model, const torch::Device& device,
+                          int64_t world_size, bool writes) {
   device_ = device;
   output_dir_ = cfg.output_dir;
-  estimate_ = estimate_memory(model, estimate_options_for(cfg, device));
+  writes_ = writes;
+  EstimateOptions eo = estimate_options_for(cfg, device);
+  eo.world_size = world_size;
+  estimate_ = estimate_memory(model, eo);
   active_ = true;
-  report_ = {{"device", device.str()}, {"estimate", estimate_to_json(estimate_)}, {"phases", json::object()}};
+  report_ = {{"device", device.str()}, {"pid", static_cast<int64_t>(::getpid())}, {"estimate", estimate_to_json(estimate_)},
+             {"phases", json::object()}};
   log::info("memory estimate: ", human_bytes(static_cast<double>(estimate_.total_bytes)), " peak (",
             to_string(estimate_.options.method), ", micro-batch ", estimate_.options.micro_batch_size, " × ",
             estimate_.options.seq_len, " tokens; `qlora estimate` itemises it)");
@@ -607,8 +620,21 @@ json MemoryTracker::finish() {
   return report_;
 }
 
+void MemoryTracker::add_ranks(const std::vector<json>& reports) {
+  if (!active_) return;
+  json ranks = json::array();
+  for (size_t r = 0; r < reports.size(); ++r)
+    ranks.push_back({{"rank", r},
+                     {"device", reports[r].value("device", "")},
+                     {"pid", reports[r].value("pid", int64_t{0})},
+                     {"phases", reports[r].value("phases", json::object())},
+                     {"comparison", reports[r].value("comparison", json::array())}});
+  report_["ranks"] = ranks;
+  write();
+}
+
 void MemoryTracker::write() const {
-  if (output_dir_.empty() || !fs::is_directory(output_dir_)) return;
+  if (!writes_ || output_dir_.empty() || !fs::is_directory(output_dir_)) return;
   atomic_write_string((fs::path(output_dir_) / "memory_report.json").string(), report_.dump(2) + "\n");
 }
 

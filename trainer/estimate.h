@@ -52,6 +52,9 @@ struct EstimateOptions {
   bool attention_mask = false;
   int64_t cublas_handles = -1;    ///< CUDA: cuBLAS handles with a workspace; -1: 2 training, 1 inference
   bool allocator_rounding = true; ///< CUDA: add the caching allocator's segment rounding (peak reserved)
+  /// Data-parallel ranks (docs/distributed.md); > 1 with LoRA/QLoRA adds each rank's flat fp32
+  /// gradient allreduce buffer (4 × LoRA parameters). The estimate is per rank.
+  int64_t world_size = 1;
 };
 
 /// What PyTorch's CUDA caching allocator reserves for tensors of `sizes` bytes allocated in this
@@ -138,11 +141,18 @@ double peak_flops_for_device_name(const std::string& name);
 
 /// Cost arithmetic: GPU-hours = tokens / tokens_per_s / 3600 / utilization; cost = hours × price.
 struct CostEstimate {
+  /// GPU-hours of all `devices` together (the bill), at full utilization and at `utilization`.
   double gpu_hours_full = 0, gpu_hours_at_utilization = 0, cost_full = 0, cost_at_utilization = 0;
   double cost_per_million_tokens = 0;  ///< at full utilization
+  double job_tokens_per_s = 0;         ///< tokens_per_s × devices (ideal data-parallel scaling)
+  double wall_hours_full = 0;          ///< wall-clock hours of the job = gpu_hours_full / devices
 };
-/// Throws qlora::Error for tokens_per_s ≤ 0, utilization outside (0, 1], tokens or price < 0.
-CostEstimate estimate_cost(double tokens, double tokens_per_s, double gpu_hour_price, double utilization);
+/// `tokens_per_s` is ONE device's throughput; `devices` (data-parallel ranks, ≥ 1) run at that rate
+/// each (ideal scaling: the allreduce is not counted, docs/distributed.md), so the job processes
+/// tokens_per_s × devices, and every device's hours are billed. Throws qlora::Error for
+/// tokens_per_s ≤ 0, utilization outside (0, 1], tokens or price < 0, devices < 1.
+CostEstimate estimate_cost(double tokens, double tokens_per_s, double gpu_hour_price, double utilization,
+                           int64_t devices = 1);
 
 /// EstimateOptions from a training config on `device` (compute dtype auto → bf16 on CUDA, fp32
 /// on CPU; no CUDA overhead on CPU).
@@ -155,9 +165,14 @@ ModelConfig model_config_for(const Config& cfg, int64_t vocab_size = 0);
 /// Phases: "before_load", "after_load", "after_first_step", "peak" (memory_snapshot of each).
 class MemoryTracker {
  public:
-  /// Estimates, logs the total, warns (log::warn) when it exceeds the visible CUDA device's memory,
-  /// and records "before_load". Call before loading the model.
-  void begin(const Config& cfg, const ModelConfig& model, const torch::Device& device);
+  /// Estimates (for one rank of `world_size`), logs the total, warns (log::warn) when it exceeds the
+  /// visible CUDA device's memory, and records "before_load". Call before loading the model.
+  /// `writes` false: the report is kept in memory only (data-parallel ranks other than 0).
+  void begin(const Config& cfg, const ModelConfig& model, const torch::Device& device, int64_t world_size = 1,
+             bool writes = true);
+  /// Data parallel, rank 0: every rank's finish() report (index = rank) goes into the report as
+  /// "ranks": [{"rank", "device", "phases", "comparison"}], and the file is rewritten.
+  void add_ranks(const std::vector<nlohmann::json>& reports);
   /// Records a phase; rewrites OUTPUT_DIR/memory_report.json when the directory exists.
   void record(const std::string& phase);
   /// Records "after_first_step" the first time it is called; later calls do nothing.
@@ -174,6 +189,7 @@ class MemoryTracker {
   void write() const;
   bool active_ = false;
   bool first_step_done_ = false;
+  bool writes_ = true;
   std::string output_dir_;
   torch::Device device_ = torch::kCPU;
   MemoryEstimate estimate_;

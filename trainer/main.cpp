@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "trainer/commands.h"
 #include "trainer/import_gguf.h"
+#include "trainer/launch.h"
 
 namespace {
 
@@ -75,6 +76,9 @@ int run(int argc, char** argv) {
   train_cmd->add_flag("--force", train.force, "resume even if run-meaning settings changed");
   train_cmd->add_option("--max-time", train.max_time_s, "wall-clock budget in seconds: stop cleanly with a checkpoint");
   train_cmd->add_flag("--overwrite-output-dir", train.overwrite_output_dir, "a fresh run moves a used output_dir aside");
+  train_cmd->add_option("--nproc-per-node", train.nproc_per_node,
+                        "start N local data-parallel ranks of this command (as torchrun; docs/distributed.md)")
+      ->check(CLI::Range(1, 1024));
 
   qlora::EvalOptions ev;
   auto* eval_cmd = app.add_subcommand("eval", "held-out loss / perplexity, or greedy exact-match accuracy");
@@ -125,6 +129,8 @@ int run(int argc, char** argv) {
   estimate->add_option("--seq-len", est.seq_len, "tokens per row")->capture_default_str();
   estimate->add_flag("--no-gradient-checkpointing", est.no_gradient_checkpointing, "keep every layer's activations");
   estimate->add_option("--dtype", est.dtype, "compute dtype bf16|fp16|fp32")->capture_default_str();
+  estimate->add_option("--world-size", est.world_size, "data-parallel ranks (per-rank memory; cost of all ranks)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   estimate->add_flag("--json", est.json, "machine-readable output");
   estimate->add_option("--tokens", est.tokens, "planned training tokens (cost)");
   estimate->add_option("--tokens-per-s", est.tokens_per_s, "throughput for the cost (e.g. from qlora bench)");
@@ -172,6 +178,9 @@ int run(int argc, char** argv) {
   if (*init_model) qlora::cmd_init_model(init);
   if (*merge_cmd) qlora::cmd_merge(mrg);
   if (*data_preview) std::cout << qlora::cmd_data_preview(preview);
+  if (*train_cmd && train.nproc_per_node > 0)  // the launcher: starts the ranks, returns their status
+    return qlora::launch_local_ranks(train.nproc_per_node,
+                                     qlora::strip_nproc_option(std::vector<std::string>(argv, argv + argc)));
   if (*train_cmd) qlora::cmd_train(train);
   if (*estimate) std::cout << qlora::cmd_estimate(est);
   if (*bench_cmd) std::cout << qlora::cmd_bench(bench);

@@ -90,6 +90,27 @@ StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std
   return r;
 }
 
+uint64_t parameter_checksum(const std::vector<torch::Tensor>& params) {
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a offset basis and prime (64-bit)
+  for (const torch::Tensor& p : params) {
+    const torch::Tensor c = p.detach().to(torch::kCPU).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, bytes + i, 8);
+      h = (h ^ w) * 0x100000001b3ULL;
+    }
+    if (i < n) {
+      uint64_t w = 0;
+      std::memcpy(&w, bytes + i, n - i);
+      h = (h ^ w) * 0x100000001b3ULL;
+    }
+  }
+  return h;
+}
+
 std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
                                          int64_t batch_size, const data::DataOptions& opts, int32_t pad_id) {
   if (examples.empty()) return {std::nan(""), 0};
@@ -214,8 +235,9 @@ void Trainer::setup() {
   run_id_ = claim.substr(0, claim.find('\n'));
   const std::string ckpt = claim.substr(claim.find('\n') + 1);
 
-  if (dist_->is_main())  // memory_report.json is rank 0's (other ranks: no tracker)
-    memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_);  // warns if it will not fit
+  // memory_report.json: every rank measures; rank 0 alone writes, with the others' reports
+  // gathered at the end ("ranks"). Warns if it will not fit.
+  memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(), dist_->is_main());
   const torch::Dtype dtype = compute_dtype(cfg_.model.dtype, device_);
   const QuantOptions q = quant_options(cfg_.quantization);
   if (!cfg_.model.path.empty()) {
@@ -256,6 +278,10 @@ void Trainer::setup() {
   if (const char* f = std::getenv("QLORA_FAULT_SIGTERM_AT"))
     QLORA_CHECK(std::sscanf(f, "%ld:%ld", &fault_.step, &fault_.micro) == 2,
                 "QLORA_FAULT_SIGTERM_AT: expected STEP:MICRO, got '", f, "'");
+  // Test hook: QLORA_FAULT_PERTURB_AT=STEP adds 1e-3 to one LoRA parameter of this process after
+  // step STEP's update, so its replica diverges (the replica check's test).
+  if (const char* f = std::getenv("QLORA_FAULT_PERTURB_AT"))
+    QLORA_CHECK(std::sscanf(f, "%ld", &fault_.perturb_step) == 1, "QLORA_FAULT_PERTURB_AT: expected STEP, got '", f, "'");
   if (const char* d = std::getenv("QLORA_FAULT_STEP_DELAY_MS")) step_delay_ms_ = std::atoll(d);  // test hook
   preemption_ = {{"interruptions", 0}, {"time_lost_s", 0.0}, {"checkpoints", json::array()}};
   if (!ckpt.empty()) resume_from(ckpt);         // may refuse (changed settings, data, shapes)
@@ -393,6 +419,10 @@ void Trainer::train() {
     StepResult r = train_step(*model_, *opt_, group, lr, t.max_grad_norm, 1024, dist_.get());
     memory_.after_step();
     ++step_;
+    if (fault_.perturb_step == step_) {  // test hook, see setup()
+      torch::NoGradGuard ng;
+      model_->lora_parameters().front().view({-1})[0].add_(1e-3);
+    }
     if (r.skipped) {
       ++skipped_steps_;
       log::warn("step ", step_, ": non-finite loss or gradient (loss ", r.loss, ", grad_norm ", r.grad_norm,
@@ -430,6 +460,11 @@ void Trainer::train() {
     else if (c.save_steps > 0 && step_ % c.save_steps == 0) why = "save_steps";
     else if (c.save_minutes > 0 && elapsed() - last_save >= 60 * c.save_minutes) why = "save_minutes";
     else if (loader_->state().epoch != epoch_before) why = "end of epoch";
+    // The replicas must still be equal before a checkpoint is written from rank 0's copy; only
+    // triggers every rank shares (save_minutes is each rank's own clock).
+    if (dist_->active() && (step_ % kParamChecksumEverySteps == 0 || last || sig || out_of_time ||
+                            (c.save_steps > 0 && step_ % c.save_steps == 0) || loader_->state().epoch != epoch_before))
+      check_replicas_agree();
     if (!why.empty() && dist_->is_main()) {
       save_checkpoint(why);
       last_save = elapsed();
@@ -446,9 +481,32 @@ void Trainer::train() {
     if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
   }
   model_->training = false;
-  memory_.finish();  // peak; estimated vs measured into memory_report.json and the log
+  const json report = memory_.finish();  // peak; estimated vs measured into memory_report.json and the log
+  if (dist_->active()) {  // every rank's measurement into rank 0's memory_report.json
+    std::vector<json> reports;
+    for (const std::string& r : dist_->gather_to_main("memory_report", report.dump())) reports.push_back(json::parse(r));
+    if (dist_->is_main()) memory_.add_ranks(reports);
+  }
   if (dist_->is_main()) save_outputs(train_seconds_before_ + elapsed());
   dist_->barrier();  // the other ranks end once rank 0 has written the adapter
+}
+
+void Trainer::check_replicas_agree() {
+  const std::vector<uint64_t> sums = dist_->all_gather(parameter_checksum(model_->lora_parameters()));
+  std::string bad;
+  for (size_t r = 1; r < sums.size(); ++r)
+    if (sums[r] != sums[0]) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+  if (bad.empty()) {
+    log::debug("distributed: replica check after step ", step_, ": all ", sums.size(), " ranks agree");
+    return;
+  }
+  char hex[2][20];
+  std::snprintf(hex[0], sizeof hex[0], "%016llx", static_cast<unsigned long long>(sums[0]));
+  std::snprintf(hex[1], sizeof hex[1], "%016llx", static_cast<unsigned long long>(sums[std::stoul(bad)]));
+  fail("distributed: the LoRA parameters of rank", bad.find(',') == std::string::npos ? " " : "s ", bad,
+       " differ from rank 0's after step ", step_, " (checksum ", hex[1], " vs ", hex[0],
+       "): the replicas diverged (non-deterministic kernels or memory corruption); stopping without writing "
+       "this step; the checkpoints already in ", checkpoint_dir(), " are kept");
 }
 
 void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seconds, double eval_loss) {
@@ -540,12 +598,15 @@ void Trainer::save_outputs(double seconds) {
             {"preemption", preemption_}};
   if (cfg_.cost.gpu_hour_price > 0) {
     // cost.gpu_hour_price is currency-free: the same unit comes back.
-    const double run_cost = cfg_.cost.gpu_hour_price * seconds / 3600.0;
+    // Data parallel: every rank's device is billed for the run's wall time.
+    const double run_cost = cfg_.cost.gpu_hour_price * seconds / 3600.0 * dist_->world_size();
     s["cost"] = {{"gpu_hour_price", cfg_.cost.gpu_hour_price},
+                 {"devices", dist_->world_size()},
                  {"run", run_cost},
                  {"per_million_tokens", tokens_trained_ > 0 ? run_cost / tokens_trained_ * 1e6 : 0.0}};
     log::info("cost: ", run_cost, " for this run, ", s["cost"]["per_million_tokens"].get<double>(),
-              " per 1M training tokens (at ", cfg_.cost.gpu_hour_price, " per GPU-hour)");
+              " per 1M training tokens (at ", cfg_.cost.gpu_hour_price, " per GPU-hour",
+              dist_->active() ? " x " + std::to_string(dist_->world_size()) + " devices" : std::string(), ")");
   }
   atomic_write_string((fs::path(cfg_.output_dir) / "summary.json").string(), s.dump(2) + "\n");
   log::info("done: ", step_, " steps, ", tokens_trained_, " tokens in ", seconds, " s; adapter in ",

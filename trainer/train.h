@@ -60,6 +60,17 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>
 StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std::vector<data::Batch>& micro_batches,
                       double lr, double max_grad_norm, int64_t ce_chunk_tokens = 1024, Distributed* dist = nullptr);
 
+/// Data parallel: the replicas' LoRA parameters are compared (parameter_checksum, all ranks) every
+/// this many optimizer steps, at the last step, and before every checkpoint whose trigger all ranks
+/// share (signal, --max-time, save_steps, end of epoch); docs/distributed.md, "Replica check".
+constexpr int64_t kParamChecksumEverySteps = 50;
+
+/// A 64-bit hash of the raw bytes of `params` in order (FNV-1a over 64-bit little-endian words,
+/// a trailing partial word zero-padded; CUDA tensors are copied to the host first). Equal
+/// parameters give equal checksums on every rank whatever its thread count; any differing bit
+/// changes it with probability 1 - 2^-64 for random damage.
+uint64_t parameter_checksum(const std::vector<torch::Tensor>& params);
+
 /// Mean next-token CE (nats) over `examples` in batches of `batch_size`, no grad, dropout off.
 /// Returns {mean loss, targets counted}.
 std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
@@ -141,9 +152,13 @@ class Trainer {
   int64_t nonfinite_in_a_row_ = 0;
   double train_seconds_before_ = 0;  ///< training time of earlier (interrupted) invocations
   nlohmann::json preemption_;        ///< interruptions, time lost, checkpoint writes
+  /// Data parallel: throws qlora::Error naming the step and the ranks when any rank's
+  /// parameter_checksum differs from rank 0's (every rank throws; nothing more is written).
+  void check_replicas_agree();
   struct {
     long step = -1, micro = -1;
-  } fault_;                          ///< QLORA_FAULT_SIGTERM_AT test hook
+    long perturb_step = -1;          ///< QLORA_FAULT_PERTURB_AT=STEP
+  } fault_;                          ///< the QLORA_FAULT_* test hooks (setup())
   torch::Device device_ = torch::kCPU;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<data::Tokenizer> tok_;

@@ -159,12 +159,37 @@ TEST_F(DataParallel, TwoRanksEqualOneRankWithAccumulation) {
   const fs::path one = root / "acc2", two = root / "ws2";
   Out s = single(one, "--set training.num_epochs=1 --set training.gradient_accumulation_steps=2");
   ASSERT_EQ(s.status, 0) << s.out;
-  const std::string ex = "--set training.num_epochs=1 --set training.gradient_accumulation_steps=1";
+  const std::string ex = "--set training.num_epochs=1 --set training.gradient_accumulation_steps=1 "
+                         "--set cost.gpu_hour_price=3.6";
   auto r = two_ranks(two, {ex, ex});
   ASSERT_EQ(r[0].status, 0) << r[0].out;
   ASSERT_EQ(r[1].status, 0) << r[1].out;
   EXPECT_NE(r[0].out.find("global batch 2 x 1 x 2 = 4 rows per optimizer step"), std::string::npos) << r[0].out;
   expect_same_run(one, two, 6);
+  // memory_report.json (rank 0 writes it) holds every rank's measurement, and its per-rank estimate
+  // has the flat fp32 gradient buffer: 4 bytes per LoRA parameter.
+  const json mem = json::parse(qlora::read_file((two / "memory_report.json").string()));
+  ASSERT_EQ(mem["ranks"].size(), 2u) << mem.dump(1);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(mem["ranks"][k]["rank"], k);
+    EXPECT_GT(mem["ranks"][k]["phases"]["peak"]["peak_rss_bytes"].get<int64_t>(), 0) << k;
+    EXPECT_GE(mem["ranks"][k]["phases"]["peak"]["peak_rss_bytes"].get<int64_t>(),
+              mem["ranks"][k]["phases"]["after_load"]["rss_bytes"].get<int64_t>()) << k;
+  }
+  EXPECT_NE(mem["ranks"][0]["pid"], mem["ranks"][1]["pid"]) << "two processes, two measurements";
+  EXPECT_EQ(mem["estimate"]["options"]["world_size"], 2);
+  int64_t buffer = -1;
+  for (const json& c : mem["estimate"]["components"])
+    if (c["name"] == "gradient allreduce buffer (fp32, flat)") buffer = c["bytes"].get<int64_t>();
+  EXPECT_EQ(buffer, 4 * mem["estimate"]["lora_parameters"].get<int64_t>());
+  EXPECT_GT(buffer, 0);
+  // summary.json: tokens count both ranks; the cost bills both devices for the wall time.
+  const json sum = json::parse(qlora::read_file((two / "summary.json").string()));
+  EXPECT_EQ(sum["cost"]["devices"], 2);
+  EXPECT_NEAR(sum["cost"]["run"].get<double>(), 3.6 * sum["wall_seconds"].get<double>() / 3600.0 * 2, 1e-12);
+  int64_t tokens = 0;
+  for (const Step& st : steps(two)) tokens += st.tokens;
+  EXPECT_EQ(sum["tokens_trained"].get<int64_t>(), tokens);
   // Rank 0 alone writes: one metrics line per step, one adapter, one run.json.
   EXPECT_TRUE(fs::exists(two / "adapter_model.safetensors"));
   EXPECT_TRUE(fs::exists(two / "summary.json"));
@@ -265,6 +290,104 @@ TEST_F(DataParallel, SigkilledRankMakesTheOtherFailNamingItAndTheRerunResumes) {
   ASSERT_EQ(r[1].status, 0) << r[1].out;
   EXPECT_NE(r[0].out.find("resume: from"), std::string::npos) << r[0].out;
   EXPECT_EQ(steps(out).size(), 6u);
+}
+
+// `qlora train --nproc-per-node 2` starts both ranks itself (torchrun's environment, a free port):
+// the adapter is byte-identical to the hand-launched 2-rank run's. SIGTERM to the launcher alone is
+// forwarded: both ranks stop at the same step with one checkpoint and exit 75, the launcher exits
+// 75, and the rerun (the same command) resumes and ends byte-identical again.
+TEST_F(DataParallel, NprocPerNodeLaunchesTheRanksAndForwardsSigterm) {
+  const fs::path ref = root / "np_ref", out = root / "np", stopped = root / "np_sig";
+  const std::string ex = "--set training.micro_batch_size=5 --set training.num_epochs=2 "
+                         "--set training.gradient_accumulation_steps=1";
+  auto r = two_ranks(ref, {ex, ex});
+  ASSERT_EQ(r[0].status, 0) << r[0].out;
+  const std::string launch = "env -u RANK -u WORLD_SIZE -u MASTER_PORT -u OMP_NUM_THREADS QLORA_DIST_TIMEOUT_S=60 ";
+  Out o = qlora::test::run_command(launch + train_cmd(out, ex + " --nproc-per-node 2"));
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("launch: starting 2 local ranks (WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="),
+            std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("OMP_NUM_THREADS=1)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("global batch 5 x 1 x 2 = 10 rows"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("launch: rank 0 exited with status 0"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("launch: rank 1 exited with status 0"), std::string::npos) << o.out;
+  EXPECT_EQ(qlora::read_file((out / "adapter_model.safetensors").string()),
+            qlora::read_file((ref / "adapter_model.safetensors").string()));
+
+  // SIGTERM to the launcher once step 2 is logged; the step delay (test hook, inherited by the
+  // ranks) keeps the run from ending first.
+  const fs::path log = stopped.string() + ".log", metrics = stopped / "metrics.jsonl";
+  o = qlora::test::run_command(launch + "QLORA_FAULT_STEP_DELAY_MS=400 " + train_cmd(stopped, ex + " --nproc-per-node 2") +
+                               " > " + log.string() + " 2>&1 & L=$!; while kill -0 $L 2>/dev/null && " +
+                               "[ \"$(cat " + metrics.string() + " 2>/dev/null | wc -l)\" -lt 2 ]; do sleep 0.05; done; " +
+                               "kill -TERM $L; wait $L; echo rc=$?");
+  const std::string lg = fs::exists(log) ? qlora::read_file(log.string()) : "";
+  EXPECT_NE(o.out.find("rc=75"), std::string::npos) << o.out << lg;
+  EXPECT_NE(lg.find("launch: forwarding signal 15"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("launch: rank 0 exited with status 75"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("launch: rank 1 exited with status 75"), std::string::npos) << lg;
+  EXPECT_FALSE(fs::exists(stopped / "adapter_model.safetensors"));
+  EXPECT_TRUE(fs::is_directory(stopped / "checkpoints") && !fs::is_empty(stopped / "checkpoints")) << lg;
+  o = qlora::test::run_command(launch + train_cmd(stopped, ex + " --nproc-per-node=2"));
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("resume: from"), std::string::npos) << o.out;
+  EXPECT_EQ(qlora::read_file((stopped / "adapter_model.safetensors").string()),
+            qlora::read_file((ref / "adapter_model.safetensors").string()));
+}
+
+// A rank that dies while the other cannot notice (both sleep 60 s between steps, test hook): the
+// launcher does not wait for the sleeper: after kLaunchGraceSeconds (10) + kLaunchKillSeconds (5)
+// it is gone, and the launcher exits with the dead rank's status (137 = SIGKILL).
+TEST_F(DataParallel, NprocPerNodeStopsTheOtherRanksWhenOneDies) {
+  const fs::path out = root / "np_kill", log = root / "np_kill.log";
+  const std::string ex = "--set training.micro_batch_size=5 --set training.gradient_accumulation_steps=1";
+  const auto t0 = std::chrono::steady_clock::now();
+  Out o = qlora::test::run_command(
+      "env -u RANK -u WORLD_SIZE -u MASTER_PORT QLORA_DIST_TIMEOUT_S=120 QLORA_FAULT_STEP_DELAY_MS=60000 " +
+      train_cmd(out, ex + " --nproc-per-node 2") + " > " + log.string() + " 2>&1 & L=$!; " +
+      "while kill -0 $L 2>/dev/null && [ ! -s " + (out / "metrics.jsonl").string() + " ]; do sleep 0.05; done; " +
+      "kill -9 $(sed -n 's/.*launch: started rank 1 (pid \\([0-9]*\\)).*/\\1/p' " + log.string() + "); " +
+      "wait $L; echo rc=$?");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string lg = fs::exists(log) ? qlora::read_file(log.string()) : "";
+  EXPECT_NE(o.out.find("rc=137"), std::string::npos) << o.out << lg;
+  EXPECT_NE(lg.find("launch: rank 1 was killed by signal 9"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("sending SIGTERM"), std::string::npos) << lg;
+  EXPECT_LT(secs, 45.0) << lg;
+}
+
+// --nproc-per-node inside a launched job (RANK / WORLD_SIZE set) or with a bad MASTER_PORT: one
+// line naming it, exit 1, no rank started, nothing written.
+TEST_F(DataParallel, NprocPerNodeRefusesAnEnvironmentThatIsAlreadyARank) {
+  const fs::path out = root / "np_bad";
+  Out o = qlora::test::run_command("RANK=0 WORLD_SIZE=2 " + train_cmd(out, "--nproc-per-node 2"));
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_EQ(o.out.rfind("error: --nproc-per-node 2: RANK=0 and WORLD_SIZE=2 are already set", 0), 0u) << o.out;
+  EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 1) << o.out;
+  o = qlora::test::run_command("env -u RANK -u WORLD_SIZE MASTER_PORT=70000 " + train_cmd(out, "--nproc-per-node 2"));
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_EQ(o.out.rfind("error: MASTER_PORT=70000: must be in 1..65535", 0), 0u) << o.out;
+  EXPECT_EQ(o.out.find("launch: started"), std::string::npos) << o.out;
+  EXPECT_FALSE(fs::exists(out));
+}
+
+// The replica check: rank 1's parameters perturbed after step 3 (test hook QLORA_FAULT_PERTURB_AT,
+// 1e-3 on one element) are caught at step 3 (end of epoch 1, before its checkpoint): both ranks
+// exit 1 naming step 3 and rank 1; checkpoint-2 (save_steps 2) stays, nothing of step 3 is written.
+TEST_F(DataParallel, DivergedReplicaIsAnErrorNamingTheStepAndTheRank) {
+  const fs::path out = root / "diverged";
+  const std::string ex = "--set training.micro_batch_size=5 --set training.num_epochs=2 "
+                         "--set training.gradient_accumulation_steps=1 --set checkpoint.save_steps=2";
+  auto r = two_ranks(out, {ex, ex}, {"", "QLORA_FAULT_PERTURB_AT=3"});
+  EXPECT_EQ(r[0].status, 1) << r[0].out;
+  EXPECT_EQ(r[1].status, 1) << r[1].out;
+  const std::string msg = "error: distributed: the LoRA parameters of rank 1 differ from rank 0's after step 3 (checksum ";
+  EXPECT_NE(r[0].out.find(msg), std::string::npos) << r[0].out;
+  EXPECT_NE(r[1].out.find(msg), std::string::npos) << r[1].out;
+  EXPECT_TRUE(fs::exists(out / "checkpoints" / "checkpoint-2" / "manifest.json"));
+  EXPECT_FALSE(fs::exists(out / "checkpoints" / "checkpoint-3"));
+  EXPECT_FALSE(fs::exists(out / "adapter_model.safetensors"));
+  EXPECT_EQ(steps(out).size(), 3u);  // step 3 was logged before the check
 }
 
 // Rank 1 with another lora.r: it fails naming the key, and rank 0 fails too (nothing trained).

@@ -163,6 +163,34 @@ TEST(Estimate, CostArithmetic) {
   EXPECT_NEAR(c.cost_per_million_tokens, 2.0 / 3.6, 1e-12);
 }
 
+// Data parallel (docs/distributed.md): each rank adds one flat fp32 gradient buffer of 4 bytes per
+// LoRA parameter (Distributed::sum_gradients), nothing else; the count from Llama-2-7B's shapes:
+// 32 layers × r 16 × (4 × (4096 + 4096) [q, k, v, o] + 3 × (4096 + 11008) [gate, up, down]).
+TEST(Estimate, WorldSizeAddsTheFlatAllreduceBufferPerRank) {
+  const int64_t lora = 32LL * 16 * (4 * (4096 + 4096) + 3 * (4096 + 11008));
+  ASSERT_EQ(lora, 39976960);
+  const ModelConfig c = preset_config("llama2-7b");
+  EstimateOptions o = qlora_opts();
+  const MemoryEstimate one = estimate_memory(c, o);
+  EXPECT_EQ(one.component("gradient allreduce buffer (fp32, flat)"), 0);
+  for (int64_t n : {2, 8}) {
+    o.world_size = n;
+    const MemoryEstimate e = estimate_memory(c, o);
+    EXPECT_EQ(e.lora_parameters, lora);
+    EXPECT_EQ(e.component("gradient allreduce buffer (fp32, flat)"), 4 * lora);
+    EXPECT_EQ(e.total_bytes - one.total_bytes, 159907840) << "world size " << n;
+  }
+  // Cost: one device's tokens/s, N devices: the job runs N times faster, the bill is the same.
+  const CostEstimate c1 = estimate_cost(3.6e9, 1000, 2.0, 0.5), c8 = estimate_cost(3.6e9, 1000, 2.0, 0.5, 8);
+  EXPECT_DOUBLE_EQ(c8.job_tokens_per_s, 8000.0);
+  EXPECT_DOUBLE_EQ(c8.wall_hours_full, 125.0);
+  EXPECT_DOUBLE_EQ(c8.gpu_hours_full, 1000.0);
+  EXPECT_DOUBLE_EQ(c8.gpu_hours_full, c1.gpu_hours_full);
+  EXPECT_DOUBLE_EQ(c8.cost_at_utilization, 4000.0);
+  EXPECT_NEAR(c8.cost_per_million_tokens, 2.0 / 3.6, 1e-12);
+  EXPECT_THROW(estimate_cost(3.6e9, 1000, 2.0, 0.5, 0), Error);
+}
+
 TEST(Estimate, FlopsCountFrozenBaseAsFourN) {
   EstimateOptions o = qlora_opts();
   o.gradient_checkpointing = false;
@@ -191,6 +219,26 @@ TEST(EstimateCli, TableJsonAndErrors) {
   r = run("estimate --preset tiny --json");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["options"]["method"], "qlora");
+  // --world-size: per-rank total + the flat buffer; the cost line counts all ranks.
+  r = run("estimate --preset llama2-7b --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const int64_t total1 = nlohmann::json::parse(r.out)["total_bytes"].get<int64_t>();
+  r = run("estimate --preset llama2-7b --json --world-size 4 --tokens 1.44e8 --tokens-per-s 1000 --gpu-hour-price 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j4 = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j4["total_bytes"].get<int64_t>() - total1, 4 * 39976960LL);
+  EXPECT_EQ(j4["options"]["world_size"], 4);
+  EXPECT_DOUBLE_EQ(j4["cost"]["job_tokens_per_s"].get<double>(), 4000.0);
+  EXPECT_DOUBLE_EQ(j4["cost"]["wall_hours_full_utilization"].get<double>(), 10.0);
+  EXPECT_DOUBLE_EQ(j4["cost"]["gpu_hours_full_utilization"].get<double>(), 40.0);
+  r = run("estimate --preset llama2-7b --world-size 4 --tokens 1.44e8 --tokens-per-s 1000");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("data parallel over 4 ranks: the memory below is per rank"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gradient allreduce buffer (fp32, flat)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokens/s per rank x 4 ranks = 4000.00 tokens/s (ideal scaling), 10.00 h wall-clock"),
+            std::string::npos) << r.out;
+  r = run("estimate --preset tiny --world-size 0");
+  EXPECT_NE(r.status, 0) << r.out;
   r = run("estimate --preset nope");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("unknown preset 'nope'"), std::string::npos) << r.out;
