@@ -30,6 +30,10 @@ done
 t2=$(date +%s)
 
 cd "$QLORA_BUILD"
+# Idle OpenMP threads sleep instead of spinning: ctest runs two test processes on CI's two cores,
+# and a spinning thread starves the working ones (multi-second stalls; docs/training.md, "OpenMP
+# threads on a busy machine"). libgomp reads it when it loads, so it is set before ctest starts them.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 # Every test must run: a skip outside tests/skip_allowlist.txt fails the command (check_skips.py
 # reads ctest's JUnit report and lists every test that did not run, with its reason).
 have_gpu=0
