@@ -32,6 +32,7 @@ PKGS=(
   libsentencepiece-dev libsentencepiece0
   libssl-dev libssl3
   libgtest-dev
+  libgloo-dev
   libbenchmark-dev libbenchmark1debian
   pkgconf-bin libpkgconf3
 )

@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <exception>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -107,10 +108,15 @@ struct Distributed::Impl {
   c10::intrusive_ptr<c10d::Backend> pg;  ///< ProcessGroupGloo (CPU) or ProcessGroupNCCL (CUDA)
   torch::Device device{torch::kCPU};     ///< where the collectives' tensors must lie (NCCL: the GPU)
   ~Impl() {
-    // NCCL: release the communicators before the store goes (torch warns at exit otherwise).
+    // NCCL: release the communicators before the store goes (torch warns at exit otherwise). While
+    // an error unwinds (a peer may be lost, a collective may never finish) abort them instead:
+    // shutdown would wait for the pending work.
     if (pg && device.is_cuda()) {
       try {
-        pg->shutdown();
+        if (std::uncaught_exceptions() > 0)
+          pg->abort();
+        else
+          pg->shutdown();
       } catch (const std::exception& e) {
         log::warn("distributed: NCCL shutdown: ", first_line(e.what()));
       }
