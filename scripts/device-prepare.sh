@@ -32,7 +32,7 @@ PKGS=(
   libsentencepiece-dev libsentencepiece0
   libssl-dev libssl3
   libgtest-dev
-  libgloo-dev
+  libgloo-dev                  # headers only (see below)
   libbenchmark-dev libbenchmark1debian
   pkgconf-bin libpkgconf3
 )
@@ -90,6 +90,9 @@ if [ "$(cat "$PREFIX/.stamp" 2>/dev/null)" != "$stamp" ]; then
     cp -a "$PREFIX/usr/include/x86_64-linux-gnu/." "$PREFIX/usr/include/"
     rm -rf "$PREFIX/usr/include/x86_64-linux-gnu"
   fi
+  # Gloo: only its headers (c10d's ProcessGroupGloo.hpp; the Gloo code is inside the torch wheel):
+  # drop the library link (its libgloo0 target is not carried) and the CMake config naming it
+  rm -rf "$PREFIX"/usr/lib/libgloo.so "$PREFIX"/usr/lib/x86_64-linux-gnu/libgloo.so "$PREFIX"/usr/share/cmake/Gloo
   # static archives: keep those a CMake config imports (GoogleTest's, benchmark_main), drop the rest
   # (libcrypto.a, libssl.a, libyaml-cpp.a: ~11 MB; the build links the .so)
   while IFS= read -r -d '' a; do
