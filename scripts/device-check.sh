@@ -270,10 +270,11 @@ s_configure() {
     -DQLORA_BUILD_TESTS=ON -DQLORA_BUILD_BENCH=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
     "${CUDA_OPT[@]}" "${CUDA_HOST[@]}" "${ISO[@]}" "${LAUNCHER[@]}" || return $?
   # what CMake picked, and that every carried package came from the prefix
-  grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|benchmark_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece|Torch_DIR|CMAKE_CUDA_COMPILER|CMAKE_CUDA_HOST_COMPILER):' \
+  grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|benchmark_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece|QLORA_GLOO_INCLUDE_DIR|Torch_DIR|CMAKE_CUDA_COMPILER|CMAKE_CUDA_HOST_COMPILER):' \
     "$BUILD/CMakeCache.txt" | sed 's/^/  /'
-  local bad
-  bad="$(grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece):[A-Z]*=' "$BUILD/CMakeCache.txt" | grep -v "=$PREFIX" || true)"
+  local nccl bad  # (captured first: this step's output is appended to configure.log itself)
+  nccl="$(grep -E '^-- qlora-cpp: NCCL backend' "$RUN/configure.log")"; echo "  ${nccl#-- }"
+  bad="$(grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece|QLORA_GLOO_INCLUDE_DIR):[A-Z]*=' "$BUILD/CMakeCache.txt" | grep -v "=$PREFIX" || true)"
   [ -z "$bad" ] || { echo "packages found outside the carried prefix:"; echo "$bad"; return 1; }
 }
 
