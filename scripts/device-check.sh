@@ -307,6 +307,16 @@ else
   say "no .device/fixtures/quant.tar.gz: bitsandbytes parity tests (Quant4Bnb.*) left out"
   GFILTER="-Quant4Bnb.*"
 fi
+# GGUF dequantization references (GgufDequant.BitIdenticalToGgufPyForEveryType); without them that case
+# fails (a missing fixture is never a skip)
+if [ -f "$ROOT/.device/fixtures/gguf.tar.gz" ]; then
+  rm -rf "$FIX/gguf"; mkdir -p "$FIX"
+  tar -C "$FIX" -xzf "$ROOT/.device/fixtures/gguf.tar.gz"
+  want="$(sha256sum "$ROOT/tests/fixtures/make_gguf_refs.py" | cut -c1-12)"
+  [ "$(cat "$ROOT/.device/fixtures/gguf.hash")" = "$want" ] || say "WARNING: GGUF fixtures made by an older make_gguf_refs.py (rerun device-prepare.sh here)"
+else
+  say "no .device/fixtures/gguf.tar.gz: GgufDequant.BitIdenticalToGgufPyForEveryType will fail (run scripts/device-prepare.sh here)"
+fi
 export QLORA_FIXTURES="$FIX"
 CUDA_WANT=OK; ((DRY)) && CUDA_WANT=SKIPPED
 
