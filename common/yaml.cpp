@@ -13,6 +13,14 @@
 namespace qlora::yaml {
 namespace {
 
+/// Throws ParseError at the 0-based `line` / `column` with the concatenated message.
+template <typename... Args>
+[[noreturn]] void raise_at(int64_t line, int64_t column, const Args&... args) {
+  std::ostringstream os;
+  detail::cat(os, args...);
+  throw ParseError(os.str(), Mark{line, column});
+}
+
 constexpr size_t kMaxDepth = 256;  // deeper nesting is refused (the tree is freed recursively)
 
 std::string quote_json(const std::string& s) {
@@ -55,12 +63,12 @@ struct Parser {
       if (p.error == YAML_READER_ERROR) {
         const size_t at = std::min(p.problem_offset, text.size());
         const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
-        fail(source, ":", line, ": YAML error: ", msg, " (byte ", p.problem_offset, ")");
+        raise_at(line - 1, -1, source, ":", line, ": YAML error: ", msg, " (byte ", p.problem_offset, ")");
       }
       if (p.context) {
         msg += std::string(" (") + p.context + " on line " + std::to_string(p.context_mark.line + 1) + ")";
       }
-      fail(source, ":", m.line + 1, ": YAML syntax error: ", msg, " at column ", m.column + 1);
+      raise_at(m.line, m.column, source, ":", m.line + 1, ": YAML syntax error: ", msg, " at column ", m.column + 1);
     }
     have_event = true;
     return ev;
@@ -120,7 +128,7 @@ class Builder {
     while (!done) {
       const yaml_event_t& e = parser_.next(source_);
       if (nodes_ > max_nodes_)
-        fail(source_, ":", e.start_mark.line + 1, ": YAML error: more than ", max_nodes_,
+        raise_at(e.start_mark.line, e.start_mark.column, source_, ":", e.start_mark.line + 1, ": YAML error: more than ", max_nodes_,
              " nodes (after expanding aliases)");
       switch (e.type) {
         case YAML_SCALAR_EVENT: {
@@ -135,7 +143,7 @@ class Builder {
         case YAML_SEQUENCE_START_EVENT:
         case YAML_MAPPING_START_EVENT: {
           if (stack.size() >= kMaxDepth)
-            fail(source_, ":", e.start_mark.line + 1, ": YAML error: nested deeper than ", kMaxDepth, " levels");
+            raise_at(e.start_mark.line, e.start_mark.column, source_, ":", e.start_mark.line + 1, ": YAML error: nested deeper than ", kMaxDepth, " levels");
           Frame f;
           const bool seq = e.type == YAML_SEQUENCE_START_EVENT;
           f.node.kind = seq ? Node::Kind::kSequence : Node::Kind::kMap;
@@ -157,10 +165,10 @@ class Builder {
           const std::string name = anchor_of(e.data.alias.anchor);
           const auto it = anchors_.find(name);
           if (it == anchors_.end())
-            fail(source_, ":", e.start_mark.line + 1, ": YAML syntax error: alias *", name, " names no anchor before it");
+            raise_at(e.start_mark.line, e.start_mark.column, source_, ":", e.start_mark.line + 1, ": YAML syntax error: alias *", name, " names no anchor before it");
           nodes_ += count_nodes(it->second) - 1;
           if (nodes_ > max_nodes_)
-            fail(source_, ":", e.start_mark.line + 1, ": YAML error: more than ", max_nodes_,
+            raise_at(e.start_mark.line, e.start_mark.column, source_, ":", e.start_mark.line + 1, ": YAML error: more than ", max_nodes_,
                  " nodes (after expanding aliases)");
           Node copy = it->second;
           copy.mark = mark_of(e);
@@ -168,7 +176,7 @@ class Builder {
           break;
         }
         default:
-          fail(source_, ":", e.start_mark.line + 1, ": YAML error: unexpected event ", static_cast<int>(e.type));
+          raise_at(e.start_mark.line, e.start_mark.column, source_, ":", e.start_mark.line + 1, ": YAML error: unexpected event ", static_cast<int>(e.type));
       }
     }
     return root;

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/error.h"
+
 namespace qlora::yaml {
 
 /// A position in the text; 0-based like libyaml's, line < 0 when unknown.
@@ -19,6 +21,15 @@ struct Mark {
   int64_t line = -1;
   int64_t column = -1;
   bool is_null() const { return line < 0; }
+};
+
+/// What parse_all throws: a qlora::Error whose message names the source and the 1-based line,
+/// plus the 0-based position (column < 0 when only the line is known), so a caller can look at
+/// the offending line without parsing the message.
+class ParseError : public Error {
+ public:
+  ParseError(const std::string& msg, Mark where) : Error(msg), mark(where) {}
+  Mark mark;
 };
 
 /// One YAML node. kUndefined stands for "absent" (a default-constructed Node).
@@ -47,7 +58,7 @@ struct Node {
 /// Parses every document of `text` (UTF-8). An empty document is a plain "" scalar, like libyaml.
 /// Aliases are expanded as copies; more than `max_nodes` nodes after expansion is an error (so
 /// "billion laughs" input is refused, not expanded).
-/// Throws qlora::Error "<source>:<line>: YAML syntax error: <libyaml's problem> ..." (1-based line).
+/// Throws ParseError "<source>:<line>: YAML syntax error: <libyaml's problem> ..." (1-based line).
 std::vector<Node> parse_all(const std::string& text, const std::string& source, int64_t max_nodes = 100000);
 
 /// The node in YAML flow style, for one-line display: scalars as written ("a", "5"), quoted

@@ -260,6 +260,16 @@ struct FamilyRenderer {
   void control(const std::string& piece, bool train = false) {
     if (!piece.empty()) segs.push_back({piece, -1, train, true});
   }
+  /// One ChatML turn, '<|im_start|>' + head [+ body] + '<|im_end|>' + '\n' (smollm2, qwen2.5,
+  /// qwen3): head is prompt-side text; body, '<|im_end|>' are trained when `train`. The head and
+  /// the body stay separate segments (tokenized apart) exactly when a body is given.
+  void im_turn(const std::string& head, const std::string& body = {}, bool train = false) {
+    control("<|im_start|>");
+    text(head);
+    text(body, train);
+    control("<|im_end|>", train);
+    text("\n");
+  }
 
   FamilyRenderer(const Record& rec, const std::string& n) : r(rec), name(n) {
     for (size_t k = 0; k < r.turns.size(); ++k) {
@@ -315,30 +325,17 @@ struct FamilyRenderer {
   }
 
   void qwen_tools_system(const std::string& head) {
-    control("<|im_start|>");
     std::string s = "system\n" + head + kQwenToolsHead;
     for (const ojson& t : tools) s += "\n" + py_dump(t);
-    text(s + kQwenToolsTail);
-    control("<|im_end|>");
-    text("\n");
+    im_turn(s + kQwenToolsTail);
   }
 
   void smollm2() {
     // {% if loop.first and messages[0]['role'] != 'system' %} default system {% endif %}
     // '<|im_start|>' + role + '\n' + content + '<|im_end|>' + '\n'
     for (size_t i = 0; i < msgs.size(); ++i) {
-      if (i == 0 && msgs[0].role != "system") {
-        control("<|im_start|>");
-        text(std::string("system\n") + kSmolSystem);
-        control("<|im_end|>");
-        text("\n");
-      }
-      const bool a = msgs[i].role == "assistant";
-      control("<|im_start|>");
-      text(msgs[i].role + "\n");
-      text(msgs[i].content, a);
-      control("<|im_end|>", a);
-      text("\n");
+      if (i == 0 && msgs[0].role != "system") im_turn(std::string("system\n") + kSmolSystem);
+      im_turn(msgs[i].role + "\n", msgs[i].content, msgs[i].role == "assistant");
     }
   }
 
@@ -347,31 +344,15 @@ struct FamilyRenderer {
     if (!tools.empty()) {
       qwen_tools_system((sys0 ? msgs[0].content : std::string(kQwenSystem)) + "\n\n");
     } else {
-      control("<|im_start|>");
-      text("system\n" + (sys0 ? msgs[0].content : std::string(kQwenSystem)));
-      control("<|im_end|>");
-      text("\n");
+      im_turn("system\n" + (sys0 ? msgs[0].content : std::string(kQwenSystem)));
     }
     for (size_t i = 0; i < msgs.size(); ++i) {
       const Msg& m = msgs[i];
       if (m.role == "user" || (m.role == "system" && i > 0)) {
-        control("<|im_start|>");
-        text(m.role + "\n" + m.content);
-        control("<|im_end|>");
-        text("\n");
-      } else if (m.role == "assistant" && !m.tool_call) {
-        control("<|im_start|>");
-        text("assistant\n");
-        text(m.content, true);
-        control("<|im_end|>", true);
-        text("\n");
+        im_turn(m.role + "\n" + m.content);
       } else if (m.role == "assistant") {
         // '<|im_start|>' + role [+ '\n' + content] + '\n<tool_call>...' + '<|im_end|>\n'
-        control("<|im_start|>");
-        text("assistant\n");
-        text(qwen_call(m, false), true);
-        control("<|im_end|>", true);
-        text("\n");
+        im_turn("assistant\n", m.tool_call ? qwen_call(m, false) : m.content, true);
       } else if (m.role == "tool") {
         qwen_tool(i);
       }
@@ -383,10 +364,7 @@ struct FamilyRenderer {
     if (!tools.empty()) {
       qwen_tools_system(sys0 ? msgs[0].content + "\n\n" : std::string());
     } else if (sys0) {
-      control("<|im_start|>");
-      text("system\n" + msgs[0].content);
-      control("<|im_end|>");
-      text("\n");
+      im_turn("system\n" + msgs[0].content);
     }
     // last_query_index: the last user message that is not a wrapped tool response
     size_t last_query = msgs.size() - 1;
@@ -402,10 +380,7 @@ struct FamilyRenderer {
     for (size_t i = 0; i < msgs.size(); ++i) {
       const Msg& m = msgs[i];
       if (m.role == "user" || (m.role == "system" && i > 0)) {
-        control("<|im_start|>");
-        text(m.role + "\n" + m.content);
-        control("<|im_end|>");
-        text("\n");
+        im_turn(m.role + "\n" + m.content);
       } else if (m.role == "assistant") {
         std::string content = m.content, reasoning;
         const size_t close = content.find("</think>");

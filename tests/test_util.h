@@ -103,6 +103,37 @@ std::string error_of(F&& f) {
   return "";
 }
 
+/// True when `s` contains `what`.
+inline bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+/// The first line of `text` that contains `what`, or "".
+inline std::string line_with(const std::string& text, const std::string& what) {
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(begin, end - begin);
+    if (contains(line, what)) return line;
+    begin = end + 1;
+  }
+  return "";
+}
+
+/// Runs `f()`, which must throw qlora::Error for the bad file `file`: the message starts with
+/// "<file>: ", contains `expect` and is one line. `label` names the case in failure messages.
+template <typename F>
+void expect_file_error(const std::string& file, const std::string& expect, const std::string& label, F&& f) {
+  try {
+    f();
+    ADD_FAILURE() << label << ": accepted";
+  } catch (const ::qlora::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind(file + ": ", 0), 0u) << label << ": does not name the file first: " << msg;
+    EXPECT_NE(msg.find(expect), std::string::npos) << label << ": " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << label << ": not one line: " << msg;
+  }
+}
+
 /// The outcome of a suite's SetUpTestSuite. GoogleTest marks every test SKIPPED when an ASSERT
 /// fails in SetUpTestSuite (and ctest's skip pattern then reports success), so suites record the
 /// error here instead and call check() from SetUp(), which FAILs each test with the message.

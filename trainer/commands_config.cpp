@@ -32,18 +32,10 @@ void cmd_train(const TrainCliOptions& o) {
   run.max_time_s = o.max_time_s;
   run.overwrite_output_dir = o.overwrite_output_dir;
   // The resume command of the interrupt message: this command without --overwrite-output-dir.
-  auto quote = [](const std::string& s) {
-    if (!s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./=:,+-") ==
-                          std::string::npos)
-      return s;
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-  };
-  run.command = "qlora train " + quote(o.config_path);
-  for (const std::string& ov : o.overrides) run.command += " --set " + quote(ov);
+  run.command = "qlora train " + shell_quote(o.config_path);
+  for (const std::string& ov : o.overrides) run.command += " --set " + shell_quote(ov);
   if (o.force) run.command += " --force";
-  if (o.max_time_s > 0) run.command += " --max-time " + quote(std::to_string(o.max_time_s));
+  if (o.max_time_s > 0) run.command += " --max-time " + shell_quote(std::to_string(o.max_time_s));
   Trainer trainer(load_config(o.config_path, o.overrides), run);
   trainer.setup();
   trainer.train();

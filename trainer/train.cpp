@@ -682,8 +682,6 @@ void Trainer::save_checkpoint(const std::string& why) {
   }
 }
 
-namespace {
-/// `s` quoted for a POSIX shell when it holds anything but [A-Za-z0-9_./=:,+-].
 std::string shell_quote(const std::string& s) {
   if (!s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./=:,+-") ==
                         std::string::npos)
@@ -693,6 +691,7 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+namespace {
 /// True for the leftovers of an interrupted atomic write ("<name>.tmp.<pid>"), which do not make
 /// an output_dir "used".
 bool is_temp_leftover(const std::string& name) {

@@ -89,6 +89,10 @@ std::map<std::string, std::pair<int64_t, int64_t>> peft_module_shapes(const Llam
 /// Returns one line saying what was stored and what was done, or "" when nothing differed.
 std::string honour_quant_request(LlamaModel& model, const QuantOptions& q);
 
+/// `s` quoted for a POSIX shell (single quotes, ' as '\'') unless it holds only
+/// [A-Za-z0-9_./=:,+-]; for the resume commands printed to the user.
+std::string shell_quote(const std::string& s);
+
 /// Options of one invocation that are not part of the run's config.
 struct RunOptions {
   bool force = false;       ///< resume even when run-meaning settings changed (stated in the log)

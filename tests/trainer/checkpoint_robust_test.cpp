@@ -36,15 +36,8 @@ using json = nlohmann::json;
 using Out = qlora::test::CommandResult;
 Out sh(const std::string& cmd) { return qlora::test::run_command(cmd); }
 
-bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
-
-// The first line of `out` that contains `what`, or "".
-std::string line_with(const std::string& out, const std::string& what) {
-  std::istringstream in(out);
-  for (std::string l; std::getline(in, l);)
-    if (contains(l, what)) return l;
-  return "";
-}
+using qlora::test::contains;
+using qlora::test::line_with;
 
 class CheckpointRobust : public ::testing::Test {
  protected:

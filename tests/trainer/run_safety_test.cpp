@@ -34,13 +34,8 @@ using json = nlohmann::json;
 using Out = qlora::test::CommandResult;
 
 Out sh(const std::string& cmd) { return qlora::test::run_command(cmd); }
-bool contains(const std::string& s, const std::string& x) { return s.find(x) != std::string::npos; }
-std::string line_with(const std::string& text, const std::string& needle) {
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);)
-    if (contains(l, needle)) return l;
-  return "";
-}
+using qlora::test::contains;
+using qlora::test::line_with;
 std::string sha(const fs::path& p) { return qlora::sha256_file(p.string()); }
 std::vector<std::string> names(const fs::path& dir) {
   std::vector<std::string> n;

@@ -877,22 +877,14 @@ Config parse_config_string(const std::string& yaml_text, const std::string& sour
   std::vector<yaml::Node> docs;
   try {
     docs = yaml::parse_all(yaml_text, source_name);
-  } catch (const Error& e) {
+  } catch (const yaml::ParseError& e) {
     // YAML forbids tabs in indentation; libyaml says only "found character that cannot start any token".
-    std::string hint;
-    const std::string msg = e.what();
-    const std::string prefix = source_name + ":";
-    if (msg.compare(0, prefix.size(), prefix) == 0) {
-      const long line = std::strtol(msg.c_str() + prefix.size(), nullptr, 10);
-      std::istringstream lines(yaml_text);
-      std::string text;
-      for (long i = 0; i < line && std::getline(lines, text); ++i) {}
-      const size_t first = text.find_first_not_of(' ');
-      if (line > 0 && first != std::string::npos && text[first] == '\t')
-        hint = " (a tab in the indentation; YAML indents with spaces)";
-    }
-    if (hint.empty()) throw;
-    fail(one_line(msg, 300), hint);
+    std::istringstream lines(yaml_text);
+    std::string text;
+    for (int64_t i = 0; i <= e.mark.line && std::getline(lines, text); ++i) {}
+    const size_t first = text.find_first_not_of(' ');
+    if (e.mark.line < 0 || first == std::string::npos || text[first] != '\t') throw;
+    fail(one_line(e.what(), 300), " (a tab in the indentation; YAML indents with spaces)");
   }
   if (docs.size() > 1)
     ctx.error("", docs[1].mark, "expected one YAML document, found " + std::to_string(docs.size()));
