@@ -10,8 +10,11 @@
 #                      keep going past a failed target (ninja -k 0) so the others still run
 #   kernel-tests       test_kernels under CUDA_LAUNCH_BLOCKING=1; every CUDA case must report OK
 #   dequant-bandwidth  bench_quant4 cuda: NF4 dequantize vs D2D memcpy bandwidth per 7B weight shape
-#   cuda-parity        test_gpu --gtest_filter='Cuda*': CUDA fp32 / bf16 training vs the CPU path,
-#                      resume exactness on CUDA; every case must report OK
+#   cuda-parity        test_gpu --gtest_filter='Cuda*:-CudaNccl*': CUDA fp32 / bf16 training vs the
+#                      CPU path, resume exactness on CUDA; every case must report OK
+#   nccl-smoke         test_gpu --gtest_filter='CudaNccl*': `qlora train` of the tiny run on cuda:0 with
+#                      QLORA_DIST_FORCE_PG=1 (ProcessGroupNCCL at world size 1) byte-identical to the
+#                      run without a process group; must report OK
 #   bench-7b           ONE `qlora bench` process, llama2-7b, seq 512..8192 × micro-batch 1, 2, 4
 #                      (micro-batch 1 first; rows written as they finish), --max-time-s leaving
 #                      QLORA_RESERVE_S (100) for the next steps; nvidia-smi sampled every 200 ms
@@ -28,7 +31,7 @@
 #       prefix only; /usr is ignored for packages and the compiler's dependency lists are checked),
 #       the same build, test_kernels (CUDA cases must SKIP here), `bench_quant4 cpu`, a probe that
 #       links every other package, and the report; with QLORA_DEVICE_TRAIN=1 also test_gpu's CPU
-#       cases, a tiny `qlora bench` sweep and the PEFT baseline on the CPU.
+#       cases, nccl-smoke (must SKIP here), a tiny `qlora bench` sweep and the PEFT baseline on the CPU.
 #   bash scripts/device-check.sh --fake     the device's step plan with fake steps (no tools): tests
 #       the order, the deadline and the partial results (tests/gpu/device_steps_test.sh).
 #
@@ -93,8 +96,8 @@ finish() {
 after() { snapshot; }  # partial results after every step
 # ml SECONDS: a step's minimum time left to start, scaled by QLORA_MIN_LEFT_PCT (tests use small deadlines)
 ml() { echo $(( $1 * ${QLORA_MIN_LEFT_PCT:-100} / 100 )); }
-# The device's plan, in order of value (issue 15): kernels → CUDA training parity → 7B (micro-batch 1
-# first) → the PEFT baseline → the rest; the report always runs (at most 30 s, even past the deadline).
+# The device's plan, in order of value (issue 15): kernels → CUDA training parity → the NCCL smoke
+# (issue 14) → 7B (micro-batch 1 first) → the PEFT baseline → the rest; the report always runs (at most 30 s, even past the deadline).
 # Minimum seconds left to start each step: ml N. Used by the device run and by --fake.
 device_plan() {
   step host-compiler 0 env.txt s_host_compiler || finish
@@ -103,6 +106,7 @@ device_plan() {
   step kernel-tests "$(ml 20)" tests.log s_kernel_tests
   step dequant-bandwidth "$(ml 15)" bench.txt s_dequant_bandwidth
   step cuda-parity "$(ml 45)" parity.log s_cuda_parity
+  step nccl-smoke "$(ml 30)" nccl.log s_nccl_smoke
   step bench-7b "$(ml 60)" bench-7b.log s_bench_7b
   step baseline-peft "$(ml 60)" baseline.log s_baseline_peft
   step bench-13b "$(ml 45)" bench-13b.log s_bench_13b
@@ -157,7 +161,7 @@ if [ "$MODE" = fake ]; then
     esac
     return 0
   }
-  for s in host-compiler configure build kernel-tests dequant-bandwidth cuda-parity bench-7b baseline-peft bench-13b; do
+  for s in host-compiler configure build kernel-tests dequant-bandwidth cuda-parity nccl-smoke bench-7b baseline-peft bench-13b; do
     eval "s_${s//-/_}() { fake $s; }"
   done
   s_report() { python3 "$ROOT/scripts/device-report.py" --run "$RUN" --out "$RESDIR" --mode fake; }
@@ -266,10 +270,11 @@ s_configure() {
     -DQLORA_BUILD_TESTS=ON -DQLORA_BUILD_BENCH=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
     "${CUDA_OPT[@]}" "${CUDA_HOST[@]}" "${ISO[@]}" "${LAUNCHER[@]}" || return $?
   # what CMake picked, and that every carried package came from the prefix
-  grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|benchmark_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece|Torch_DIR|CMAKE_CUDA_COMPILER|CMAKE_CUDA_HOST_COMPILER):' \
+  grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|benchmark_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece|QLORA_GLOO_INCLUDE_DIR|Torch_DIR|CMAKE_CUDA_COMPILER|CMAKE_CUDA_HOST_COMPILER):' \
     "$BUILD/CMakeCache.txt" | sed 's/^/  /'
-  local bad
-  bad="$(grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece):[A-Z]*=' "$BUILD/CMakeCache.txt" | grep -v "=$PREFIX" || true)"
+  local nccl bad  # (captured first: this step's output is appended to configure.log itself)
+  nccl="$(grep -E '^-- qlora-cpp: NCCL backend' "$RUN/configure.log")"; echo "  ${nccl#-- }"
+  bad="$(grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece|QLORA_GLOO_INCLUDE_DIR):[A-Z]*=' "$BUILD/CMakeCache.txt" | grep -v "=$PREFIX" || true)"
   [ -z "$bad" ] || { echo "packages found outside the carried prefix:"; echo "$bad"; return 1; }
 }
 
@@ -302,6 +307,16 @@ else
   say "no .device/fixtures/quant.tar.gz: bitsandbytes parity tests (Quant4Bnb.*) left out"
   GFILTER="-Quant4Bnb.*"
 fi
+# GGUF dequantization references (GgufDequant.BitIdenticalToGgufPyForEveryType); without them that case
+# fails (a missing fixture is never a skip)
+if [ -f "$ROOT/.device/fixtures/gguf.tar.gz" ]; then
+  rm -rf "$FIX/gguf"; mkdir -p "$FIX"
+  tar -C "$FIX" -xzf "$ROOT/.device/fixtures/gguf.tar.gz"
+  want="$(sha256sum "$ROOT/tests/fixtures/make_gguf_refs.py" | cut -c1-12)"
+  [ "$(cat "$ROOT/.device/fixtures/gguf.hash")" = "$want" ] || say "WARNING: GGUF fixtures made by an older make_gguf_refs.py (rerun device-prepare.sh here)"
+else
+  say "no .device/fixtures/gguf.tar.gz: GgufDequant.BitIdenticalToGgufPyForEveryType will fail (run scripts/device-prepare.sh here)"
+fi
 export QLORA_FIXTURES="$FIX"
 CUDA_WANT=OK; ((DRY)) && CUDA_WANT=SKIPPED
 
@@ -318,8 +333,15 @@ s_dequant_bandwidth() {
 }
 
 s_cuda_parity() {
-  CUBLAS_WORKSPACE_CONFIG=:4096:8 "$TG" --gtest_filter='Cuda*' --gtest_output=xml:"$RUN/parity.xml" || return $?
+  CUBLAS_WORKSPACE_CONFIG=:4096:8 "$TG" --gtest_filter='Cuda*:-CudaNccl*' --gtest_output=xml:"$RUN/parity.xml" || return $?
   require_cases "$RUN/parity.log" "$CUDA_WANT" 'Cuda[A-Za-z]*\.[A-Za-z]+'
+}
+
+# issue 14: ProcessGroupNCCL forced at world size 1 on cuda:0 (tests/gpu/cuda_nccl_test.cpp); a build
+# without NCCL fails it (qlora refuses CUDA with a process group), it does not skip
+s_nccl_smoke() {
+  "$TG" --gtest_filter='CudaNccl*' --gtest_output=xml:"$RUN/nccl.xml" || return $?
+  require_cases "$RUN/nccl.log" "$CUDA_WANT" 'CudaNccl\.[A-Za-z]+'
 }
 
 s_gpu_prep_cpu() {  # dry run: test_gpu's CPU cases
@@ -438,6 +460,7 @@ else
   step probe 0 probe.log s_probe
   if ((TRAIN)); then
     step gpu-prep-cpu 0 gpu-prep.log s_gpu_prep_cpu
+    step nccl-smoke 0 nccl.log s_nccl_smoke
     step bench-7b 0 bench-7b.log s_bench_7b
     step baseline-peft 0 baseline.log s_baseline_peft
     step bench-13b 0 bench-13b.log s_bench_13b

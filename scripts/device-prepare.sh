@@ -6,10 +6,13 @@
 #                                pkgconf binary; docs, man pages and unused static libraries dropped. Carried.
 #   .device/fixtures/quant.tar.gz  tests/fixtures/make_quant_refs.py's output (bitsandbytes is not on the
 #                                device, so its reference files travel) + fixtures/hash. Carried.
+#   .device/fixtures/gguf.tar.gz   make_gguf_refs.py's dequantization references (no gguf-py on the
+#                                device) + fixtures/gguf.hash. Carried.
 #   .device/wheels/*.whl         transformers, peft and friends for the PEFT baseline (fallback). Carried.
 # The run tool's argument is then  carry: [".device/prefix", ".device/fixtures", ".device/wheels"]  (docs/gpu.md).
 # Idempotent: packages already downloaded are not fetched again; the prefix is re-extracted only when
-# the set of .deb files (or this script) changed; the fixtures only when make_quant_refs.py changed.
+# the set of .deb files (or this script) changed; the fixtures only when make_quant_refs.py /
+# make_gguf_refs.py changed.
 # The device machine has no -dev packages, no registry and no network: everything the build needs
 # beyond python3's torch, nvcc, g++ and CMake must be carried.
 set -euo pipefail
@@ -32,6 +35,7 @@ PKGS=(
   libsentencepiece-dev libsentencepiece0
   libssl-dev libssl3
   libgtest-dev
+  libgloo-dev                  # headers only (see below)
   libbenchmark-dev libbenchmark1debian
   pkgconf-bin libpkgconf3
 )
@@ -89,6 +93,9 @@ if [ "$(cat "$PREFIX/.stamp" 2>/dev/null)" != "$stamp" ]; then
     cp -a "$PREFIX/usr/include/x86_64-linux-gnu/." "$PREFIX/usr/include/"
     rm -rf "$PREFIX/usr/include/x86_64-linux-gnu"
   fi
+  # Gloo: only its headers (c10d's ProcessGroupGloo.hpp; the Gloo code is inside the torch wheel):
+  # drop the library link (its libgloo0 target is not carried) and the CMake config naming it
+  rm -rf "$PREFIX"/usr/lib/libgloo.so "$PREFIX"/usr/lib/x86_64-linux-gnu/libgloo.so "$PREFIX"/usr/share/cmake/Gloo
   # static archives: keep those a CMake config imports (GoogleTest's, benchmark_main), drop the rest
   # (libcrypto.a, libssl.a, libyaml-cpp.a: ~11 MB; the build links the .so)
   while IFS= read -r -d '' a; do
@@ -139,6 +146,27 @@ if [ "$(cat "$FIXT/hash" 2>/dev/null)" != "$hash" ] || [ ! -f "$FIXT/quant.tar.g
     mv "$FIXT/quant.tar.gz.tmp" "$FIXT/quant.tar.gz"
     echo "$hash" > "$FIXT/hash"
     rm -rf "$DEV/fixtures-tmp"
+  fi
+fi
+
+# ---- 3b. GGUF dequantization fixtures (test_kernels' GgufDequant.BitIdenticalToGgufPyForEveryType;
+# the device has no gguf-py): make_gguf_refs.py --skip-model, only gguf/dequant.{gguf,json} (~1 MB) ----
+gsrc="$ROOT/tests/fixtures/make_gguf_refs.py"
+ghash="$(sha256sum "$gsrc" | cut -c1-12)"
+if [ "$(cat "$FIXT/gguf.hash" 2>/dev/null)" != "$ghash" ] || [ ! -f "$FIXT/gguf.tar.gz" ]; then
+  # shellcheck source=env.sh
+  source "$ROOT/scripts/env.sh"
+  if [ -x "$QLORA_VENV/bin/python" ]; then
+    echo "[device-prepare] making the GGUF dequantization fixtures with $QLORA_VENV/bin/python"
+    rm -rf "$DEV/fixtures-gguf"; mkdir -p "$DEV/fixtures-gguf" "$FIXT"
+    "$QLORA_VENV/bin/python" "$gsrc" --out "$DEV/fixtures-gguf" --skip-model > /dev/null
+    tar -C "$DEV/fixtures-gguf" -czf "$FIXT/gguf.tar.gz.tmp" gguf/dequant.gguf gguf/dequant.json
+    mv "$FIXT/gguf.tar.gz.tmp" "$FIXT/gguf.tar.gz"
+    echo "$ghash" > "$FIXT/gguf.hash"
+    rm -rf "$DEV/fixtures-gguf"
+  else
+    echo "[device-prepare] WARNING: no venv ($QLORA_VENV; run scripts/setup.sh): no GGUF fixtures; the device's" \
+         "kernel-tests step will fail GgufDequant.BitIdenticalToGgufPyForEveryType" >&2
   fi
 fi
 

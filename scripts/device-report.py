@@ -150,6 +150,7 @@ def main():
     parity_log = read(os.path.join(run, "parity.log")) or ""
     rep["parity_cases"] = gtest_cases(parity_log, r"Cuda\w*\.\w+")
     rep["parity_gaps"] = re.findall(r"worst relative gap: (.*)", parity_log)
+    rep["nccl_cases"] = gtest_cases(read(os.path.join(run, "nccl.log")) or "", r"CudaNccl\.\w+")
     rep["dequant"] = dequant_rows(read(os.path.join(run, "bench.txt")))
     rep["bench_7b"] = bench_rows(os.path.join(run, "bench-7b.csv"), smi_samples(os.path.join(run, "bench-7b.smi")))
     rep["bench_13b"] = bench_rows(os.path.join(run, "bench-13b.csv"), smi_samples(os.path.join(run, "bench-13b.smi")))
@@ -172,6 +173,9 @@ def main():
     L.append("CUDA training parity: " +
              (", ".join(f"`{k}` {v}" for k, v in sorted(pc.items())) if pc else pending(steps, "cuda-parity")) +
              (("; gaps: " + "; ".join(rep["parity_gaps"])) if rep["parity_gaps"] else "") + ".")
+    nc = rep["nccl_cases"]
+    L.append("NCCL smoke (ProcessGroupNCCL forced at world size 1 on cuda:0 vs no process group, byte-identical): " +
+             (", ".join(f"`{k}` {v}" for k, v in sorted(nc.items())) if nc else pending(steps, "nccl-smoke")) + ".")
     L.append("")
     L.append("#### Dequantize bandwidth (NF4 bs64 double quant → bf16, best of 20, vs D2D memcpy)")
     L.append("")

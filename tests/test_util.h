@@ -5,6 +5,9 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,6 +51,24 @@ inline CommandResult run_command(const std::string& cmd) {
   while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
   const int st = ::pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed); -1 on error.
+/// For MASTER_PORT in the data-parallel tests.
+inline int free_tcp_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (s < 0 || ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (s >= 0) ::close(s);
+    return -1;
+  }
+  ::close(s);
+  return ntohs(a.sin_port);
 }
 
 /// An empty directory under the system temp dir, unique to this process and `name`.

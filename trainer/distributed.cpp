@@ -7,10 +7,18 @@
 #endif
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// ProcessGroupNCCL: only in builds with QLORA_WITH_NCCL (CMakeLists.txt, QLORA_NCCL), which also
+// define USE_C10D_NCCL and put the wheel's nccl.h on this file's include path. The code is in
+// libtorch_cuda.
+#ifdef QLORA_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <exception>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -49,8 +57,19 @@ DistEnv read_dist_env(const std::function<const char*(const char*)>& getenv) {
   const char* rank_var = torchrun ? "RANK" : "SLURM_PROCID";
   const char* world_var = torchrun ? "WORLD_SIZE" : "SLURM_NTASKS";
   const char* local_var = torchrun ? "LOCAL_RANK" : "SLURM_LOCALID";
+  e.force_pg = env_int(getenv, "QLORA_DIST_FORCE_PG", 0, 1, 0) == 1;
+  const auto master_addr = [&](const std::string& why) {
+    const char* addr = getenv("MASTER_ADDR");
+    QLORA_CHECK(addr && *addr, "MASTER_ADDR: not set while ", why,
+                " (the host of rank 0, e.g. 127.0.0.1 on one node; torchrun sets it)");
+    e.master_addr = addr;
+  };
   if (!torchrun && !slurm) {
     e.timeout = std::chrono::seconds(env_int(getenv, "QLORA_DIST_TIMEOUT_S", 1, INT_MAX, 1800));
+    if (e.force_pg) {  // rank 0 of 1, with a process group
+      master_addr("QLORA_DIST_FORCE_PG=1");
+      e.master_port = env_int(getenv, "MASTER_PORT", 1, 65535, 29500);
+    }
     return e;  // a single process
   }
   e.source = torchrun ? "torchrun" : "SLURM";
@@ -65,18 +84,44 @@ DistEnv read_dist_env(const std::function<const char*(const char*)>& getenv) {
   e.local_rank = env_int(getenv, local_var, 0, e.world_size - 1, e.rank);
   e.master_port = env_int(getenv, "MASTER_PORT", 1, 65535, 29500);
   e.timeout = std::chrono::seconds(env_int(getenv, "QLORA_DIST_TIMEOUT_S", 1, INT_MAX, 1800));
-  if (e.world_size > 1) {
-    const char* addr = getenv("MASTER_ADDR");
-    QLORA_CHECK(addr && *addr, "MASTER_ADDR: not set while ", world_var, "=", e.world_size,
-                " (the host of rank 0, e.g. 127.0.0.1 on one node; torchrun sets it)");
-    e.master_addr = addr;
-  }
+  if (e.world_size > 1)
+    master_addr(std::string(world_var) + "=" + std::to_string(e.world_size));
+  else if (e.force_pg)
+    master_addr("QLORA_DIST_FORCE_PG=1");
   return e;
+}
+
+torch::Device training_device(const DistEnv& env) {
+  if (!torch::cuda::is_available()) return torch::Device(torch::kCPU);
+  if (env.source.empty() && !env.force_pg) return torch::Device(torch::kCUDA);  // a plain single process
+  const int n = static_cast<int>(torch::cuda::device_count());
+  QLORA_CHECK(env.local_rank < n, env.source == "SLURM" ? "SLURM_LOCALID" : "LOCAL_RANK", "=", env.local_rank,
+              ": this node has ", n, " visible CUDA device(s) (one per local rank: cuda:LOCAL_RANK; check "
+              "CUDA_VISIBLE_DEVICES and --nproc-per-node)");
+  const torch::Device d(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(d);  // the kernels launch on the current device
+  return d;
 }
 
 struct Distributed::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  c10::intrusive_ptr<c10d::Backend> pg;  ///< ProcessGroupGloo (CPU) or ProcessGroupNCCL (CUDA)
+  torch::Device device{torch::kCPU};     ///< where the collectives' tensors must lie (NCCL: the GPU)
+  ~Impl() {
+    // NCCL: release the communicators before the store goes (torch warns at exit otherwise). While
+    // an error unwinds (a peer may be lost, a collective may never finish) abort them instead:
+    // shutdown would wait for the pending work.
+    if (pg && device.is_cuda()) {
+      try {
+        if (std::uncaught_exceptions() > 0)
+          pg->abort();
+        else
+          pg->shutdown();
+      } catch (const std::exception& e) {
+        log::warn("distributed: NCCL shutdown: ", first_line(e.what()));
+      }
+    }
+  }
 };
 
 Distributed::Distributed() = default;
@@ -84,10 +129,13 @@ Distributed::~Distributed() = default;
 
 Distributed::Distributed(const DistEnv& env, const torch::Device& device) : env_(env) {
   if (!env_.active()) return;
+#ifndef QLORA_WITH_NCCL
   QLORA_CHECK(!device.is_cuda(), "distributed: WORLD_SIZE=", env_.world_size, " on ", device.str(),
-              ": the NCCL backend for CUDA is not built yet (docs/distributed.md); run the ranks on CPU "
-              "(CUDA_VISIBLE_DEVICES=) or as a single process");
+              ": this build has no NCCL backend (configure with a CUDA torch, nvcc and nccl.h: QLORA_NCCL, "
+              "docs/distributed.md); run the ranks on CPU (CUDA_VISIBLE_DEVICES=) or as a single process");
+#endif
   impl_ = std::make_unique<Impl>();
+  impl_->device = device;
   const std::string where = env_.master_addr + ":" + std::to_string(env_.master_port);
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(env_.master_port);
@@ -106,6 +154,23 @@ Distributed::Distributed(const DistEnv& env, const torch::Device& device) : env_
     fail("MASTER_ADDR=", env_.master_addr, ": rank ", env_.rank, " cannot reach rank 0's rendezvous at ", where,
          " within ", env_.timeout.count() / 1000, " s: ", msg);
   }
+#ifdef QLORA_WITH_NCCL
+  if (device.is_cuda()) {
+    QLORA_CHECK(device.has_index(), "distributed: internal: the NCCL device has no index (training_device)");
+    auto nopts = c10d::ProcessGroupNCCL::Options::create();
+    nopts->timeout = env_.timeout;
+    try {
+      impl_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, env_.rank, env_.world_size, nopts);
+    } catch (const std::exception& e) {
+      fail("distributed: rank ", env_.rank, " could not create the NCCL process group (", env_.world_size,
+           " ranks, rendezvous ", where, ", ", device.str(), "): ", first_line(e.what()));
+    }
+    log::info("distributed: rank ", env_.rank, " of ", env_.world_size, " (local rank ", env_.local_rank, ", from ",
+              env_.source.empty() ? "QLORA_DIST_FORCE_PG" : env_.source, "), NCCL on ", device.str(),
+              ", rendezvous ", where);
+    return;
+  }
+#endif
   auto opts = c10d::ProcessGroupGloo::Options::create(env_.timeout);
   try {
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
@@ -120,7 +185,7 @@ Distributed::Distributed(const DistEnv& env, const torch::Device& device) : env_
          " ranks, rendezvous ", where, "): ", first_line(e.what()));
   }
   log::info("distributed: rank ", env_.rank, " of ", env_.world_size, " (local rank ", env_.local_rank, ", from ",
-            env_.source, "), Gloo on CPU, rendezvous ", where);
+            env_.source.empty() ? "QLORA_DIST_FORCE_PG" : env_.source, "), Gloo on CPU, rendezvous ", where);
 }
 
 namespace {
@@ -139,22 +204,26 @@ void collective(const DistEnv& env, const char* what, F&& f) {
   }
 }
 
-void allreduce_doubles(const DistEnv& env, c10d::ProcessGroupGloo& pg, std::vector<double>& values,
-                       c10d::ReduceOp op) {
+/// `values` reduced over ranks in place: a float64 tensor over them (a copy on the GPU for NCCL,
+/// which reduces device memory only; the copy back waits for the collective on the current stream).
+void allreduce_doubles(const DistEnv& env, c10d::Backend& pg, const torch::Device& device,
+                       std::vector<double>& values, c10d::ReduceOp op) {
   if (values.empty()) return;
-  std::vector<at::Tensor> t{torch::from_blob(values.data(), {static_cast<int64_t>(values.size())}, torch::kFloat64)};
+  const torch::Tensor host = torch::from_blob(values.data(), {static_cast<int64_t>(values.size())}, torch::kFloat64);
+  std::vector<at::Tensor> t{device.is_cuda() ? host.to(device) : host};
   c10d::AllreduceOptions o;
   o.reduceOp = op;
   collective(env, "allreduce", [&] { pg.allreduce(t, o)->wait(); });
+  if (device.is_cuda()) host.copy_(t[0]);
 }
 }  // namespace
 
 void Distributed::sum(std::vector<double>& values) {
-  if (active()) allreduce_doubles(env_, *impl_->pg, values, c10d::ReduceOp::SUM);
+  if (active()) allreduce_doubles(env_, *impl_->pg, impl_->device, values, c10d::ReduceOp::SUM);
 }
 
 void Distributed::max(std::vector<double>& values) {
-  if (active()) allreduce_doubles(env_, *impl_->pg, values, c10d::ReduceOp::MAX);
+  if (active()) allreduce_doubles(env_, *impl_->pg, impl_->device, values, c10d::ReduceOp::MAX);
 }
 
 void Distributed::sum_gradients(const std::vector<torch::Tensor>& params) {
@@ -163,6 +232,8 @@ void Distributed::sum_gradients(const std::vector<torch::Tensor>& params) {
   for (const torch::Tensor& p : params) {
     QLORA_CHECK(p.scalar_type() == params[0].scalar_type(), "distributed: trainable parameters of mixed dtypes (",
                 p.scalar_type(), " and ", params[0].scalar_type(), ") cannot share one allreduce buffer");
+    QLORA_CHECK(!impl_->device.is_cuda() || p.device() == impl_->device, "distributed: a trainable parameter on ",
+                p.device().str(), " while the NCCL process group is on ", impl_->device.str());
     flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
   }
   std::vector<at::Tensor> buf{torch::cat(flat)};
@@ -184,7 +255,7 @@ std::vector<uint64_t> Distributed::all_gather(uint64_t value) {
   std::vector<double> slots(2 * static_cast<size_t>(env_.world_size), 0.0);
   slots[2 * env_.rank] = static_cast<double>(value >> 32);
   slots[2 * env_.rank + 1] = static_cast<double>(value & 0xffffffffu);
-  allreduce_doubles(env_, *impl_->pg, slots, c10d::ReduceOp::SUM);
+  allreduce_doubles(env_, *impl_->pg, impl_->device, slots, c10d::ReduceOp::SUM);
   std::vector<uint64_t> out(env_.world_size);
   for (int r = 0; r < env_.world_size; ++r)
     out[r] = (static_cast<uint64_t>(slots[2 * r]) << 32) | static_cast<uint64_t>(slots[2 * r + 1]);
@@ -210,7 +281,10 @@ std::vector<std::string> Distributed::gather_to_main(const std::string& key, con
 }
 
 void Distributed::barrier() {
-  if (active()) collective(env_, "barrier", [&] { impl_->pg->barrier()->wait(); });
+  if (!active()) return;
+  c10d::BarrierOptions o;
+  if (impl_->device.is_cuda()) o.device_ids = {impl_->device.index()};  // NCCL: the barrier's allreduce runs there
+  collective(env_, "barrier", [&] { impl_->pg->barrier(o)->wait(); });
 }
 
 std::string Distributed::from_main(const std::string& key, const std::function<std::string()>& produce) {

@@ -207,7 +207,7 @@ Trainer::Trainer(Config cfg, RunOptions run) : cfg_(std::move(cfg)), run_(run) {
 
 void Trainer::setup() {
   const TrainingConfig& t = cfg_.training;
-  device_ = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  device_ = training_device(run_.dist);  // CPU, or CUDA (cuda:LOCAL_RANK in a launched job)
   torch::manual_seed(t.seed);
   dist_ = std::make_unique<Distributed>(run_.dist, device_);  // WORLD_SIZE > 1: rendezvous (docs/distributed.md)
 

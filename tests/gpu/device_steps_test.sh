@@ -24,9 +24,9 @@ rc=$?
 t1=$(date +%s)
 [ $rc -ne 0 ] || fail "a run with a failed step exited 0"
 S="$B/out/steps.tsv"
-[ "$(col 1 "$S")" = "host-compiler configure build kernel-tests dequant-bandwidth cuda-parity bench-7b baseline-peft bench-13b report" ] \
+[ "$(col 1 "$S")" = "host-compiler configure build kernel-tests dequant-bandwidth cuda-parity nccl-smoke bench-7b baseline-peft bench-13b report" ] \
   || fail "step order: $(col 1 "$S")"
-[ "$(col 2 "$S")" = "ok ok ok ok ok FAIL(3) ok TIMEOUT NOTIME ok" ] || fail "statuses: $(col 2 "$S")"
+[ "$(col 2 "$S")" = "ok ok ok ok ok FAIL(3) ok ok TIMEOUT NOTIME ok" ] || fail "statuses: $(col 2 "$S")"
 ((t1 - t0 <= 19)) || fail "the run took $((t1 - t0)) s with a 12 s deadline (the 67 s step was not killed)"
 pgrep -xf "sleep 67" > /dev/null && fail "the timed-out step's sleep lives on: $(pgrep -af 'sleep 67')"
 R="$B/out/report.md"
@@ -35,6 +35,7 @@ grep -q "pending (step baseline-peft: TIMEOUT)" "$R" || fail "baseline not pendi
 grep -q "pending (step bench-13b: NOTIME)" "$R" || fail "13B not pending(NOTIME)"
 grep -q "pending (step cuda-parity: FAIL(3))" "$R" || fail "parity not pending(FAIL)"
 grep -q "pending (step dequant-bandwidth: ok)" "$R" || fail "an ok step without output must still read pending"
+grep -q "NCCL smoke .*pending (step nccl-smoke: ok)" "$R" || fail "NCCL smoke not pending(ok)"
 grep -q "RESULT: FAILED" "$B/out/summary.txt" || fail "summary has no RESULT: FAILED"
 tar -tzf "$B/out/results.tar.gz" | grep -q "bench-7b.csv" || fail "results.tar.gz lacks bench-7b.csv"
 [ "$(ls "$B/out" | wc -l)" -le 8 ] || fail "more than 8 files in OUT: $(ls "$B/out")"
@@ -63,7 +64,7 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 kill -KILL -- -"$pid" 2>/dev/null; wait "$pid" 2>/dev/null
-[ "$(col 1 "$B/out/steps.tsv")" = "host-compiler configure build kernel-tests dequant-bandwidth cuda-parity" ] \
+[ "$(col 1 "$B/out/steps.tsv")" = "host-compiler configure build kernel-tests dequant-bandwidth cuda-parity nccl-smoke" ] \
   || fail "rows kept after a kill: $(col 1 "$B/out/steps.tsv")"
 [ "$(wc -l < "$B/run/bench-7b.csv")" -ge 4 ] || fail "bench rows written before the kill are gone"
 tar -tzf "$B/out/results.tar.gz" | grep -q "steps.tsv" || fail "no results.tar.gz after the kill"
@@ -72,7 +73,7 @@ tar -tzf "$B/out/results.tar.gz" | grep -q "steps.tsv" || fail "no results.tar.g
 B="$W/b3"
 QLORA_DEVICE_BUILD="$B" OUT="$B/out" QLORA_DEADLINE_S=30 QLORA_MIN_LEFT_PCT=5 QLORA_STEPS="host-compiler,bench-*,report" \
   bash "$ROOT/scripts/device-check.sh" --fake > "$W/run3.log" 2>&1 || fail "a subset run with every step ok failed: $(tail -3 "$W/run3.log")"
-[ "$(col 2 "$B/out/steps.tsv")" = "ok SKIP SKIP SKIP SKIP SKIP ok SKIP ok ok" ] || fail "subset statuses: $(col 2 "$B/out/steps.tsv")"
+[ "$(col 2 "$B/out/steps.tsv")" = "ok SKIP SKIP SKIP SKIP SKIP SKIP ok SKIP ok ok" ] || fail "subset statuses: $(col 2 "$B/out/steps.tsv")"
 
 # 5. the CUDA host compiler: nvcc refusing g++ > 15 gets a g++-N it accepts, or the run stops with the reason
 mkdir -p "$W/bin"

@@ -6,8 +6,10 @@
 // bit-identical, since two-term float sums commute). Also: SIGTERM on one rank stops both at the
 // same step with one checkpoint and exit 75, and the resumed run ends byte-identical; SIGKILL of
 // rank 1 makes rank 0 fail naming rank 1; bad environments and differing configs are one-line
-// errors naming the variable or key, exit 1, nothing written. The tiny model of tiny_run.h, LoRA
-// dropout off (its masks come from each process's generator: see docs/distributed.md).
+// errors naming the variable or key, exit 1, nothing written; QLORA_DIST_FORCE_PG=1 at world size 1
+// (the process group over one rank) equals the plain single process to the byte. The tiny model of
+// tiny_run.h, LoRA dropout off (its masks come from each process's generator: see
+// docs/distributed.md).
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -34,22 +36,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using Out = qlora::test::CommandResult;
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed).
-int free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (s < 0 || ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (s >= 0) ::close(s);
-    return -1;
-  }
-  ::close(s);
-  return ntohs(a.sin_port);
-}
+using qlora::test::free_tcp_port;
 
 struct Step {
   double loss, grad_norm;
@@ -84,7 +71,7 @@ class DataParallel : public ::testing::Test {
   /// two results (status, output).
   static std::vector<Out> two_ranks(const fs::path& out, const std::array<std::string, 2>& extra,
                                     const std::array<std::string, 2>& env = {"", ""}) {
-    const int port = free_port();
+    const int port = free_tcp_port();
     EXPECT_GT(port, 0);
     const std::string common = "OMP_NUM_THREADS=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
                                std::to_string(port) + " QLORA_DIST_TIMEOUT_S=60 ";
@@ -401,6 +388,43 @@ TEST_F(DataParallel, ConfigDifferingBetweenRanksIsRefusedNamingTheKey) {
   EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
 }
 
+// QLORA_DIST_FORCE_PG=1 at world size 1 (the GPU check's NCCL smoke, here over Gloo): the process
+// group is made and every collective runs through c10d, and the run equals the plain single
+// process to the byte (a one-rank sum is a copy). Once as rank 0 of 1 by torchrun's variables,
+// once with neither RANK nor WORLD_SIZE set.
+TEST_F(DataParallel, ForcedProcessGroupAtWorldSizeOneEqualsTheSingleProcess) {
+  const fs::path plain = root / "ws1_plain", forced = root / "ws1_forced", bare = root / "ws1_bare";
+  const std::string ex = "--set training.max_steps=3";
+  Out s = single(plain, ex);
+  ASSERT_EQ(s.status, 0) << s.out;
+  const std::string env = "OMP_NUM_THREADS=1 QLORA_DIST_FORCE_PG=1 MASTER_ADDR=127.0.0.1 QLORA_DIST_TIMEOUT_S=60 ";
+  Out f = qlora::test::run_command(env + "RANK=0 WORLD_SIZE=1 MASTER_PORT=" + std::to_string(free_tcp_port()) + " " +
+                                   train_cmd(forced, ex));
+  ASSERT_EQ(f.status, 0) << f.out;
+  EXPECT_NE(f.out.find("distributed: rank 0 of 1 (local rank 0, from torchrun), Gloo on CPU"), std::string::npos)
+      << f.out;
+  Out b = qlora::test::run_command("env -u RANK -u WORLD_SIZE " + env + "MASTER_PORT=" + std::to_string(free_tcp_port()) +
+                                   " " + train_cmd(bare, ex));
+  ASSERT_EQ(b.status, 0) << b.out;
+  EXPECT_NE(b.out.find("distributed: rank 0 of 1 (local rank 0, from QLORA_DIST_FORCE_PG), Gloo on CPU"),
+            std::string::npos)
+      << b.out;
+  EXPECT_EQ(s.out.find("distributed:"), std::string::npos) << "no process group without the variable:\n" << s.out;
+  for (const fs::path& o : {forced, bare}) {
+    const auto a = steps(plain), c = steps(o);
+    ASSERT_EQ(a.size(), 3u);
+    ASSERT_EQ(c.size(), 3u) << o;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(c[i].loss, a[i].loss) << o << " step " << i + 1;
+      EXPECT_EQ(c[i].grad_norm, a[i].grad_norm) << o << " step " << i + 1;
+      EXPECT_EQ(c[i].tokens, a[i].tokens) << o << " step " << i + 1;
+    }
+    EXPECT_EQ(qlora::read_file((o / "adapter_model.safetensors").string()),
+              qlora::read_file((plain / "adapter_model.safetensors").string()))
+        << o;
+  }
+}
+
 // Inconsistent environments: exit 1 with one line naming the variable, before anything is read
 // or written (output_dir is not created).
 TEST_F(DataParallel, BadEnvironmentIsOneLineNamingTheVariable) {
@@ -415,9 +439,12 @@ TEST_F(DataParallel, BadEnvironmentIsOneLineNamingTheVariable) {
       {"WORLD_SIZE=2", "error: RANK: not set while WORLD_SIZE=2"},
       {"RANK=0 WORLD_SIZE=0", "error: WORLD_SIZE=0: must be in 1.."},
       {"SLURM_PROCID=2 SLURM_NTASKS=2 MASTER_ADDR=h", "error: SLURM_PROCID=2 must be < SLURM_NTASKS=2"},
+      {"QLORA_DIST_FORCE_PG=2", "error: QLORA_DIST_FORCE_PG=2: must be in 0..1"},
+      {"QLORA_DIST_FORCE_PG=1", "error: MASTER_ADDR: not set while QLORA_DIST_FORCE_PG=1"},
+      {"RANK=0 WORLD_SIZE=1 QLORA_DIST_FORCE_PG=1", "error: MASTER_ADDR: not set while QLORA_DIST_FORCE_PG=1"},
   };
   for (const Case& c : cases) {
-    Out o = qlora::test::run_command("env -u RANK -u WORLD_SIZE -u SLURM_PROCID -u SLURM_NTASKS " + c.env + " " +
+    Out o = qlora::test::run_command("env -u RANK -u WORLD_SIZE -u SLURM_PROCID -u SLURM_NTASKS -u MASTER_ADDR " + c.env + " " +
                                      train_cmd(out, ""));
     EXPECT_EQ(o.status, 1) << c.env << "\n" << o.out;
     EXPECT_EQ(o.out.rfind(c.expect, 0), 0u) << c.env << "\n" << o.out;
