@@ -39,23 +39,16 @@ Out sh(const std::string& cmd) { return qlora::test::run_command(cmd); }
 using qlora::test::contains;
 using qlora::test::line_with;
 
-class CheckpointRobust : public ::testing::Test {
- protected:
-  static fs::path root;
-  static qlora::test::SuiteSetup setup;
-  static void SetUpTestSuite() {
-    try {
-      root = qlora::test::fresh_temp_dir("ckpt_robust");
-      Out o = qlora::test::make_tiny_run(root, 1);
-      if (!setup.expect(o.status == 0, "qlora init-model for the tiny run failed", o.out)) return;
-      std::ofstream(root / "data2.json") << qlora::read_file((root / "data.json").string());  // same examples, another file
-    } catch (const std::exception& e) {
-      setup.expect(false, std::string("exception: ") + e.what());
-    }
+class CheckpointRobust : public qlora::test::TinyRunSuite<CheckpointRobust> {
+ public:
+  static constexpr const char* kTempName = "ckpt_robust";
+  static constexpr int kSaveSteps = 1;
+  /// The same examples in another file (a data change that is not a content change).
+  static void prepare(const fs::path& dir) {
+    std::ofstream(dir / "data2.json") << qlora::read_file((dir / "data.json").string());
   }
-  static void TearDownTestSuite() { fs::remove_all(root); }
-  void SetUp() override { QLORA_CHECK_SUITE_SETUP(setup); }
 
+ protected:
   static std::string train_cmd(const fs::path& out, const std::string& extra = "") {
     return std::string(QLORA_BIN) + " train " + (root / "run.yaml").string() + " --set output_dir=" + out.string() +
            " " + extra;
@@ -69,8 +62,6 @@ class CheckpointRobust : public ::testing::Test {
     ASSERT_EQ(o.status, 75) << o.out;
   }
 };
-fs::path CheckpointRobust::root;
-qlora::test::SuiteSetup CheckpointRobust::setup;
 
 // Starts `argv` with stdout and stderr into `log` and `env_extra` added to the environment.
 pid_t spawn(const std::vector<std::string>& argv, const fs::path& log, const std::vector<std::string>& env_extra) {

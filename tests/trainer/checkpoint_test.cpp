@@ -25,22 +25,12 @@ using json = nlohmann::json;
 using Out = qlora::test::CommandResult;
 Out sh(const std::string& cmd) { return qlora::test::run_command(cmd); }
 
-class Resume : public ::testing::Test {
- protected:
-  static fs::path root;
-  static qlora::test::SuiteSetup setup;
-  static void SetUpTestSuite() {
-    try {
-      root = qlora::test::fresh_temp_dir("resume");
-      Out o = qlora::test::make_tiny_run(root, 0);
-      setup.expect(o.status == 0, "qlora init-model for the tiny run failed", o.out);
-    } catch (const std::exception& e) {
-      setup.expect(false, std::string("exception: ") + e.what());
-    }
-  }
-  void SetUp() override { QLORA_CHECK_SUITE_SETUP(setup); }
-  static void TearDownTestSuite() { fs::remove_all(root); }
+class Resume : public qlora::test::TinyRunSuite<Resume> {
+ public:
+  static constexpr const char* kTempName = "resume";
+  static constexpr int kSaveSteps = 0;
 
+ protected:
   static Out train(const fs::path& out, const std::string& extra = "", const std::string& env = "") {
     return sh(env + " " + QLORA_BIN + " train " + (root / "run.yaml").string() + " --set output_dir=" + out.string() +
               " " + extra);
@@ -76,8 +66,6 @@ class Resume : public ::testing::Test {
     return v;
   }
 };
-fs::path Resume::root;
-qlora::test::SuiteSetup Resume::setup;
 
 struct Stop {
   const char* name;

@@ -43,22 +43,12 @@ struct Step {
   int64_t tokens;
 };
 
-class DataParallel : public ::testing::Test {
- protected:
-  static fs::path root;
-  static qlora::test::SuiteSetup setup;
-  static void SetUpTestSuite() {
-    try {
-      root = qlora::test::fresh_temp_dir("distributed");
-      Out o = qlora::test::make_tiny_run(root, 0);
-      setup.expect(o.status == 0, "qlora init-model for the tiny run failed", o.out);
-    } catch (const std::exception& e) {
-      setup.expect(false, std::string("exception: ") + e.what());
-    }
-  }
-  void SetUp() override { QLORA_CHECK_SUITE_SETUP(setup); }
-  static void TearDownTestSuite() { fs::remove_all(root); }
+class DataParallel : public qlora::test::TinyRunSuite<DataParallel> {
+ public:
+  static constexpr const char* kTempName = "distributed";
+  static constexpr int kSaveSteps = 0;
 
+ protected:
   /// `qlora train` of the tiny run with LoRA dropout off, one intra-op thread, and `extra` flags.
   static std::string train_cmd(const fs::path& out, const std::string& extra) {
     return std::string(QLORA_BIN) + " train " + (root / "run.yaml").string() + " --set output_dir=" + out.string() +
@@ -137,8 +127,6 @@ class DataParallel : public ::testing::Test {
     EXPECT_GT(a.front().loss - a.back().loss, 0.0);
   }
 };
-fs::path DataParallel::root;
-qlora::test::SuiteSetup DataParallel::setup;
 
 // micro-batch 2: 24 examples = 12 micro-batches per epoch, 6 steps of 4 rows; rank r trains the
 // micro-batches i % 2 == r of each global group.

@@ -2,6 +2,9 @@
 // batches/epoch, accumulation 2 → 6 steps/epoch, 3 epochs = 18 steps), a `tiny` NF4 model with a
 // tokenizer trained on them, LoRA dropout 0.1 and gradient checkpointing on, resume: auto.
 #pragma once
+#include <gtest/gtest.h>
+
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -39,5 +42,29 @@ inline CommandResult make_tiny_run(const std::filesystem::path& root, int save_s
                                    << ", save_minutes: 0, keep_last: 2, resume: auto}\n";
   return o;
 }
+
+/// A GoogleTest fixture (CRTP) whose suite shares one tiny run: made once by SetUpTestSuite in a
+/// fresh temp dir named `Derived::kTempName` with `save_steps = Derived::kSaveSteps`, then
+/// `Derived::prepare(root)` (optional; may throw) adds what the suite needs; removed after the
+/// suite. A failed setup fails every test of the suite (SuiteSetup), never skips it.
+template <typename Derived>
+class TinyRunSuite : public ::testing::Test {
+ protected:
+  static inline std::filesystem::path root;
+  static inline SuiteSetup setup;
+  static void prepare(const std::filesystem::path&) {}
+  static void SetUpTestSuite() {
+    try {
+      root = fresh_temp_dir(Derived::kTempName);
+      const CommandResult o = make_tiny_run(root, Derived::kSaveSteps);
+      if (!setup.expect(o.status == 0, "qlora init-model for the tiny run failed", o.out)) return;
+      Derived::prepare(root);
+    } catch (const std::exception& e) {
+      setup.expect(false, std::string("exception: ") + e.what());
+    }
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(root); }
+  void SetUp() override { QLORA_CHECK_SUITE_SETUP(setup); }
+};
 
 }  // namespace qlora::test
