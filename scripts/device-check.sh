@@ -74,11 +74,15 @@ echo "mode=$MODE commit=$COMMIT deadline=${DEADLINE}s started=$(date -u +%FT%TZ)
 say() { echo "[device-check] $*"; }
 
 # results.tar.gz: refreshed by a background loop while steps run, and after each step
+# (a temp file per process: the loop and a step's end may pack at once; tar's exit 1, "file changed as
+# we read it" while a step writes its log, still leaves a valid archive).
 snapshot() {
-  tar -C "$RUN" -czf "$RESDIR/.results.tmp" . 2>/dev/null && mv -f "$RESDIR/.results.tmp" "$RESDIR/results.tar.gz"
+  local tmp="$RESDIR/.results.$BASHPID.tmp" rc
+  tar -C "$RUN" -czf "$tmp" --warning=no-file-changed . 2>/dev/null; rc=$?
+  if ((rc <= 1)); then mv -f "$tmp" "$RESDIR/results.tar.gz"; else rm -f "$tmp"; fi
   cp -f "$RUN/steps.tsv" "$RESDIR/steps.tsv" 2>/dev/null
 }
-( trap 'kill $c 2>/dev/null; exit 0' TERM; while :; do sleep 15 & c=$!; wait $c; snapshot; done ) &
+( trap 'kill $c 2>/dev/null; rm -f "$RESDIR/.results.$BASHPID.tmp"; exit 0' TERM; while :; do sleep 15 & c=$!; wait $c; snapshot; done ) &
 SNAP_PID=$!
 finish() {
   kill "$SNAP_PID" 2>/dev/null; wait "$SNAP_PID" 2>/dev/null

@@ -12,6 +12,10 @@ trap 'rm -rf "$W"' EXIT
 FAILS=0
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
 col() { awk -F'\t' -v n="$1" '{ print $n }' "$2" | tr '\n' ' ' | sed 's/ $//'; }
+# in_tar ARCHIVE NAME: the archive lists ./NAME. Not `tar -tzf | grep -q` under pipefail: tar writes
+# each name on its own, so once grep -q has matched and exited, tar's next write dies of SIGPIPE and
+# the pipeline fails although the name is there (CI stop 18).
+in_tar() { local list; list="$(tar -tzf "$1")" || return 1; grep -qxF "./$2" <<< "$list"; }
 
 # 1. order, minimum time left, deadline kill, failure isolation, partial report
 B="$W/b1"
@@ -37,7 +41,7 @@ grep -q "pending (step cuda-parity: FAIL(3))" "$R" || fail "parity not pending(F
 grep -q "pending (step dequant-bandwidth: ok)" "$R" || fail "an ok step without output must still read pending"
 grep -q "NCCL smoke .*pending (step nccl-smoke: ok)" "$R" || fail "NCCL smoke not pending(ok)"
 grep -q "RESULT: FAILED" "$B/out/summary.txt" || fail "summary has no RESULT: FAILED"
-tar -tzf "$B/out/results.tar.gz" | grep -q "bench-7b.csv" || fail "results.tar.gz lacks bench-7b.csv"
+in_tar "$B/out/results.tar.gz" bench-7b.csv || fail "results.tar.gz lacks bench-7b.csv"
 [ "$(ls "$B/out" | wc -l)" -le 8 ] || fail "more than 8 files in OUT: $(ls "$B/out")"
 
 # 2. the docs get the report appended, with date, commit and command; pending stays pending
@@ -67,7 +71,7 @@ kill -KILL -- -"$pid" 2>/dev/null; wait "$pid" 2>/dev/null
 [ "$(col 1 "$B/out/steps.tsv")" = "host-compiler configure build kernel-tests dequant-bandwidth cuda-parity nccl-smoke" ] \
   || fail "rows kept after a kill: $(col 1 "$B/out/steps.tsv")"
 [ "$(wc -l < "$B/run/bench-7b.csv")" -ge 4 ] || fail "bench rows written before the kill are gone"
-tar -tzf "$B/out/results.tar.gz" | grep -q "steps.tsv" || fail "no results.tar.gz after the kill"
+in_tar "$B/out/results.tar.gz" steps.tsv || fail "no results.tar.gz after the kill"
 
 # 4. QLORA_STEPS reruns a subset; the others are SKIP rows, not failures
 B="$W/b3"
