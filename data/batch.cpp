@@ -127,7 +127,7 @@ Batch DataLoader::next() {
     ++state_.epoch;
     state_.cursor = 0;
   }
-  return collate(rows, pad_id_, opts_.padding_side == "left");
+  return collate(rows, pad_id_, opts_.padding_side == PaddingSide::kLeft);
 }
 
 int64_t DataLoader::batches_in_epoch(uint64_t epoch) const {

@@ -9,6 +9,9 @@
 
 namespace qlora::data {
 
+/// Where padding goes in a batch row (`data.padding_side`: right | left).
+enum class PaddingSide { kRight, kLeft };
+
 /// Settings of the `data:` config section. Names follow Axolotl / torchtune where they exist.
 struct DataOptions {
   std::string train;                 ///< path to the training file (.json array, .jsonl or .txt)
@@ -20,7 +23,7 @@ struct DataOptions {
   bool train_on_inputs = false;      ///< false: prompt/system/user/tool tokens get label -100
   bool add_eos = true;               ///< EOS after every assistant turn (keeps its label even if pad == eos)
   bool sample_packing = false;       ///< pack examples into sequence_len rows, block-diagonal attention
-  std::string padding_side = "right";  ///< right | left
+  PaddingSide padding_side = PaddingSide::kRight;  ///< YAML right | left
   double val_set_size = 0.0;         ///< fraction (< 1) or count (>= 1) held out from `train`
   uint64_t seed = 42;                ///< shuffle seed (per-epoch permutation derives from it)
   bool shuffle = true;               ///< shuffle each epoch

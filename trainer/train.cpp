@@ -120,7 +120,7 @@ std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vec
   for (size_t i = 0; i < examples.size(); i += batch_size) {
     std::vector<std::vector<const data::Example*>> rows;
     for (size_t j = i; j < std::min(examples.size(), i + batch_size); ++j) rows.push_back({&examples[j]});
-    data::Batch b = data::collate(rows, pad_id, opts.padding_side == "left");
+    data::Batch b = data::collate(rows, pad_id, opts.padding_side == data::PaddingSide::kLeft);
     ForwardInputs in = batch_inputs(b, model.device());
     auto [rws, targets] = next_token_rows(model.hidden_states(in), batch_labels(b, model.device()), in.segment_ids);
     if (targets.numel() == 0) continue;

@@ -104,7 +104,7 @@ TEST(Padding, LeftAndRightGiveIdenticalPerTokenLoss) {
   QLORA_REQUIRE_FIXTURE(dir, "models/llama_gqa/tokenizer.model");
   std::map<int64_t, torch::Tensor> per_example[2];
   int side_i = 0;
-  for (const char* side : {"right", "left"}) {
+  for (const data::PaddingSide side : {data::PaddingSide::kRight, data::PaddingSide::kLeft}) {
     data::DataOptions o = base_opts();
     o.padding_side = side;
     Fixture s = setup(dir.parent_path(), o);

@@ -25,7 +25,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
-#include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "common/error.h"
@@ -35,31 +35,14 @@
 namespace qlora {
 namespace {
 
-// ---- the schema's key lists (one per section; docs/config.md documents each key) ----
-
-const std::vector<std::string> kTopKeys = {"output_dir", "model",    "quantization", "lora",
-                                           "data",       "training", "checkpoint",   "cost"};
-const std::vector<std::string> kModelKeys = {"path", "preset", "init", "tokenizer", "dtype"};
-const std::vector<std::string> kQuantKeys = {"method", "double_quant", "blocksize", "keep_16bit"};
-const std::vector<std::string> kLoraKeys = {"r", "alpha", "dropout", "target_modules", "use_rslora"};
-const std::vector<std::string> kDataKeys = {
-    "train",          "eval",       "format",        "template",    "sequence_len", "truncation",
-    "train_on_inputs", "add_eos",   "sample_packing", "padding_side", "val_set_size", "seed",
-    "shuffle",        "skip_invalid", "field_map",   "role_map"};
-const std::vector<std::string> kTrainingKeys = {
-    "micro_batch_size", "gradient_accumulation_steps", "num_epochs",   "max_steps",
-    "learning_rate",    "lr_scheduler",                "warmup_steps", "warmup_ratio",
-    "weight_decay",     "adam_beta1",                  "adam_beta2",   "adam_epsilon",
-    "max_grad_norm",    "gradient_checkpointing",      "seed",         "logging_steps",
-    "max_nonfinite_steps", "eval_steps"};
-const std::vector<std::string> kCheckpointKeys = {"save_steps", "save_minutes",    "keep_last",
-                                                  "resume",     "resume_from_dir", "sync_command"};
-const std::vector<std::string> kCostKeys = {"gpu_hour_price"};
-
-const std::vector<std::pair<std::string, const std::vector<std::string>*>> kSections = {
-    {"model", &kModelKeys}, {"quantization", &kQuantKeys},   {"lora", &kLoraKeys},
-    {"data", &kDataKeys},   {"training", &kTrainingKeys},    {"checkpoint", &kCheckpointKeys},
-    {"cost", &kCostKeys}};
+// The schema's keys are declared once, in the field table (visit_fields, below); these are its
+// per-section key lists, built from it, for the unknown-key checks and their did-you-means.
+struct SchemaSection {
+  std::string name;               // "" = the top level
+  std::vector<std::string> keys;  // in table order
+};
+const std::vector<SchemaSection>& schema_sections();
+const std::vector<std::string>& section_keys(const std::string& name);
 
 const std::vector<std::string> kDTypes = {"bf16", "fp16", "fp32", "auto"};
 const std::vector<std::string> kQuantMethods = {"nf4", "fp4", "none"};
@@ -521,9 +504,10 @@ class Section {
     const std::string near = closest(name, keys_);
     if (!near.empty()) return "unknown key; did you mean \"" + near + "\"?";
     // A key of another section written in the wrong place (e.g. top-level `learning_rate`).
-    for (const auto& [section, keys] : kSections)
-      if (section != path_ && contains(*keys, name))
-        return "unknown key; did you mean \"" + section + "." + name + "\" (it belongs under " + section + ":)?";
+    for (const SchemaSection& section : schema_sections())
+      if (!section.name.empty() && section.name != path_ && contains(section.keys, name))
+        return "unknown key; did you mean \"" + section.name + "." + name + "\" (it belongs under " +
+               section.name + ":)?";
     return "unknown key (expected one of: " + join(keys_, ", ") + ")";
   }
 
@@ -534,135 +518,182 @@ class Section {
   std::vector<Entry> entries_;
 };
 
-// ---- range checks, in words ----
+// ---- emitting ----
 
-const auto kPositive = [](int64_t v) { return v > 0; };
-const auto kNonNegative = [](int64_t v) { return v >= 0; };
-const char* const kPositiveInt = "a positive integer";
-const char* const kNonNegativeInt = "an integer >= 0";
-
-template <typename E>
-E enum_from(const std::string& s, const std::vector<std::string>& names) {
-  return static_cast<E>(std::find(names.begin(), names.end(), s) - names.begin());
+/// Shortest decimal text that reads back as exactly `v`.
+std::string format_double(double v) {
+  std::string s;
+  for (int p = 1; p <= 17; ++p) {
+    std::ostringstream os;
+    os.imbue(std::locale::classic());
+    os << std::setprecision(p) << v;
+    s = os.str();
+    const auto back = parse_float(s);
+    if (back && *back == v) break;
+  }
+  return s;
 }
 
-// ---- sections ----
+/// Strings that a plain YAML scalar would turn into something else (or that we reject as such).
+bool needs_quotes(const std::string& s) {
+  return s.empty() || is_null_word(s) || is_true_word(s) || is_false_word(s) || is_yaml11_bool_word(s) ||
+         parse_int(s) || parse_float(s);
+}
 
-ModelSource read_model(const Section& top) {
-  const Section s = top.sub("model", kModelKeys, /*required=*/true);
-  ModelSource m;
-  m.path = s.get_path("path", "", true);
-  if (s.has("preset")) m.preset = s.get_choice("preset", "", known_model_presets());
-  m.random_init = s.get_choice("init", "pretrained", kInits) == "random";
-  m.tokenizer = s.get_path("tokenizer", "", true);
-  m.dtype = enum_from<DType>(s.get_choice("dtype", "bf16", kDTypes), kDTypes);
+void emit_string(YAML::Emitter& out, const std::string& key, const std::string& v) {
+  out << YAML::Key << key << YAML::Value;
+  if (needs_quotes(v)) out << YAML::DoubleQuoted;
+  out << v;
+}
+void emit_double(YAML::Emitter& out, const std::string& key, double v) {
+  out << YAML::Key << key << YAML::Value << format_double(v);
+}
+template <typename T>
+void emit_plain(YAML::Emitter& out, const std::string& key, const T& v) {
+  out << YAML::Key << key << YAML::Value << v;
+}
+void emit_bool(YAML::Emitter& out, const std::string& key, bool v) {
+  out << YAML::Key << key << YAML::Value << (v ? "true" : "false");
+}
+void emit_list(YAML::Emitter& out, const std::string& key, const std::vector<std::string>& v) {
+  out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const auto& s : v) {
+    if (needs_quotes(s)) out << YAML::DoubleQuoted;
+    out << s;
+  }
+  out << YAML::EndSeq;
+}
+void emit_map(YAML::Emitter& out, const std::string& key, const std::map<std::string, std::string>& m) {
+  out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginMap;
+  for (const auto& [k, v] : m) emit_string(out, k, v);
+  out << YAML::EndMap;
+}
+
+// ---- the field table ----
+//
+// Each section's keys are declared once, in visit_fields(V&, Section*) below: the key, the member
+// it fills and a spec (its YAML type, range and how it is written back). Visitors walk the table
+// to list the schema's keys (unknown-key checks, did-you-means, docs/config.md's test), to read a
+// section (Reader), to write it (Emitter: to_yaml) and to compare two configs (Equal). A section's
+// cross-field rules run after its keys are read (its `check`), in table order, so the first error
+// of a config with several is the one nearest the top of the table.
+
+/// A path: `~` and environment variables expanded (expand_path). `required`: absent or empty is an
+/// error. `omit_empty`: to_yaml leaves the key out when empty.
+struct PathSpec {
+  bool required = false;
+  bool omit_empty = false;
+};
+/// A string taken as written ("" allowed; no expansion).
+struct TextSpec {};
+/// One of `names`. The member is the name itself (std::string), or an enum or bool whose value is
+/// the name's position in `names`.
+struct ChoiceSpec {
+  const std::vector<std::string>& names;
+  bool omit_empty = false;  ///< std::string members: to_yaml leaves the key out when ""
+};
+/// An integer (an integral float such as 1e4 too) for which `ok` holds; `expected` says the range.
+struct IntSpec {
+  bool (*ok)(int64_t);
+  const char* expected;
+};
+/// A finite number for which `ok` holds; `expected` says the range.
+struct NumberSpec {
+  bool (*ok)(double);
+  const char* expected;
+};
+/// true or false (YAML 1.2 core).
+struct BoolSpec {};
+/// A list of distinct non-empty names.
+struct NameListSpec {};
+/// A map of name -> name.
+struct NameMapSpec {};
+/// A key with a shape of its own that fills several members of section S: read, written and
+/// compared by the three functions.
+template <class S>
+struct CustomSpec {
+  void (*read)(const Section& s, const char* key, S& obj);
+  void (*emit)(YAML::Emitter& out, const char* key, const S& obj);
+  bool (*equal)(const S& a, const S& b);
+};
+/// A section of Config. `check` runs its cross-field rules after its keys are read (it sees the
+/// sections above it, already read, through the Config).
+struct SectionSpec {
+  bool required;
+  void (*check)(const Section& s, Config& c) = nullptr;
+};
+
+// -- keys with a shape of their own --
+
+void read_target_modules(const Section& s, const char* key, LoraConfig& l) {
+  const yaml::Node* t = s.raw(key);
+  if (!t || (t->is_scalar() && t->value == "all-linear")) {
+    if (t) l.all_linear = true;
+    if (l.all_linear) l.target_modules = known_lora_targets();
+    return;
+  }
+  if (!t->is_sequence())
+    s.error(key, "expected \"all-linear\" or a list of module names, got " + describe(*t));
+  l.all_linear = false;
+  l.target_modules = s.get_string_list(key, {});
+  if (l.target_modules.empty()) s.error(key, "expected at least one module name");
+  for (size_t i = 0; i < l.target_modules.size(); ++i) {
+    const std::string& name = l.target_modules[i];
+    if (contains(known_lora_targets(), name)) continue;
+    const std::string near = closest(name, known_lora_targets());
+    s.item_error(key, i,
+                 "unknown module \"" + one_line(name) + "\"" +
+                     (near.empty() ? " (known: " + join(known_lora_targets(), ", ") + ")"
+                                   : "; did you mean \"" + near + "\"?"));
+  }
+}
+void emit_target_modules(YAML::Emitter& out, const char* key, const LoraConfig& l) {
+  if (l.all_linear) emit_plain(out, key, "all-linear");
+  else emit_list(out, key, l.target_modules);
+}
+bool equal_target_modules(const LoraConfig& a, const LoraConfig& b) {
+  return a.all_linear == b.all_linear && a.target_modules == b.target_modules;
+}
+
+void read_resume(const Section& s, const char* key, CheckpointConfig& c) {
+  const yaml::Node* r = s.raw(key);
+  if (!r) return;
+  if (r->is_scalar() && is_plain(*r) &&
+      (is_true_word(r->value) || is_false_word(r->value) || is_yaml11_bool_word(r->value)))
+    s.error(key, "expected auto, never or a checkpoint path, got " + describe(*r));
+  const std::string v = s.get_string(key, "auto", false);
+  if (v == "auto") c.resume = ResumeMode::kAuto;
+  else if (v == "never") c.resume = ResumeMode::kNever;
+  else c.resume = ResumeMode::kPath, c.resume_path = s.get_path(key, "auto", false);
+}
+void emit_resume(YAML::Emitter& out, const char* key, const CheckpointConfig& c) {
+  if (c.resume == ResumeMode::kPath) emit_string(out, key, c.resume_path);
+  else emit_plain(out, key, to_string(c.resume));
+}
+bool equal_resume(const CheckpointConfig& a, const CheckpointConfig& b) {
+  return a.resume == b.resume && a.resume_path == b.resume_path;
+}
+
+// -- cross-field rules, one function per section --
+
+void check_model(const Section& s, Config& c) {
+  const ModelSource& m = c.model;
   if (m.path.empty() && m.preset.empty())
     s.section_error("set model.path (a Hugging Face model dir) or model.preset (with init: random)");
   if (!m.path.empty() && !m.preset.empty()) s.error("preset", "set model.path or model.preset, not both");
   if (!m.preset.empty() && !m.random_init)
     s.error(s.has("init") ? "init" : "preset", "a preset has no weights; set model.init: random");
-  return m;
 }
 
-QuantConfig read_quantization(const Section& top) {
-  const Section s = top.sub("quantization", kQuantKeys, false);
-  QuantConfig q;
-  q.method = enum_from<QuantMethod>(s.get_choice("method", "nf4", kQuantMethods), kQuantMethods);
-  q.double_quant = s.get_bool("double_quant", q.double_quant);
-  q.blocksize = s.get_int("blocksize", q.blocksize,
-                          [](int64_t v) { return v >= 32 && v <= 4096 && (v & (v - 1)) == 0; },
-                          "a power of two in [32, 4096]");
-  q.keep_16bit = s.get_string_list("keep_16bit", q.keep_16bit);
-  return q;
-}
-
-LoraConfig read_lora(const Section& top) {
-  const Section s = top.sub("lora", kLoraKeys, false);
-  LoraConfig l;
-  l.r = s.get_int("r", l.r, kPositive, kPositiveInt);
-  l.alpha = s.get_number("alpha", l.alpha, [](double v) { return v > 0; }, "a positive number");
-  l.dropout = s.get_number("dropout", l.dropout, [](double v) { return v >= 0 && v < 1; },
-                           "a number in [0, 1)");
-  const yaml::Node* t = s.raw("target_modules");
-  if (!t || (t->is_scalar() && t->value == "all-linear")) {
-    l.all_linear = true;
-    l.target_modules = known_lora_targets();
-  } else if (t->is_sequence()) {
-    l.all_linear = false;
-    l.target_modules = s.get_string_list("target_modules", {});
-    if (l.target_modules.empty()) s.error("target_modules", "expected at least one module name");
-    for (size_t i = 0; i < l.target_modules.size(); ++i) {
-      const std::string& name = l.target_modules[i];
-      if (contains(known_lora_targets(), name)) continue;
-      const std::string near = closest(name, known_lora_targets());
-      s.item_error("target_modules", i,
-                   "unknown module \"" + one_line(name) + "\"" +
-                       (near.empty() ? " (known: " + join(known_lora_targets(), ", ") + ")"
-                                     : "; did you mean \"" + near + "\"?"));
-    }
-  } else {
-    s.error("target_modules", "expected \"all-linear\" or a list of module names, got " + describe(*t));
-  }
-  l.use_rslora = s.get_bool("use_rslora", l.use_rslora);
-  return l;
-}
-
-data::DataOptions read_data(const Section& top) {
-  const Section s = top.sub("data", kDataKeys, /*required=*/true);
-  data::DataOptions d;
-  d.train = s.get_path("train", "", /*allow_empty=*/false);
-  d.eval = s.get_path("eval", d.eval, true);
-  d.format = s.get_choice("format", d.format, kFormats);
-  d.template_name = s.get_choice("template", d.template_name, kTemplates);
-  d.sequence_len = s.get_int("sequence_len", d.sequence_len, kPositive, kPositiveInt);
-  d.truncation = s.get_choice("truncation", d.truncation, kTruncations);
-  d.train_on_inputs = s.get_bool("train_on_inputs", d.train_on_inputs);
-  d.add_eos = s.get_bool("add_eos", d.add_eos);
-  d.sample_packing = s.get_bool("sample_packing", d.sample_packing);
-  d.padding_side = s.get_choice("padding_side", d.padding_side, kPaddingSides);
-  d.val_set_size = s.get_number("val_set_size", d.val_set_size,
-                                [](double v) { return v >= 0 && (v < 1 || std::floor(v) == v); },
-                                "a fraction in [0, 1) or a whole count >= 1");
-  d.seed = static_cast<uint64_t>(s.get_int("seed", static_cast<int64_t>(d.seed), kNonNegative, kNonNegativeInt));
-  d.shuffle = s.get_bool("shuffle", d.shuffle);
-  d.skip_invalid = s.get_bool("skip_invalid", d.skip_invalid);
-  d.field_map = s.get_string_map("field_map");
-  d.role_map = s.get_string_map("role_map");
+void check_data(const Section&, Config& c) {
+  const data::DataOptions& d = c.data;
   if (!d.eval.empty() && d.val_set_size > 0)
     spdlog::warn("config: data.val_set_size ({}) is ignored because data.eval is set", d.val_set_size);
-  return d;
 }
 
-TrainingConfig read_training(const Section& top, const data::DataOptions& d) {
-  const Section s = top.sub("training", kTrainingKeys, false);
-  TrainingConfig t;
-  auto unit = [](double v) { return v >= 0 && v < 1; };
-  t.micro_batch_size = s.get_int("micro_batch_size", t.micro_batch_size, kPositive, kPositiveInt);
-  t.gradient_accumulation_steps =
-      s.get_int("gradient_accumulation_steps", t.gradient_accumulation_steps, kPositive, kPositiveInt);
-  t.num_epochs = s.get_int("num_epochs", t.num_epochs, kNonNegative, kNonNegativeInt);
-  t.max_steps = s.get_int("max_steps", t.max_steps, [](int64_t v) { return v >= -1; },
-                          "an integer >= -1 (-1: run num_epochs)");
-  t.learning_rate = s.get_number("learning_rate", t.learning_rate, [](double v) { return v > 0; },
-                                 "a positive number");
-  t.lr_scheduler = enum_from<LrScheduler>(s.get_choice("lr_scheduler", "cosine", kSchedulers), kSchedulers);
-  t.warmup_steps = s.get_int("warmup_steps", t.warmup_steps, kNonNegative, kNonNegativeInt);
-  t.warmup_ratio = s.get_number("warmup_ratio", t.warmup_ratio, unit, "a number in [0, 1)");
-  t.weight_decay = s.get_number("weight_decay", t.weight_decay, [](double v) { return v >= 0; },
-                                "a number >= 0");
-  t.adam_beta1 = s.get_number("adam_beta1", t.adam_beta1, unit, "a number in [0, 1)");
-  t.adam_beta2 = s.get_number("adam_beta2", t.adam_beta2, unit, "a number in [0, 1)");
-  t.adam_epsilon = s.get_number("adam_epsilon", t.adam_epsilon, [](double v) { return v > 0; },
-                                "a positive number");
-  t.max_grad_norm = s.get_number("max_grad_norm", t.max_grad_norm, [](double v) { return v >= 0; },
-                                 "a number >= 0 (0: no clipping)");
-  t.gradient_checkpointing = s.get_bool("gradient_checkpointing", t.gradient_checkpointing);
-  t.seed = static_cast<uint64_t>(s.get_int("seed", static_cast<int64_t>(t.seed), kNonNegative, kNonNegativeInt));
-  t.logging_steps = s.get_int("logging_steps", t.logging_steps, kPositive, kPositiveInt);
-  t.max_nonfinite_steps = s.get_int("max_nonfinite_steps", t.max_nonfinite_steps, kNonNegative, kNonNegativeInt);
-  t.eval_steps = s.get_int("eval_steps", t.eval_steps, kNonNegative, kNonNegativeInt);
-
-  // Cross-field rules.
+void check_training(const Section& s, Config& c) {
+  TrainingConfig& t = c.training;
+  const data::DataOptions& d = c.data;
   if (t.max_steps <= 0 && t.num_epochs <= 0)
     s.error(s.has("max_steps") ? "max_steps" : "num_epochs",
             "nothing to train: set training.num_epochs > 0 or training.max_steps > 0");
@@ -676,38 +707,291 @@ TrainingConfig read_training(const Section& top, const data::DataOptions& d) {
   if (t.max_steps > 0 && t.warmup_steps >= t.max_steps)
     spdlog::warn("config: training.warmup_steps ({}) >= training.max_steps ({}): the run never leaves warmup",
                  t.warmup_steps, t.max_steps);
-  return t;
 }
 
-CheckpointConfig read_checkpoint(const Section& top) {
-  const Section s = top.sub("checkpoint", kCheckpointKeys, false);
-  CheckpointConfig c;
-  c.save_steps = s.get_int("save_steps", c.save_steps, kNonNegative, "an integer >= 0 (0: off)");
-  c.save_minutes = s.get_number("save_minutes", c.save_minutes, [](double v) { return v >= 0; },
-                                "a number >= 0 (0: off)");
-  c.keep_last = s.get_int("keep_last", c.keep_last, kPositive, "an integer >= 1");
-  if (const yaml::Node* r = s.raw("resume")) {
-    if (r->is_scalar() && is_plain(*r) &&
-        (is_true_word(r->value) || is_false_word(r->value) || is_yaml11_bool_word(r->value)))
-      s.error("resume", "expected auto, never or a checkpoint path, got " + describe(*r));
-    const std::string v = s.get_string("resume", "auto", false);
-    if (v == "auto") c.resume = ResumeMode::kAuto;
-    else if (v == "never") c.resume = ResumeMode::kNever;
-    else c.resume = ResumeMode::kPath, c.resume_path = s.get_path("resume", "auto", false);
-  }
-  c.resume_from_dir = s.get_path("resume_from_dir", "", true);
-  c.sync_command = s.get_string("sync_command", "", true);
-  if (c.resume == ResumeMode::kPath && !c.resume_from_dir.empty())
+void check_checkpoint(const Section& s, Config& c) {
+  if (c.checkpoint.resume == ResumeMode::kPath && !c.checkpoint.resume_from_dir.empty())
     s.error("resume_from_dir", "is only used with resume: auto (resume names a checkpoint path)");
-  return c;
 }
 
-CostConfig read_cost(const Section& top) {
-  const Section s = top.sub("cost", kCostKeys, false);
-  CostConfig c;
-  c.gpu_hour_price = s.get_number("gpu_hour_price", c.gpu_hour_price, [](double v) { return v >= 0; },
-                                  "a number >= 0");
-  return c;
+// -- the tables (docs/config.md documents every key; test_config checks that it does) --
+
+bool positive(int64_t v) { return v > 0; }
+bool non_negative(int64_t v) { return v >= 0; }
+bool unit_interval(double v) { return v >= 0 && v < 1; }  // [0, 1)
+bool positive_number(double v) { return v > 0; }
+bool non_negative_number(double v) { return v >= 0; }
+const IntSpec kPositiveInt{positive, "a positive integer"};
+const IntSpec kNonNegativeInt{non_negative, "an integer >= 0"};
+const NumberSpec kUnitNumber{unit_interval, "a number in [0, 1)"};
+const NumberSpec kPositiveNumber{positive_number, "a positive number"};
+
+template <class V>
+void visit_fields(V& v, ModelSource*) {
+  v("path", &ModelSource::path, PathSpec{false, /*omit_empty=*/true});
+  v("preset", &ModelSource::preset, ChoiceSpec{known_model_presets(), /*omit_empty=*/true});
+  v("init", &ModelSource::random_init, ChoiceSpec{kInits});
+  v("tokenizer", &ModelSource::tokenizer, PathSpec{});
+  v("dtype", &ModelSource::dtype, ChoiceSpec{kDTypes});
+}
+
+template <class V>
+void visit_fields(V& v, QuantConfig*) {
+  v("method", &QuantConfig::method, ChoiceSpec{kQuantMethods});
+  v("double_quant", &QuantConfig::double_quant, BoolSpec{});
+  v("blocksize", &QuantConfig::blocksize,
+    IntSpec{[](int64_t b) { return b >= 32 && b <= 4096 && (b & (b - 1)) == 0; }, "a power of two in [32, 4096]"});
+  v("keep_16bit", &QuantConfig::keep_16bit, NameListSpec{});
+}
+
+template <class V>
+void visit_fields(V& v, LoraConfig*) {
+  v("r", &LoraConfig::r, kPositiveInt);
+  v("alpha", &LoraConfig::alpha, kPositiveNumber);
+  v("dropout", &LoraConfig::dropout, kUnitNumber);
+  v("target_modules", &LoraConfig::target_modules,
+    CustomSpec<LoraConfig>{read_target_modules, emit_target_modules, equal_target_modules});
+  v("use_rslora", &LoraConfig::use_rslora, BoolSpec{});
+}
+
+template <class V>
+void visit_fields(V& v, data::DataOptions*) {
+  using D = data::DataOptions;
+  v("train", &D::train, PathSpec{/*required=*/true});
+  v("eval", &D::eval, PathSpec{});
+  v("format", &D::format, ChoiceSpec{kFormats});
+  v("template", &D::template_name, ChoiceSpec{kTemplates});
+  v("sequence_len", &D::sequence_len, kPositiveInt);
+  v("truncation", &D::truncation, ChoiceSpec{kTruncations});
+  v("train_on_inputs", &D::train_on_inputs, BoolSpec{});
+  v("add_eos", &D::add_eos, BoolSpec{});
+  v("sample_packing", &D::sample_packing, BoolSpec{});
+  v("padding_side", &D::padding_side, ChoiceSpec{kPaddingSides});
+  v("val_set_size", &D::val_set_size,
+    NumberSpec{[](double x) { return x >= 0 && (x < 1 || std::floor(x) == x); },
+               "a fraction in [0, 1) or a whole count >= 1"});
+  v("seed", &D::seed, kNonNegativeInt);
+  v("shuffle", &D::shuffle, BoolSpec{});
+  v("skip_invalid", &D::skip_invalid, BoolSpec{});
+  v("field_map", &D::field_map, NameMapSpec{});
+  v("role_map", &D::role_map, NameMapSpec{});
+}
+
+template <class V>
+void visit_fields(V& v, TrainingConfig*) {
+  using T = TrainingConfig;
+  v("micro_batch_size", &T::micro_batch_size, kPositiveInt);
+  v("gradient_accumulation_steps", &T::gradient_accumulation_steps, kPositiveInt);
+  v("num_epochs", &T::num_epochs, kNonNegativeInt);
+  v("max_steps", &T::max_steps, IntSpec{[](int64_t x) { return x >= -1; }, "an integer >= -1 (-1: run num_epochs)"});
+  v("learning_rate", &T::learning_rate, kPositiveNumber);
+  v("lr_scheduler", &T::lr_scheduler, ChoiceSpec{kSchedulers});
+  v("warmup_steps", &T::warmup_steps, kNonNegativeInt);
+  v("warmup_ratio", &T::warmup_ratio, kUnitNumber);
+  v("weight_decay", &T::weight_decay, NumberSpec{non_negative_number, "a number >= 0"});
+  v("adam_beta1", &T::adam_beta1, kUnitNumber);
+  v("adam_beta2", &T::adam_beta2, kUnitNumber);
+  v("adam_epsilon", &T::adam_epsilon, kPositiveNumber);
+  v("max_grad_norm", &T::max_grad_norm, NumberSpec{non_negative_number, "a number >= 0 (0: no clipping)"});
+  v("gradient_checkpointing", &T::gradient_checkpointing, BoolSpec{});
+  v("seed", &T::seed, kNonNegativeInt);
+  v("logging_steps", &T::logging_steps, kPositiveInt);
+  v("max_nonfinite_steps", &T::max_nonfinite_steps, kNonNegativeInt);
+  v("eval_steps", &T::eval_steps, kNonNegativeInt);
+}
+
+template <class V>
+void visit_fields(V& v, CheckpointConfig*) {
+  using K = CheckpointConfig;
+  v("save_steps", &K::save_steps, IntSpec{non_negative, "an integer >= 0 (0: off)"});
+  v("save_minutes", &K::save_minutes, NumberSpec{non_negative_number, "a number >= 0 (0: off)"});
+  v("keep_last", &K::keep_last, IntSpec{positive, "an integer >= 1"});
+  v("resume", &K::resume, CustomSpec<K>{read_resume, emit_resume, equal_resume});
+  v("resume_from_dir", &K::resume_from_dir, PathSpec{});
+  v("sync_command", &K::sync_command, TextSpec{});
+}
+
+template <class V>
+void visit_fields(V& v, CostConfig*) {
+  v("gpu_hour_price", &CostConfig::gpu_hour_price, NumberSpec{non_negative_number, "a number >= 0"});
+}
+
+/// The top level: output_dir and the sections, in the order they are read and written.
+template <class V>
+void visit_fields(V& v, Config*) {
+  v("output_dir", &Config::output_dir, PathSpec{/*required=*/true});
+  v("model", &Config::model, SectionSpec{/*required=*/true, check_model});
+  v("quantization", &Config::quantization, SectionSpec{false});
+  v("lora", &Config::lora, SectionSpec{false});
+  v("data", &Config::data, SectionSpec{/*required=*/true, check_data});
+  v("training", &Config::training, SectionSpec{false, check_training});
+  v("checkpoint", &Config::checkpoint, SectionSpec{false, check_checkpoint});
+  v("cost", &Config::cost, SectionSpec{false});
+}
+
+// ---- visitors ----
+
+/// Index of an enum (or bool) value in its names list.
+template <class E>
+size_t choice_index(E v) { return static_cast<size_t>(v); }
+
+/// Lists the keys of one section (the top level: output_dir and the section names), with the
+/// names a choice key accepts.
+struct KeyLister {
+  std::vector<ConfigKey>* out;
+  std::string prefix;  // "" or "section."
+  template <class S, class M, class Spec>
+  void operator()(const char* key, M S::*, const Spec& spec) {
+    ConfigKey k{prefix + key, {}};
+    if constexpr (std::is_same_v<Spec, ChoiceSpec>) k.choices = spec.names;
+    out->push_back(std::move(k));
+    if constexpr (std::is_same_v<Spec, SectionSpec>) {
+      KeyLister sub{out, prefix + key + "."};
+      visit_fields(sub, static_cast<M*>(nullptr));
+    }
+  }
+};
+
+/// Reads the keys of section `s` into `obj`; an absent key keeps obj's value (the default, or the
+/// base config of config_with_overrides).
+template <class S>
+struct Reader {
+  const Section& s;
+  S& obj;
+  void operator()(const char* key, std::string S::*m, const PathSpec& p) const {
+    obj.*m = s.get_path(key, obj.*m, !p.required);
+  }
+  void operator()(const char* key, std::string S::*m, const TextSpec&) const { obj.*m = s.get_string(key, obj.*m, true); }
+  template <class M>
+  void operator()(const char* key, M S::*m, const ChoiceSpec& c) const {
+    if constexpr (std::is_same_v<M, std::string>) {
+      obj.*m = s.get_choice(key, obj.*m, c.names);
+    } else {
+      const std::string name = s.get_choice(key, c.names.at(choice_index(obj.*m)), c.names);
+      obj.*m = static_cast<M>(std::find(c.names.begin(), c.names.end(), name) - c.names.begin());
+    }
+  }
+  template <class M>
+  void operator()(const char* key, M S::*m, const IntSpec& i) const {
+    obj.*m = static_cast<M>(s.get_int(key, static_cast<int64_t>(obj.*m), i.ok, i.expected));
+  }
+  void operator()(const char* key, double S::*m, const NumberSpec& n) const {
+    obj.*m = s.get_number(key, obj.*m, n.ok, n.expected);
+  }
+  void operator()(const char* key, bool S::*m, const BoolSpec&) const { obj.*m = s.get_bool(key, obj.*m); }
+  void operator()(const char* key, std::vector<std::string> S::*m, const NameListSpec&) const {
+    obj.*m = s.get_string_list(key, obj.*m);
+  }
+  void operator()(const char* key, std::map<std::string, std::string> S::*m, const NameMapSpec&) const {
+    if (s.has(key)) obj.*m = s.get_string_map(key);
+  }
+  template <class M>
+  void operator()(const char* key, M S::*, const CustomSpec<S>& c) const { c.read(s, key, obj); }
+};
+
+/// Writes section `obj` as YAML map entries (to_yaml).
+template <class S>
+struct Emitter {
+  YAML::Emitter& out;
+  const S& obj;
+  void operator()(const char* key, std::string S::*m, const PathSpec& p) const {
+    if (!(p.omit_empty && (obj.*m).empty())) emit_string(out, key, obj.*m);
+  }
+  void operator()(const char* key, std::string S::*m, const TextSpec&) const { emit_string(out, key, obj.*m); }
+  template <class M>
+  void operator()(const char* key, M S::*m, const ChoiceSpec& c) const {
+    if constexpr (std::is_same_v<M, std::string>) {
+      if (!(c.omit_empty && (obj.*m).empty())) emit_string(out, key, obj.*m);
+    } else {
+      emit_plain(out, key, c.names.at(choice_index(obj.*m)));
+    }
+  }
+  template <class M>
+  void operator()(const char* key, M S::*m, const IntSpec&) const { emit_plain(out, key, obj.*m); }
+  void operator()(const char* key, double S::*m, const NumberSpec&) const { emit_double(out, key, obj.*m); }
+  void operator()(const char* key, bool S::*m, const BoolSpec&) const { emit_bool(out, key, obj.*m); }
+  void operator()(const char* key, std::vector<std::string> S::*m, const NameListSpec&) const {
+    emit_list(out, key, obj.*m);
+  }
+  void operator()(const char* key, std::map<std::string, std::string> S::*m, const NameMapSpec&) const {
+    emit_map(out, key, obj.*m);
+  }
+  template <class M>
+  void operator()(const char* key, M S::*, const CustomSpec<S>& c) const { c.emit(out, key, obj); }
+  template <class M>
+  void operator()(const char* key, M S::*m, const SectionSpec&) const {
+    out << YAML::Key << key << YAML::Value << YAML::BeginMap;
+    Emitter<M> sub{out, obj.*m};
+    visit_fields(sub, static_cast<M*>(nullptr));
+    out << YAML::EndMap;
+  }
+};
+
+/// Compares two configs member by member, through the table (custom keys compare every member
+/// they fill).
+template <class S>
+struct Equal {
+  const S& a;
+  const S& b;
+  bool same = true;
+  template <class M, class Spec>
+  void operator()(const char*, M S::*m, const Spec& spec) {
+    if constexpr (std::is_same_v<Spec, CustomSpec<S>>) {
+      same = same && spec.equal(a, b);
+    } else if constexpr (std::is_same_v<Spec, SectionSpec>) {
+      Equal<M> sub{a.*m, b.*m};
+      visit_fields(sub, static_cast<M*>(nullptr));
+      same = same && sub.same;
+    } else {
+      same = same && a.*m == b.*m;
+    }
+  }
+};
+
+/// Reads the whole config from the top-level section; `base` supplies every absent key (and,
+/// when `sections_optional`, every absent section).
+struct TopReader {
+  const Section& top;
+  Config& c;
+  bool sections_optional;
+  template <class Spec>
+  void operator()(const char* key, std::string Config::*m, const Spec& spec) const {
+    Reader<Config>{top, c}(key, m, spec);
+  }
+  template <class M>
+  void operator()(const char* key, M Config::*m, const SectionSpec& spec) const {
+    const Section s = top.sub(key, section_keys(key), spec.required && !sections_optional);
+    Reader<M> r{s, c.*m};
+    visit_fields(r, static_cast<M*>(nullptr));
+    if (spec.check) spec.check(s, c);
+  }
+};
+
+const std::vector<SchemaSection>& schema_sections() {
+  static const std::vector<SchemaSection> sections = [] {
+    std::vector<ConfigKey> keys;
+    KeyLister lister{&keys, ""};
+    visit_fields(lister, static_cast<Config*>(nullptr));
+    std::vector<SchemaSection> out{{"", {}}};
+    for (const ConfigKey& k : keys) {
+      const size_t dot = k.key.find('.');
+      if (dot == std::string::npos) {
+        out[0].keys.push_back(k.key);
+        continue;
+      }
+      const std::string section = k.key.substr(0, dot);
+      if (out.back().name != section) out.push_back({section, {}});
+      out.back().keys.push_back(k.key.substr(dot + 1));
+    }
+    return out;
+  }();
+  return sections;
+}
+
+const std::vector<std::string>& section_keys(const std::string& name) {
+  for (const auto& s : schema_sections())
+    if (s.name == name) return s.keys;
+  fail("internal: no config section ", name);
 }
 
 // ---- overrides ----
@@ -772,55 +1056,13 @@ void apply_override(yaml::Node& root, const std::string& spec, Context& ctx) {
   ctx.overrides[key] = src;
 }
 
-// ---- emitting ----
-
-/// Shortest decimal text that reads back as exactly `v`.
-std::string format_double(double v) {
-  std::string s;
-  for (int p = 1; p <= 17; ++p) {
-    std::ostringstream os;
-    os.imbue(std::locale::classic());
-    os << std::setprecision(p) << v;
-    s = os.str();
-    const auto back = parse_float(s);
-    if (back && *back == v) break;
-  }
-  return s;
-}
-
-/// Strings that a plain YAML scalar would turn into something else (or that we reject as such).
-bool needs_quotes(const std::string& s) {
-  return s.empty() || is_null_word(s) || is_true_word(s) || is_false_word(s) || is_yaml11_bool_word(s) ||
-         parse_int(s) || parse_float(s);
-}
-
-void emit_string(YAML::Emitter& out, const std::string& key, const std::string& v) {
-  out << YAML::Key << key << YAML::Value;
-  if (needs_quotes(v)) out << YAML::DoubleQuoted;
-  out << v;
-}
-void emit_double(YAML::Emitter& out, const std::string& key, double v) {
-  out << YAML::Key << key << YAML::Value << format_double(v);
-}
-template <typename T>
-void emit_plain(YAML::Emitter& out, const std::string& key, const T& v) {
-  out << YAML::Key << key << YAML::Value << v;
-}
-void emit_bool(YAML::Emitter& out, const std::string& key, bool v) {
-  out << YAML::Key << key << YAML::Value << (v ? "true" : "false");
-}
-void emit_list(YAML::Emitter& out, const std::string& key, const std::vector<std::string>& v) {
-  out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
-  for (const auto& s : v) {
-    if (needs_quotes(s)) out << YAML::DoubleQuoted;
-    out << s;
-  }
-  out << YAML::EndSeq;
-}
-void emit_map(YAML::Emitter& out, const std::string& key, const std::map<std::string, std::string>& m) {
-  out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginMap;
-  for (const auto& [k, v] : m) emit_string(out, k, v);
-  out << YAML::EndMap;
+/// Reads the config in `root` (overrides already applied) into `base`: a key the tree does not
+/// set keeps base's value; `sections_optional`: a required section may be absent (base has it).
+Config read_config(const yaml::Node& root, const Context& ctx, Config base, bool sections_optional) {
+  const Section top(ctx, "", root, yaml::Mark{}, section_keys(""));
+  TopReader reader{top, base, sections_optional};
+  visit_fields(reader, static_cast<Config*>(nullptr));
+  return base;
 }
 
 Config parse_tree(yaml::Node root, Context& ctx, const std::vector<std::string>& overrides) {
@@ -829,18 +1071,7 @@ Config parse_tree(yaml::Node root, Context& ctx, const std::vector<std::string>&
   if (!root.is_map())
     ctx.error("", root.mark, "expected a map of sections at the top level, got " + describe(root));
   for (const auto& o : overrides) apply_override(root, o, ctx);
-
-  const Section top(ctx, "", root, yaml::Mark{}, kTopKeys);
-  Config c;
-  c.output_dir = top.get_path("output_dir", "", /*allow_empty=*/false);
-  c.model = read_model(top);
-  c.quantization = read_quantization(top);
-  c.lora = read_lora(top);
-  c.data = read_data(top);
-  c.training = read_training(top, c.data);
-  c.checkpoint = read_checkpoint(top);
-  c.cost = read_cost(top);
-  return c;
+  return read_config(root, ctx, Config{}, /*sections_optional=*/false);
 }
 
 }  // namespace
@@ -907,119 +1138,31 @@ std::string to_yaml(const Config& c) {
   YAML::Emitter out;
   out << YAML::Comment("resolved qlora-cpp config: every key, defaults included (docs/config.md)");
   out << YAML::Newline << YAML::BeginMap;
-  emit_string(out, "output_dir", c.output_dir);
-
-  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  if (!c.model.path.empty()) emit_string(out, "path", c.model.path);
-  if (!c.model.preset.empty()) emit_string(out, "preset", c.model.preset);
-  emit_plain(out, "init", c.model.random_init ? "random" : "pretrained");
-  emit_string(out, "tokenizer", c.model.tokenizer);
-  emit_plain(out, "dtype", to_string(c.model.dtype));
-  out << YAML::EndMap;
-
-  out << YAML::Key << "quantization" << YAML::Value << YAML::BeginMap;
-  emit_plain(out, "method", to_string(c.quantization.method));
-  emit_bool(out, "double_quant", c.quantization.double_quant);
-  emit_plain(out, "blocksize", c.quantization.blocksize);
-  emit_list(out, "keep_16bit", c.quantization.keep_16bit);
-  out << YAML::EndMap;
-
-  out << YAML::Key << "lora" << YAML::Value << YAML::BeginMap;
-  emit_plain(out, "r", c.lora.r);
-  emit_double(out, "alpha", c.lora.alpha);
-  emit_double(out, "dropout", c.lora.dropout);
-  if (c.lora.all_linear) emit_plain(out, "target_modules", "all-linear");
-  else emit_list(out, "target_modules", c.lora.target_modules);
-  emit_bool(out, "use_rslora", c.lora.use_rslora);
-  out << YAML::EndMap;
-
-  const auto& d = c.data;
-  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-  emit_string(out, "train", d.train);
-  emit_string(out, "eval", d.eval);
-  emit_plain(out, "format", d.format);
-  emit_plain(out, "template", d.template_name);
-  emit_plain(out, "sequence_len", d.sequence_len);
-  emit_plain(out, "truncation", d.truncation);
-  emit_bool(out, "train_on_inputs", d.train_on_inputs);
-  emit_bool(out, "add_eos", d.add_eos);
-  emit_bool(out, "sample_packing", d.sample_packing);
-  emit_plain(out, "padding_side", d.padding_side);
-  emit_double(out, "val_set_size", d.val_set_size);
-  emit_plain(out, "seed", d.seed);
-  emit_bool(out, "shuffle", d.shuffle);
-  emit_bool(out, "skip_invalid", d.skip_invalid);
-  emit_map(out, "field_map", d.field_map);
-  emit_map(out, "role_map", d.role_map);
-  out << YAML::EndMap;
-
-  const auto& t = c.training;
-  out << YAML::Key << "training" << YAML::Value << YAML::BeginMap;
-  emit_plain(out, "micro_batch_size", t.micro_batch_size);
-  emit_plain(out, "gradient_accumulation_steps", t.gradient_accumulation_steps);
-  emit_plain(out, "num_epochs", t.num_epochs);
-  emit_plain(out, "max_steps", t.max_steps);
-  emit_double(out, "learning_rate", t.learning_rate);
-  emit_plain(out, "lr_scheduler", to_string(t.lr_scheduler));
-  emit_plain(out, "warmup_steps", t.warmup_steps);
-  emit_double(out, "warmup_ratio", t.warmup_ratio);
-  emit_double(out, "weight_decay", t.weight_decay);
-  emit_double(out, "adam_beta1", t.adam_beta1);
-  emit_double(out, "adam_beta2", t.adam_beta2);
-  emit_double(out, "adam_epsilon", t.adam_epsilon);
-  emit_double(out, "max_grad_norm", t.max_grad_norm);
-  emit_bool(out, "gradient_checkpointing", t.gradient_checkpointing);
-  emit_plain(out, "seed", t.seed);
-  emit_plain(out, "logging_steps", t.logging_steps);
-  emit_plain(out, "max_nonfinite_steps", t.max_nonfinite_steps);
-  emit_plain(out, "eval_steps", t.eval_steps);
-  out << YAML::EndMap;
-
-  const auto& k = c.checkpoint;
-  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
-  emit_plain(out, "save_steps", k.save_steps);
-  emit_double(out, "save_minutes", k.save_minutes);
-  emit_plain(out, "keep_last", k.keep_last);
-  if (k.resume == ResumeMode::kPath) emit_string(out, "resume", k.resume_path);
-  else emit_plain(out, "resume", to_string(k.resume));
-  emit_string(out, "resume_from_dir", k.resume_from_dir);
-  emit_string(out, "sync_command", k.sync_command);
-  out << YAML::EndMap;
-
-  out << YAML::Key << "cost" << YAML::Value << YAML::BeginMap;
-  emit_double(out, "gpu_hour_price", c.cost.gpu_hour_price);
-  out << YAML::EndMap;
-
+  Emitter<Config> emitter{out, c};
+  visit_fields(emitter, static_cast<Config*>(nullptr));
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
 
 bool operator==(const Config& a, const Config& b) {
-  auto model = [](const ModelSource& m) { return std::tie(m.path, m.preset, m.random_init, m.tokenizer, m.dtype); };
-  auto quant = [](const QuantConfig& q) { return std::tie(q.method, q.double_quant, q.blocksize, q.keep_16bit); };
-  auto lora = [](const LoraConfig& l) {
-    return std::tie(l.r, l.alpha, l.dropout, l.all_linear, l.target_modules, l.use_rslora);
-  };
-  auto data = [](const data::DataOptions& d) {
-    return std::tie(d.train, d.eval, d.format, d.template_name, d.sequence_len, d.truncation,
-                    d.train_on_inputs, d.add_eos, d.sample_packing, d.padding_side, d.val_set_size,
-                    d.seed, d.shuffle, d.skip_invalid, d.field_map, d.role_map);
-  };
-  auto train = [](const TrainingConfig& t) {
-    return std::tie(t.micro_batch_size, t.gradient_accumulation_steps, t.num_epochs, t.max_steps,
-                    t.learning_rate, t.lr_scheduler, t.warmup_steps, t.warmup_ratio, t.weight_decay,
-                    t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.max_grad_norm,
-                    t.gradient_checkpointing, t.seed, t.logging_steps, t.max_nonfinite_steps,
-                    t.eval_steps);
-  };
-  auto ckpt = [](const CheckpointConfig& k) {
-    return std::tie(k.save_steps, k.save_minutes, k.keep_last, k.resume, k.resume_path,
-                    k.resume_from_dir, k.sync_command);
-  };
-  return a.output_dir == b.output_dir && model(a.model) == model(b.model) &&
-         quant(a.quantization) == quant(b.quantization) && lora(a.lora) == lora(b.lora) &&
-         data(a.data) == data(b.data) && train(a.training) == train(b.training) &&
-         ckpt(a.checkpoint) == ckpt(b.checkpoint) && a.cost.gpu_hour_price == b.cost.gpu_hour_price;
+  Equal<Config> equal{a, b};
+  visit_fields(equal, static_cast<Config*>(nullptr));
+  return equal.same;
+}
+
+Config config_with_overrides(const Config& base, const std::vector<std::string>& overrides,
+                             const std::string& source_name) {
+  Context ctx{source_name, {}};
+  yaml::Node root = yaml::Node::map();
+  for (const auto& o : overrides) apply_override(root, o, ctx);
+  return read_config(root, ctx, base, /*sections_optional=*/true);
+}
+
+std::vector<ConfigKey> config_keys() {
+  std::vector<ConfigKey> keys;
+  KeyLister lister{&keys, ""};
+  visit_fields(lister, static_cast<Config*>(nullptr));
+  return keys;
 }
 
 }  // namespace qlora

@@ -2,8 +2,10 @@
 // once, at the edge, into plain typed structs.
 //
 // Nothing below this header sees YAML: the trainer hands each module the plain values it needs
-// (LoraLinear gets r/alpha/dropout, the data pipeline gets data::DataOptions by value). Every key,
-// its type, default and meaning is documented in docs/config.md; keep the two in step.
+// (LoraLinear gets r/alpha/dropout, the data pipeline gets data::DataOptions by value). Each
+// section's keys are declared once, in config.cpp's field table (visit_fields): the key list,
+// reading, to_yaml and operator== are driven from it. Every key, its type, default and meaning is
+// documented in docs/config.md; test_config fails when that table and config_keys() differ.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,8 +15,8 @@
 
 namespace qlora {
 
-/// Floating-point type the base model computes in (`model.dtype`). kAuto: the dtype named by the
-/// model's config.json (`torch_dtype`), bf16 when it names none.
+/// Floating-point type the base model computes in (`model.dtype`). kAuto: bf16 on CUDA, fp32 on
+/// CPU (compute_dtype in trainer/train.h; the model's stored `torch_dtype` is not consulted).
 enum class DType { kBF16, kFP16, kFP32, kAuto };
 /// Storage format of the frozen base weights (`quantization.method`). kNone: 16-bit LoRA.
 enum class QuantMethod { kNF4, kFP4, kNone };
@@ -116,6 +118,15 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config_string(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides = {});
 
+/// `base` with `overrides` ("section.key=value", as for load_config) applied and validated the
+/// way load_config validates a file: each overridden key is type- and range-checked, and every
+/// section's cross-field rules run on the result. Keys no override sets keep base's values (path
+/// keys are `~`/$VAR-expanded as in a file); a section load_config requires may come from base.
+/// For commands that build their config in code (`qlora eval --model DIR --data FILE`).
+/// `source_name` stands for the file name in error messages. Throws qlora::Error as load_config.
+Config config_with_overrides(const Config& base, const std::vector<std::string>& overrides,
+                             const std::string& source_name);
+
 /// The fully resolved config (every key, defaults included) as YAML, for config.resolved.yaml.
 /// parse_config_string(to_yaml(c), ...) == c for every valid c.
 std::string to_yaml(const Config& config);
@@ -125,6 +136,16 @@ const char* to_string(DType v);
 const char* to_string(QuantMethod v);
 const char* to_string(LrScheduler v);
 const char* to_string(ResumeMode v);
+
+/// One key of the schema, from the field table: its dotted name ("output_dir", "model",
+/// "model.path", ...; a section's own name comes before its keys) and, for a key that takes one
+/// of a fixed set of names, those names in order ("bf16", "fp16", ...); empty otherwise.
+struct ConfigKey {
+  std::string key;
+  std::vector<std::string> choices;
+};
+/// Every key of the schema, in table order (the order to_yaml writes them).
+std::vector<ConfigKey> config_keys();
 
 /// Names accepted by `model.preset`.
 const std::vector<std::string>& known_model_presets();
