@@ -41,15 +41,19 @@ namespace {
 constexpr int64_t kDequantCacheBytes = int64_t{2} << 30;
 
 /// The config an eval runs with: the file's (plus overrides), or with no file a minimal one
-/// built from --model and --data (dtype auto, the other keys at their defaults).
+/// built from --model and --data (dtype auto, the other keys at their defaults), with the
+/// overrides applied and validated as in a file (config_with_overrides).
 Config eval_config(const EvalOptions& o) {
   std::vector<std::string> ov = o.overrides;
   if (!o.model_dir.empty()) ov.insert(ov.begin(), "model.path=" + json(o.model_dir).dump());
   if (!o.config_path.empty()) return load_config(o.config_path, ov);
   QLORA_CHECK(!o.model_dir.empty() && !o.data.empty(), "eval: give a CONFIG, or both --model DIR and --data FILE");
-  const std::string yaml = "output_dir: eval\nmodel:\n  path: " + json(o.model_dir).dump() +
-                           "\n  dtype: auto\ndata:\n  train: " + json(o.data).dump() + "\n";
-  return parse_config_string(yaml, "eval (no config)", o.overrides);
+  Config base;
+  base.output_dir = "eval";
+  base.model.path = o.model_dir;
+  base.model.dtype = DType::kAuto;
+  base.data.train = o.data;
+  return config_with_overrides(base, o.overrides, "eval (no config)");
 }
 
 std::string trim(const std::string& s) {

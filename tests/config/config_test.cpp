@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -308,6 +310,146 @@ checkpoint: {resume_from_dir: ~/bucket/$QLORA_T_RUN}
   e = error_of(kMinimal, {"output_dir=~/r"});
   EXPECT_NE(e.find("output_dir: cannot expand \"~\": HOME is not set"), std::string::npos) << e;
   ::setenv("HOME", "/home/tester", 1);
+}
+
+// ---- docs/config.md documents exactly the schema's keys ----
+
+/// One row of a key table in docs/config.md: its dotted key and the names its type column lists
+/// when that column is a `a`\|`b` choice (empty otherwise).
+struct DocKey {
+  int line;
+  std::vector<std::string> choices;
+};
+
+/// The keys docs/config.md documents: each "### `section`" heading (a section's own key) and each
+/// "| `key` | type | ..." row under it ("### top level": keys without a section).
+std::map<std::string, DocKey> documented_keys(const std::filesystem::path& md) {
+  std::ifstream in(md);
+  EXPECT_TRUE(in.good()) << "cannot read " << md;
+  std::map<std::string, DocKey> out;
+  std::string section;  // "" = top level
+  bool in_keys = false;  // below "## Keys"
+  int n = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    if (line.rfind("## ", 0) == 0) in_keys = line == "## Keys";
+    if (!in_keys) continue;
+    if (line.rfind("### ", 0) == 0) {
+      const size_t a = line.find('`'), b = line.find('`', a + 1);
+      section = a == std::string::npos || b == std::string::npos ? "" : line.substr(a + 1, b - a - 1);
+      if (!section.empty()) {
+        EXPECT_TRUE(out.insert({section, {n, {}}}).second) << "docs/config.md:" << n << ": " << section << " twice";
+      }
+      continue;
+    }
+    if (line.rfind("| `", 0) != 0) continue;
+    const size_t end = line.find('`', 3);
+    const std::string key = (section.empty() ? "" : section + ".") + line.substr(3, end - 3);
+    // The type column: `a`\|`b`\|`c` is a choice; anything else (prose) is not.
+    const size_t c0 = line.find('|', end) + 1, c1 = line.find(" | ", c0);
+    std::string type = line.substr(c0, c1 - c0);
+    type = type.substr(type.find_first_not_of(' '));
+    std::vector<std::string> choices;
+    bool choice = true;
+    std::stringstream ts(type);
+    for (std::string item; choice && std::getline(ts, item, '|');) {
+      if (!item.empty() && item.back() == '\\') item.pop_back();
+      choice = item.size() > 2 && item.front() == '`' && item.back() == '`';
+      if (choice) choices.push_back(item.substr(1, item.size() - 2));
+    }
+    if (!choice || choices.size() < 2) choices.clear();
+    EXPECT_TRUE(out.insert({key, {n, choices}}).second) << "docs/config.md:" << n << ": " << key << " twice";
+  }
+  return out;
+}
+
+TEST(Config, DocsDocumentEveryKeyAndNoOther) {
+  const auto md = test::source_dir() / "docs" / "config.md";
+  const std::map<std::string, DocKey> docs = documented_keys(md);
+  const std::vector<ConfigKey> keys = config_keys();
+  ASSERT_GE(keys.size(), 60u) << "the field table lost its keys";
+  std::map<std::string, const ConfigKey*> schema;
+  for (const ConfigKey& k : keys) schema[k.key] = &k;
+  for (const ConfigKey& k : keys) {
+    const auto it = docs.find(k.key);
+    if (it == docs.end()) {
+      ADD_FAILURE() << "docs/config.md does not document " << k.key;
+      continue;
+    }
+    // A key with a fixed set of names lists exactly those, in order, in its type column.
+    if (!k.choices.empty()) {
+      EXPECT_EQ(it->second.choices, k.choices) << "docs/config.md:" << it->second.line << ": " << k.key;
+    }
+  }
+  for (const auto& [key, d] : docs)
+    EXPECT_TRUE(schema.count(key)) << "docs/config.md:" << d.line << " documents " << key << ", not a key of the schema";
+}
+
+TEST(Config, DocsCheckFailsOnAMissingOrExtraKey) {
+  // The check above is only as good as the parser: on a copy with one row removed and one added,
+  // the documented keys differ from the schema's by exactly those two.
+  const auto md = test::source_dir() / "docs" / "config.md";
+  std::ifstream in(md);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t row = text.find("| `adam_beta2` |");
+  ASSERT_NE(row, std::string::npos);
+  text.erase(row, text.find('\n', row) + 1 - row);
+  text += "\n| `not_a_key` | bool | `false` | added by the test |\n";
+  const auto tmp = test::fresh_temp_dir("config_docs") / "config.md";
+  std::ofstream(tmp) << text;
+  const auto docs = documented_keys(tmp);
+  EXPECT_EQ(docs.count("training.adam_beta2"), 0u);
+  EXPECT_EQ(docs.count("cost.not_a_key"), 1u);
+  EXPECT_EQ(docs.size(), documented_keys(md).size());
+  std::filesystem::remove_all(tmp.parent_path());
+}
+
+TEST(Config, ConfigKeysListTheTableInOrder) {
+  const std::vector<ConfigKey> keys = config_keys();
+  ASSERT_GE(keys.size(), 3u);
+  EXPECT_EQ(keys[0].key, "output_dir");
+  EXPECT_EQ(keys[1].key, "model");
+  EXPECT_EQ(keys[2].key, "model.path");
+  std::map<std::string, std::vector<std::string>> choices;
+  for (const ConfigKey& k : keys) choices[k.key] = k.choices;
+  EXPECT_EQ(choices.at("model.dtype"), (std::vector<std::string>{"bf16", "fp16", "fp32", "auto"}));
+  EXPECT_EQ(choices.at("data.padding_side"), (std::vector<std::string>{"right", "left"}));
+  EXPECT_EQ(choices.at("model.preset"), known_model_presets());
+  EXPECT_TRUE(choices.at("lora.r").empty());
+  EXPECT_EQ(choices.size(), keys.size()) << "a key listed twice";
+}
+
+// ---- a config built in code (qlora eval --model --data) ----
+
+TEST(Config, ConfigWithOverridesValidatesLikeAFile) {
+  Config base;
+  base.output_dir = "eval";
+  base.model.path = "models/m";
+  base.model.dtype = DType::kAuto;
+  base.data.train = "d.json";
+  // No overrides: the base, with all-linear expanded as when a file leaves target_modules out.
+  const Config c = config_with_overrides(base, {}, "eval (no config)");
+  EXPECT_EQ(c, parse("output_dir: eval\nmodel: {path: models/m, dtype: auto}\ndata: {train: d.json}\n"));
+  EXPECT_EQ(c.lora.target_modules, known_lora_targets());
+  // Overrides are checked as in a file, and cross-field rules see the result.
+  const Config o = config_with_overrides(base, {"data.padding_side=left", "model.dtype=fp32", "lora.r=4"}, "x");
+  EXPECT_EQ(o.data.padding_side, data::PaddingSide::kLeft);
+  EXPECT_EQ(o.model.dtype, DType::kFP32);
+  EXPECT_EQ(o.lora.r, 4);
+  EXPECT_EQ(o.model.path, "models/m");
+  auto error = [&](const std::vector<std::string>& ov) {
+    try {
+      config_with_overrides(base, ov, "eval (no config)");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error({"data.padding_side=up"}),
+            "--set data.padding_side=up: data.padding_side: expected one of right|left, got \"up\"");
+  EXPECT_EQ(error({"model.preset=tiny"}), "--set model.preset=tiny: model.preset: set model.path or model.preset, not both");
+  EXPECT_NE(error({"training.eval_steps=5"}).find("training.eval_steps: no eval data"), std::string::npos);
+  EXPECT_EQ(error({"lora.aplha=4"}), "--set lora.aplha=4: lora.aplha: unknown key; did you mean \"alpha\"?");
 }
 
 }  // namespace
