@@ -1,5 +1,8 @@
 // qlora-cpp training config: YAML -> overrides -> strict schema walk -> typed structs.
 //
+// The schema is one field table per section (visit_fields, "the field table" below); the key
+// lists, the reader, to_yaml, operator== and config_keys() (docs/config.md's test) all walk it.
+//
 // The schema walk never uses yaml-cpp's as<T>() conversions: every value is classified here so the
 // rules are ours and documented (docs/config.md): YAML 1.2 core numbers and booleans, quoted
 // scalars are always strings, unknown keys are errors with a did-you-mean, and every message is one
@@ -44,6 +47,8 @@ struct SchemaSection {
 const std::vector<SchemaSection>& schema_sections();
 const std::vector<std::string>& section_keys(const std::string& name);
 
+// The names each choice key accepts. For an enum (or bool) member a name's position is its value
+// (kDTypes[int(DType::kFP32)] == "fp32"; kInits[random_init]), so the orders here are the enums'.
 const std::vector<std::string> kDTypes = {"bf16", "fp16", "fp32", "auto"};
 const std::vector<std::string> kQuantMethods = {"nf4", "fp4", "none"};
 const std::vector<std::string> kSchedulers = {"constant", "linear", "cosine"};
