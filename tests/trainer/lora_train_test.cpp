@@ -500,5 +500,19 @@ TEST(LoraMerge, Cli) {
   EXPECT_NE(msg.find("not empty"), std::string::npos) << msg;
 }
 
+// parameter_checksum is the first 64 bits of the SHA-256 of the tensors' bytes, in order; the
+// reference is Python's hashlib (issue 13):
+//   a = torch.arange(6, dtype=torch.float32).reshape(2, 3) * 0.5; b = torch.tensor([1.0, -2.0])
+//   hashlib.sha256(a.numpy().tobytes() + b.numpy().tobytes()).hexdigest()[:16] == "26dd96348d66fecd"
+TEST(ParameterChecksum, IsTheFirst64BitsOfTheSha256OfTheBytes) {
+  const torch::Tensor a = torch::arange(6, torch::kFloat32).reshape({2, 3}) * 0.5;
+  const torch::Tensor b = torch::tensor({1.0f, -2.0f});
+  EXPECT_EQ(parameter_checksum({a, b}), 0x26dd96348d66fecdULL);
+  EXPECT_EQ(parameter_checksum({a.t().contiguous().t(), b}), 0x26dd96348d66fecdULL);  // layout-independent
+  torch::Tensor c = b.clone();
+  c[1] = std::nextafter(-2.0f, 0.0f);  // one bit
+  EXPECT_NE(parameter_checksum({a, c}), 0x26dd96348d66fecdULL);
+}
+
 }  // namespace
 }  // namespace qlora
