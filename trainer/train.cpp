@@ -41,7 +41,10 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>
 }
 
 StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std::vector<data::Batch>& micro_batches,
-                      double lr, double max_grad_norm, int64_t ce_chunk_tokens, Distributed* dist) {
+                      const StepOptions& o) {
+  const double lr = o.lr, max_grad_norm = o.max_grad_norm;
+  const int64_t ce_chunk_tokens = o.ce_chunk_tokens;
+  Distributed* dist = o.dist;
   StepResult r;
   for (const data::Batch& b : micro_batches) r.targets += count_targets(b);
   if (dist && dist->active()) {  // the normaliser is the target count of the global group
@@ -236,8 +239,10 @@ void Trainer::setup() {
   QLORA_CHECK(model_->config().vocab_size >= tok_->vocab_size(), "model.tokenizer: the tokenizer has ",
               tok_->vocab_size(), " pieces but the model's vocab_size is ", model_->config().vocab_size);
   const LoraConfig& l = cfg_.lora;
-  const std::vector<std::string> targets = l.all_linear ? std::vector<std::string>{"all-linear"} : l.target_modules;
-  auto counts = model_->add_lora(l.r, l.alpha, l.dropout, targets, l.use_rslora, t.seed);
+  LoraOptions lo = lora_options(peft_config());  // r, alpha, dropout, use_rslora
+  lo.target_modules = l.all_linear ? std::vector<std::string>{"all-linear"} : l.target_modules;
+  lo.seed = t.seed;
+  auto counts = model_->add_lora(lo);
   std::string matched;
   int64_t n_params = 0;
   for (const auto& [name, n] : counts) matched += (matched.empty() ? "" : ", ") + name + " ×" + std::to_string(n);
@@ -391,7 +396,11 @@ void Trainer::train() {
       if (loader_->state().epoch != epoch) break;  // an accumulation group never spans two epochs
     }
     const double lr = lr_at(schedule_, t.learning_rate, step_, warmup_steps_, total_steps_);
-    StepResult r = train_step(*model_, *opt_, group, lr, t.max_grad_norm, 1024, dist_.get());
+    StepOptions so;
+    so.lr = lr;
+    so.max_grad_norm = t.max_grad_norm;
+    so.dist = dist_.get();
+    StepResult r = train_step(*model_, *opt_, group, so);
     memory_.after_step();
     ++step_;
     if (fault_.perturb_step == step_) {  // test hook (trainer/fault.h)
@@ -419,7 +428,15 @@ void Trainer::train() {
     }
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     slowest_step = std::max(slowest_step, step_s);
-    if (dist_->is_main()) log_step(step_, r, lr, step_s, eval_loss);
+    if (dist_->is_main()) {
+      StepLog sl;
+      sl.step = step_;
+      sl.result = r;
+      sl.lr = lr;
+      sl.seconds = step_s;
+      sl.eval_loss = eval_loss;
+      log_step(sl);
+    }
 
     // Checkpoint triggers: signal, time budget, steps, minutes, end of epoch, end of run. A signal
     // or the time budget on any rank stops all of them at this step (one small allreduce).
@@ -492,7 +509,10 @@ double Trainer::Progress::record(int64_t step, double step_seconds, int64_t tota
   return seconds / steps * static_cast<double>(std::max<int64_t>(0, total_steps - step));
 }
 
-void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seconds, double eval_loss) {
+void Trainer::log_step(const StepLog& s) {
+  const int64_t step = s.step;
+  const StepResult& r = s.result;
+  const double lr = s.lr, seconds = s.seconds, eval_loss = s.eval_loss;
   json j = {{"step", step},
             {"step_seconds", seconds},
             {"epoch", loader_->state().epoch + static_cast<double>(loader_->state().cursor) /
@@ -508,8 +528,8 @@ void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seco
   append_line((fs::path(cfg_.output_dir) / "metrics.jsonl").string(), j.dump());
   const double eta_s = progress_.record(step, seconds, total_steps_);
   if (!std::isnan(eval_loss)) progress_.last_eval = eval_loss;
-  auto hms = [](double s) {
-    const int64_t t = static_cast<int64_t>(std::llround(std::max(0.0, s)));
+  auto hms = [](double secs) {
+    const int64_t t = static_cast<int64_t>(std::llround(std::max(0.0, secs)));
     char buf[32];
     if (t >= 3600)
       std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(t / 3600),

@@ -48,17 +48,25 @@ QuantOptions quant_options(const QuantConfig& q);
 /// (torch::optim::AdamW, decoupled weight decay as Loshchilov & Hutter 2019 / torch.optim.AdamW).
 std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params, const TrainingConfig& t);
 
+/// How train_step updates (set fields by name: o.lr = 1e-3; ...).
+struct StepOptions {
+  double lr = 0;                    ///< learning rate of this step (the optimizer's lr is set to it first)
+  double max_grad_norm = 0;         ///< clip the total LoRA gradient norm to this; ≤ 0: no clipping
+  int64_t ce_chunk_tokens = 1024;   ///< tokens per chunk of the fused CE (chunked_cross_entropy_sum)
+  Distributed* dist = nullptr;      ///< data parallel process group, or none
+};
+
 /// One optimizer step over `micro_batches` (the gradient-accumulation group). The loss of each
 /// micro-batch is its CE sum divided by the target count of the WHOLE group, so micro_batch 4 ×
 /// accumulation 1 and micro_batch 1 × accumulation 4 give the same update. Gradients are clipped to
-/// max_grad_norm (≤ 0: no clipping); the optimizer's lr is set to `lr` first. A non-finite loss or
-/// gradient skips the update (gradients zeroed) and sets `skipped`.
-/// Data parallel (`dist` active, docs/distributed.md): `micro_batches` are this rank's share of the
-/// global group; the target count, the gradients (one flat allreduce), the loss sum and the token
-/// count are summed over ranks, so every rank clips on the global norm and applies the same update,
-/// and the result (loss, grad_norm, tokens, targets) is the global one.
+/// o.max_grad_norm (≤ 0: no clipping); the optimizer's lr is set to o.lr first. A non-finite loss
+/// or gradient skips the update (gradients zeroed) and sets `skipped`.
+/// Data parallel (`o.dist` active, docs/distributed.md): `micro_batches` are this rank's share of
+/// the global group; the target count, the gradients (one flat allreduce), the loss sum and the
+/// token count are summed over ranks, so every rank clips on the global norm and applies the same
+/// update, and the result (loss, grad_norm, tokens, targets) is the global one.
 StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std::vector<data::Batch>& micro_batches,
-                      double lr, double max_grad_norm, int64_t ce_chunk_tokens = 1024, Distributed* dist = nullptr);
+                      const StepOptions& o);
 
 /// Data parallel: the replicas' LoRA parameters are compared (parameter_checksum, all ranks) every
 /// this many optimizer steps, at the last step, and before every checkpoint whose trigger all ranks
@@ -128,7 +136,16 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
 
  private:
-  void log_step(int64_t step, const StepResult& r, double lr, double seconds, double eval_loss);
+  /// What log_step writes of one optimizer step.
+  struct StepLog {
+    int64_t step = 0;                  ///< optimizer steps completed
+    StepResult result;
+    double lr = 0;                     ///< learning rate the step used
+    double seconds = 0;                ///< wall time of the step (with its eval, if any)
+    double eval_loss = std::nan("");   ///< eval loss after the step; NaN = not evaluated
+  };
+  /// Appends the step's line to metrics.jsonl and draws the progress line (or logs it).
+  void log_step(const StepLog& s);
   void save_outputs(double seconds);
   /// Decides which run this invocation is and which checkpoint (if any) it continues, from
   /// output_dir/run.json, checkpoint.resume and --overwrite-output-dir (docs/checkpoints.md, "Run
