@@ -11,8 +11,10 @@ double lora_scale(int64_t r, double alpha, bool use_rslora) {
   return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
 }
 
-LoraAdapter LoraAdapter::create(int64_t in_features, int64_t out_features, int64_t r, double alpha,
-                                double dropout, bool use_rslora, at::Generator gen, torch::Device device) {
+LoraAdapter LoraAdapter::create(int64_t in_features, int64_t out_features, const LoraOptions& o, at::Generator gen,
+                                torch::Device device) {
+  const int64_t r = o.r;
+  const double alpha = o.alpha, dropout = o.dropout;
   QLORA_CHECK(r > 0, "lora.r must be > 0, got ", r);
   QLORA_CHECK(alpha > 0, "lora.alpha must be > 0, got ", alpha);
   QLORA_CHECK(dropout >= 0 && dropout < 1, "lora.dropout must be in [0, 1), got ", dropout);
@@ -22,7 +24,7 @@ LoraAdapter LoraAdapter::create(int64_t in_features, int64_t out_features, int64
   a.A = at::empty({r, in_features}, torch::kFloat32).uniform_(-bound, bound, gen).to(device).requires_grad_(true);
   a.B = torch::zeros({out_features, r}, torch::TensorOptions().dtype(torch::kFloat32).device(device))
             .requires_grad_(true);
-  a.scale = lora_scale(r, alpha, use_rslora);
+  a.scale = o.scale();
   a.dropout = dropout;
   return a;
 }

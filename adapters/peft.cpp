@@ -65,6 +65,16 @@ bool name_or_suffix(const std::string& module, const std::vector<std::string>& n
 }
 }  // namespace
 
+LoraOptions lora_options(const PeftConfig& c) {
+  LoraOptions o;
+  o.r = c.r;
+  o.alpha = c.lora_alpha;
+  o.dropout = c.lora_dropout;
+  o.target_modules = c.target_modules;
+  o.use_rslora = c.use_rslora;
+  return o;
+}
+
 bool peft_targets_module(const PeftConfig& c, const std::string& module) {
   if (!c.exclude_regex.empty() && re_match(c.exclude_regex, module, true)) return false;
   if (name_or_suffix(module, c.exclude_modules)) return false;

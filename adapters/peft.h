@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "adapters/lora.h"
+
 namespace qlora {
 
 /// The adapter_config.json fields qlora-cpp writes and reads.
@@ -34,6 +36,10 @@ struct PeftConfig {
   std::vector<std::string> exclude_modules;
   std::string exclude_regex;
 };
+
+/// The LoraOptions of an adapter config: r, lora_alpha, lora_dropout, target_modules, use_rslora
+/// (seed 0; a loaded adapter is not drawn).
+LoraOptions lora_options(const PeftConfig& c);
 
 /// Whether the adapter config `c` adapts the module at HF path `module` ("model.layers.1.mlp.down_proj"),
 /// exactly as PEFT's check_target_module_exists (peft/tuners/tuners_utils.py, PEFT 0.18+): excluded

@@ -1,5 +1,7 @@
 #include "trainer/batch_tensors.h"
 
+#include "trainer/loss.h"
+
 namespace qlora {
 namespace {
 torch::Tensor as_tensor(const std::vector<int32_t>& v, const data::Batch& b, const torch::Device& d) {
@@ -22,6 +24,13 @@ torch::Tensor batch_labels(const data::Batch& b, const torch::Device& device) {
   return as_tensor(b.labels, b, device);
 }
 
+int64_t count_targets(const data::Batch& b) {
+  // Every row's segment ids (not only packed batches' as in batch_inputs), as it always counted.
+  return next_token_targets(batch_labels(b, torch::kCPU), as_tensor(b.segment_ids, b, torch::kCPU))
+      .second.sum()
+      .item<int64_t>();
+}
+
 std::pair<torch::Tensor, torch::Tensor> token_losses(const torch::Tensor& logits, const torch::Tensor& labels,
                                                      const torch::Tensor& segment_ids) {
   TORCH_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) &&
@@ -30,11 +39,7 @@ std::pair<torch::Tensor, torch::Tensor> token_losses(const torch::Tensor& logits
               labels.sizes());
   using torch::indexing::Slice;
   torch::Tensor lg = logits.index({Slice(), Slice(0, -1)}).to(torch::kFloat32);
-  torch::Tensor tgt = labels.index({Slice(), Slice(1, torch::indexing::None)});
-  torch::Tensor counted = tgt != -100;
-  if (segment_ids.defined())
-    counted = counted.logical_and(segment_ids.index({Slice(), Slice(0, -1)}) ==
-                                  segment_ids.index({Slice(), Slice(1, torch::indexing::None)}));
+  auto [tgt, counted] = next_token_targets(labels, segment_ids);
   torch::Tensor safe = tgt.masked_fill(counted.logical_not(), 0);
   torch::Tensor nll = -torch::log_softmax(lg, -1).gather(-1, safe.unsqueeze(-1)).squeeze(-1);
   return {nll.masked_fill(counted.logical_not(), 0), counted};

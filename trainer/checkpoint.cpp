@@ -87,9 +87,43 @@ bool ignored_key(const std::string& k) {
 }
 }  // namespace
 
+OptimizerTensors capture_adamw_state(const torch::optim::AdamW& opt, const std::vector<torch::Tensor>& params) {
+  OptimizerTensors ot;
+  for (const torch::Tensor& p : params) {
+    auto it = opt.state().find(p.unsafeGetTensorImpl());
+    if (it == opt.state().end()) {  // no update applied yet
+      ot.exp_avg.push_back(torch::zeros_like(p, torch::kCPU));
+      ot.exp_avg_sq.push_back(torch::zeros_like(p, torch::kCPU));
+      ot.steps.push_back(0);
+      continue;
+    }
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    ot.exp_avg.push_back(s.exp_avg().to(torch::kCPU));
+    ot.exp_avg_sq.push_back(s.exp_avg_sq().to(torch::kCPU));
+    ot.steps.push_back(s.step());
+  }
+  return ot;
+}
+
+void restore_adamw_state(torch::optim::AdamW& opt, const std::vector<torch::Tensor>& params,
+                         const OptimizerTensors& ot, const torch::Device& device, const std::string& ckpt) {
+  QLORA_CHECK(ot.steps.size() == params.size(), ckpt, ": optimizer state has ", ot.steps.size(),
+              " tensors, the model has ", params.size(), " LoRA tensors");
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (ot.steps[i] == 0) continue;
+    QLORA_CHECK(ot.exp_avg[i].sizes() == params[i].sizes(), ckpt, "/optimizer.safetensors: 'exp_avg.", i,
+                "' has shape ", ot.exp_avg[i].sizes(), ", expected ", params[i].sizes());
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->step(ot.steps[i]);
+    st->exp_avg(ot.exp_avg[i].to(device));
+    st->exp_avg_sq(ot.exp_avg_sq[i].to(device));
+    opt.state()[params[i].unsafeGetTensorImpl()] = std::move(st);
+  }
+}
+
 std::string write_checkpoint(const std::string& dir, const TrainerState& state, const PeftConfig& peft,
                              const LoraWeights& adapter, const OptimizerTensors& opt, const torch::Tensor& rng_cpu,
-                             const torch::Tensor& rng_cuda) {
+                             const torch::Tensor& rng_cuda, const FaultHooks& faults) {
   fs::create_directories(dir);
   // Leftovers of a process killed mid-write (never loaded: no manifest, or not renamed) go first;
   // one trainer owns a checkpoint directory at a time.
@@ -122,10 +156,8 @@ std::string write_checkpoint(const std::string& dir, const TrainerState& state, 
     }
     atomic_write_string((tmp / "manifest.json").string(), json({{"files", manifest}}).dump(2) + "\n");
     fsync_dir(tmp.string());
-    // Test hook: QLORA_FAULT_SLOW_CHECKPOINT_MS=N sleeps between writing the files and the rename,
-    // so a test's SIGKILL can land while a checkpoint is half-done.
-    if (const char* slow = std::getenv("QLORA_FAULT_SLOW_CHECKPOINT_MS"))
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(slow)));
+    // Test hook (trainer/fault.h): a test's SIGKILL can land while the checkpoint is half-done.
+    if (faults.slow_checkpoint_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.slow_checkpoint_ms));
     if (fs::exists(final_dir)) {  // same step written again: swap only once the new one is complete
       const fs::path old = fs::path(dir) / (".old-" + final_dir.filename().string());
       fs::remove_all(old);

@@ -19,6 +19,7 @@
 
 #include "adapters/peft.h"
 #include "data/batch.h"
+#include "trainer/fault.h"
 
 namespace qlora {
 
@@ -44,12 +45,23 @@ struct OptimizerTensors {
   std::vector<int64_t> steps;
 };
 
+/// Saving and resuming the optimizer, the two directions side by side. AdamW's per-parameter
+/// state (torch::optim::AdamWParamState: step, exp_avg, exp_avg_sq) of `params`, in order, as
+/// checkpoint tensors on the CPU; a parameter with no update applied yet gives zeros and step 0.
+OptimizerTensors capture_adamw_state(const torch::optim::AdamW& opt, const std::vector<torch::Tensor>& params);
+/// The inverse of capture_adamw_state: sets `opt`'s state for each of `params` from `ot` (step 0:
+/// left without state, as before its first update), moving exp_avg / exp_avg_sq to `device`.
+/// Throws qlora::Error naming `ckpt` when the tensor count or an exp_avg shape differs.
+void restore_adamw_state(torch::optim::AdamW& opt, const std::vector<torch::Tensor>& params,
+                         const OptimizerTensors& ot, const torch::Device& device, const std::string& ckpt);
+
 /// Writes `<dir>/checkpoint-<state.step>` atomically (see the file comment) and returns its path.
 /// An existing checkpoint of the same step is replaced only after the new one is complete.
+/// `faults.slow_checkpoint_ms` (test hook, trainer/fault.h) sleeps before that final rename.
 /// Throws qlora::Error on an I/O error; a half-written temporary directory is removed.
 std::string write_checkpoint(const std::string& dir, const TrainerState& state, const PeftConfig& peft,
                              const LoraWeights& adapter, const OptimizerTensors& opt, const torch::Tensor& rng_cpu,
-                             const torch::Tensor& rng_cuda);
+                             const torch::Tensor& rng_cuda, const FaultHooks& faults = {});
 
 /// Why a checkpoint directory does not verify, or "" when every file in its manifest exists with
 /// the recorded size and SHA-256.

@@ -94,11 +94,20 @@ BenchPoint run_point(LlamaModel& model, const BenchOptions& o, int64_t seq, int6
   double timed = 0;
   int64_t timed_steps = 0;
   try {
-    model.add_lora(o.lora_r, lc.alpha, lc.dropout, {"all-linear"}, false, o.seed);
+    LoraOptions lo;
+    lo.r = o.lora_r;
+    lo.alpha = lc.alpha;
+    lo.dropout = lc.dropout;
+    lo.target_modules = {"all-linear"};
+    lo.seed = o.seed;
+    model.add_lora(lo);
     auto opt = make_adamw(model.lora_parameters(), TrainingConfig{});
     for (int64_t s = 0; s < o.steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
-      StepResult r = train_step(model, *opt, {batch}, 1e-4, 1.0);
+      StepOptions so;
+      so.lr = 1e-4;
+      so.max_grad_norm = 1.0;
+      StepResult r = train_step(model, *opt, {batch}, so);
       if (dev.is_cuda()) torch::cuda::synchronize();
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       p.final_loss = r.loss;

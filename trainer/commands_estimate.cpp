@@ -42,7 +42,13 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
   json cost;
   if (o.tokens > 0 || o.tokens_per_s > 0) {
     QLORA_CHECK(o.tokens > 0 && o.tokens_per_s > 0, "estimate: cost needs both --tokens and --tokens-per-s");
-    const CostEstimate c = estimate_cost(o.tokens, o.tokens_per_s, o.gpu_hour_price, o.utilization, o.world_size);
+    CostInputs in;
+    in.tokens = o.tokens;
+    in.tokens_per_s = o.tokens_per_s;
+    in.gpu_hour_price = o.gpu_hour_price;
+    in.utilization = o.utilization;
+    in.devices = o.world_size;
+    const CostEstimate c = estimate_cost(in);
     cost = {{"tokens", o.tokens},
             {"tokens_per_s", o.tokens_per_s},
             {"world_size", o.world_size},

@@ -28,7 +28,9 @@ PeftConfig attach_peft_adapter(LlamaModel& model, const std::string& adapter_dir
   QLORA_CHECK(fs::is_directory(adapter_dir), adapter_dir, ": adapter directory not found");
   PeftConfig pc = read_peft_config(adapter_dir);
   LoraWeights w = load_peft_adapter(adapter_dir, &pc, peft_module_shapes(model, pc));
-  model.set_lora(w, lora_scale(pc.r, pc.lora_alpha, pc.use_rslora), /*dropout=*/0.0);
+  LoraOptions lo = lora_options(pc);
+  lo.dropout = 0.0;
+  model.set_lora(w, lo);
   log::info("adapter: ", adapter_dir, " (r=", pc.r, " alpha=", pc.lora_alpha, ", ", w.size(), " modules)");
   return pc;
 }

@@ -486,7 +486,10 @@ double peak_flops_for_device_name(const std::string& name) {
   return 0;
 }
 
-CostEstimate estimate_cost(double tokens, double tokens_per_s, double price, double utilization, int64_t devices) {
+CostEstimate estimate_cost(const CostInputs& in) {
+  const double tokens = in.tokens, tokens_per_s = in.tokens_per_s, price = in.gpu_hour_price,
+               utilization = in.utilization;
+  const int64_t devices = in.devices;
   QLORA_CHECK(devices >= 1, "cost: --world-size must be >= 1, got ", devices);
   QLORA_CHECK(tokens >= 0, "cost: --tokens must be >= 0, got ", tokens);
   QLORA_CHECK(tokens_per_s > 0, "cost: --tokens-per-s must be > 0, got ", tokens_per_s);

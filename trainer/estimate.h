@@ -147,12 +147,19 @@ struct CostEstimate {
   double job_tokens_per_s = 0;         ///< tokens_per_s × devices (ideal data-parallel scaling)
   double wall_hours_full = 0;          ///< wall-clock hours of the job = gpu_hours_full / devices
 };
-/// `tokens_per_s` is ONE device's throughput; `devices` (data-parallel ranks, ≥ 1) run at that rate
-/// each (ideal scaling: the allreduce is not counted, docs/distributed.md), so the job processes
-/// tokens_per_s × devices, and every device's hours are billed. Throws qlora::Error for
-/// tokens_per_s ≤ 0, utilization outside (0, 1], tokens or price < 0, devices < 1.
-CostEstimate estimate_cost(double tokens, double tokens_per_s, double gpu_hour_price, double utilization,
-                           int64_t devices = 1);
+/// What a cost estimate is computed from (`qlora estimate --tokens ... --tokens-per-s ...`).
+struct CostInputs {
+  double tokens = 0;          ///< training tokens of the job, ≥ 0
+  double tokens_per_s = 0;    ///< ONE device's throughput, > 0
+  double gpu_hour_price = 0;  ///< price of one device-hour (currency-free), ≥ 0
+  double utilization = 1;     ///< fraction of the time the devices compute, in (0, 1]
+  int64_t devices = 1;        ///< data-parallel ranks, ≥ 1
+};
+/// `devices` run at `tokens_per_s` each (ideal scaling: the allreduce is not counted,
+/// docs/distributed.md), so the job processes tokens_per_s × devices, and every device's hours are
+/// billed. Throws qlora::Error for tokens_per_s ≤ 0, utilization outside (0, 1], tokens or price
+/// < 0, devices < 1.
+CostEstimate estimate_cost(const CostInputs& in);
 
 /// EstimateOptions from a training config on `device` (compute dtype auto → bf16 on CUDA, fp32
 /// on CPU; no CUDA overhead on CPU).

@@ -1,5 +1,7 @@
 #include "trainer/loss.h"
 
+#include "data/template.h"
+
 namespace qlora {
 namespace {
 using torch::autograd::AutogradContext;
@@ -52,13 +54,19 @@ torch::Tensor chunked_cross_entropy_sum(const torch::Tensor& hidden, const torch
   return ChunkedCE::apply(hidden, lm_head.detach(), targets.to(torch::kLong), chunk_tokens);
 }
 
-std::pair<torch::Tensor, torch::Tensor> next_token_rows(const torch::Tensor& hidden, const torch::Tensor& labels,
-                                                        const torch::Tensor& segment_ids) {
+std::pair<torch::Tensor, torch::Tensor> next_token_targets(const torch::Tensor& labels,
+                                                           const torch::Tensor& segment_ids) {
   torch::Tensor tgt = labels.index({Slice(), Slice(1, torch::indexing::None)});
-  torch::Tensor counted = tgt != -100;
+  torch::Tensor counted = tgt != data::kIgnoreIndex;
   if (segment_ids.defined())
     counted = counted.logical_and(segment_ids.index({Slice(), Slice(0, -1)}) ==
                                   segment_ids.index({Slice(), Slice(1, torch::indexing::None)}));
+  return {tgt, counted};
+}
+
+std::pair<torch::Tensor, torch::Tensor> next_token_rows(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                                        const torch::Tensor& segment_ids) {
+  auto [tgt, counted] = next_token_targets(labels, segment_ids);
   torch::Tensor idx = counted.flatten().nonzero().squeeze(-1);
   torch::Tensor h = hidden.index({Slice(), Slice(0, -1)}).reshape({-1, hidden.size(-1)}).index_select(0, idx);
   return {h, tgt.flatten().index_select(0, idx)};

@@ -15,9 +15,19 @@ namespace qlora {
 torch::Tensor chunked_cross_entropy_sum(const torch::Tensor& hidden, const torch::Tensor& lm_head,
                                         const torch::Tensor& targets, int64_t chunk_tokens = 1024);
 
-/// Selects the rows that carry a next-token target: from hidden [B, T, H] and labels long [B, T]
-/// (-100 = ignored; packed segment boundaries excluded when segment_ids [B, T] is defined) returns
-/// {hidden rows [N, H], targets [N]}, N = number of counted targets.
+/// The next-token target rule, the one place it is written (HF's shifted causal-LM loss,
+/// transformers ForCausalLMLoss): position t of a row predicts labels[t+1], and counts unless that
+/// label is data::kIgnoreIndex (-100) or t and t+1 lie in different packed segments
+/// (segment_ids[t] ≠ segment_ids[t+1]; no segment check when segment_ids is undefined).
+/// labels long [B, T], segment_ids [B, T] or undefined, any device. Returns {targets long
+/// [B, T−1] = labels[:, 1:], counted bool [B, T−1]}. Used by next_token_rows, token_losses and
+/// count_targets.
+std::pair<torch::Tensor, torch::Tensor> next_token_targets(const torch::Tensor& labels,
+                                                           const torch::Tensor& segment_ids);
+
+/// Selects the rows that carry a next-token target (next_token_targets): from hidden [B, T, H],
+/// labels long [B, T] and segment_ids [B, T] or undefined returns {hidden rows [N, H], targets
+/// [N]}, N = number of counted targets.
 std::pair<torch::Tensor, torch::Tensor> next_token_rows(const torch::Tensor& hidden, const torch::Tensor& labels,
                                                         const torch::Tensor& segment_ids);
 

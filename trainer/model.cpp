@@ -654,17 +654,16 @@ void check_lora_targets(const ModelConfig& c, const std::vector<std::string>& ta
 }
 }  // namespace
 
-std::map<std::string, int64_t> LlamaModel::add_lora(int64_t r, double alpha, double dropout,
-                                                    const std::vector<std::string>& targets, bool use_rslora,
-                                                    uint64_t seed) {
+std::map<std::string, int64_t> LlamaModel::add_lora(const LoraOptions& o) {
+  const std::vector<std::string>& targets = o.target_modules;
   QLORA_CHECK(!targets.empty(), "lora.target_modules: no target given");
   check_lora_targets(cfg_, targets);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   std::map<std::string, int64_t> counts;
   for (FrozenLinear* f : linears()) {
     if (!lora_targets_module(f->name, targets)) continue;
     f->lora = std::make_shared<LoraAdapter>(
-        LoraAdapter::create(f->in_features(), f->out_features(), r, alpha, dropout, use_rslora, gen, device_));
+        LoraAdapter::create(f->in_features(), f->out_features(), o, gen, device_));
     counts[f->name.substr(f->name.rfind('.') + 1)] += 1;
   }
   for (const std::string& t : targets) {
@@ -685,7 +684,7 @@ std::map<std::string, std::pair<int64_t, int64_t>> LlamaModel::lora_shapes(const
   return out;
 }
 
-void LlamaModel::set_lora(const LoraWeights& w, double scale, double dropout) {
+void LlamaModel::set_lora(const LoraWeights& w, const LoraOptions& o) {
   std::map<std::string, FrozenLinear*> by_name;
   for (FrozenLinear* f : linears()) by_name[f->name] = f;
   for (const auto& [module, ab] : w) {
@@ -694,8 +693,8 @@ void LlamaModel::set_lora(const LoraWeights& w, double scale, double dropout) {
     auto a = std::make_shared<LoraAdapter>();
     a->A = ab.first.to(device_, torch::kFloat32).detach().clone().requires_grad_(true);
     a->B = ab.second.to(device_, torch::kFloat32).detach().clone().requires_grad_(true);
-    a->scale = scale;
-    a->dropout = dropout;
+    a->scale = o.scale();
+    a->dropout = o.dropout;
     it->second->lora = a;
   }
 }

@@ -159,17 +159,18 @@ class LlamaModel {
   std::vector<const FrozenLinear*> linears() const;
   std::vector<FrozenLinear*> linears();
 
-  /// Attaches fresh LoRA adapters (PEFT init, from `seed`) to every decoder linear that
-  /// `targets` selects (lora_targets_module). Returns matched-module counts per target name
+  /// Attaches fresh LoRA adapters (PEFT init with `o`'s r, alpha, dropout, use_rslora, drawn from
+  /// `o.seed`) to every decoder linear that `o.target_modules` selects (lora_targets_module).
+  /// Returns matched-module counts per target name
   /// (e.g. {"q_proj": 32}). Throws qlora::Error when a target matches nothing or the LoRA
   /// arguments are invalid, and when a target names lm_head or embed_tokens (they stay frozen and
   /// unquantized; tied, an adapter on one would change the other): the error gives that reason.
-  std::map<std::string, int64_t> add_lora(int64_t r, double alpha, double dropout,
-                                          const std::vector<std::string>& targets, bool use_rslora,
-                                          uint64_t seed);
-  /// Attaches adapters with the given weights (e.g. loaded from PEFT); every module in `w` must be
-  /// a decoder linear of matching shape (checked by load_peft_adapter against lora_shapes()).
-  void set_lora(const LoraWeights& w, double scale, double dropout);
+  std::map<std::string, int64_t> add_lora(const LoraOptions& o);
+  /// Attaches adapters with the given weights (e.g. loaded from PEFT), scaled by o.scale() and
+  /// with o.dropout (o.target_modules and o.seed are not used: `w` names the modules); every
+  /// module in `w` must be a decoder linear of matching shape (checked by load_peft_adapter
+  /// against lora_shapes()).
+  void set_lora(const LoraWeights& w, const LoraOptions& o);
   /// Module path → {in, out} for the linears a PEFT config with these targets would adapt. Throws
   /// qlora::Error, with the reason, when a target names lm_head or embed_tokens (as add_lora).
   std::map<std::string, std::pair<int64_t, int64_t>> lora_shapes(const std::vector<std::string>& targets) const;

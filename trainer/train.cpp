@@ -14,6 +14,7 @@
 #include "trainer/memory.h"
 #include "trainer/checkpoint.h"
 #include "trainer/distributed.h"
+#include "trainer/fault.h"
 
 #include <csignal>
 #include <cstdio>
@@ -30,14 +31,6 @@ namespace qlora {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-int64_t count_targets(const data::Batch& b) {
-  int64_t n = 0;
-  for (int64_t r = 0; r < b.batch_size; ++r)
-    for (int64_t t = 0; t + 1 < b.seq_len; ++t)
-      n += b.labels[b.at(r, t + 1)] != -100 && b.segment_ids[b.at(r, t)] == b.segment_ids[b.at(r, t + 1)];
-  return n;
-}
-
 std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params, const TrainingConfig& t) {
   QLORA_CHECK(!params.empty(), "training: no trainable parameters (no LoRA adapter attached)");
   return std::make_unique<torch::optim::AdamW>(
@@ -48,7 +41,10 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>
 }
 
 StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std::vector<data::Batch>& micro_batches,
-                      double lr, double max_grad_norm, int64_t ce_chunk_tokens, Distributed* dist) {
+                      const StepOptions& o) {
+  const double lr = o.lr, max_grad_norm = o.max_grad_norm;
+  const int64_t ce_chunk_tokens = o.ce_chunk_tokens;
+  Distributed* dist = o.dist;
   StepResult r;
   for (const data::Batch& b : micro_batches) r.targets += count_targets(b);
   if (dist && dist->active()) {  // the normaliser is the target count of the global group
@@ -91,24 +87,15 @@ StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std
 }
 
 uint64_t parameter_checksum(const std::vector<torch::Tensor>& params) {
-  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a offset basis and prime (64-bit)
+  size_t total = 0;
+  for (const torch::Tensor& p : params) total += static_cast<size_t>(p.numel()) * p.element_size();
+  std::string bytes;
+  bytes.reserve(total);
   for (const torch::Tensor& p : params) {
     const torch::Tensor c = p.detach().to(torch::kCPU).contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
-    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, bytes + i, 8);
-      h = (h ^ w) * 0x100000001b3ULL;
-    }
-    if (i < n) {
-      uint64_t w = 0;
-      std::memcpy(&w, bytes + i, n - i);
-      h = (h ^ w) * 0x100000001b3ULL;
-    }
+    bytes.append(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel()) * c.element_size());
   }
-  return h;
+  return std::stoull(sha256_hex(bytes).substr(0, 16), nullptr, 16);  // the digest's first 8 bytes, big-endian
 }
 
 std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
@@ -252,8 +239,10 @@ void Trainer::setup() {
   QLORA_CHECK(model_->config().vocab_size >= tok_->vocab_size(), "model.tokenizer: the tokenizer has ",
               tok_->vocab_size(), " pieces but the model's vocab_size is ", model_->config().vocab_size);
   const LoraConfig& l = cfg_.lora;
-  const std::vector<std::string> targets = l.all_linear ? std::vector<std::string>{"all-linear"} : l.target_modules;
-  auto counts = model_->add_lora(l.r, l.alpha, l.dropout, targets, l.use_rslora, t.seed);
+  LoraOptions lo = lora_options(peft_config());  // r, alpha, dropout, use_rslora
+  lo.target_modules = l.all_linear ? std::vector<std::string>{"all-linear"} : l.target_modules;
+  lo.seed = t.seed;
+  auto counts = model_->add_lora(lo);
   std::string matched;
   int64_t n_params = 0;
   for (const auto& [name, n] : counts) matched += (matched.empty() ? "" : ", ") + name + " ×" + std::to_string(n);
@@ -273,16 +262,7 @@ void Trainer::setup() {
   schedule_ = schedule_of(t.lr_scheduler);
   opt_ = make_adamw(model_->lora_parameters(), t);
 
-  // Test hook: QLORA_FAULT_SIGTERM_AT="STEP:MICRO" sends this process SIGTERM while step STEP
-  // (1-based) loads micro-batch MICRO (0-based), to test interruption at exact points.
-  if (const char* f = std::getenv("QLORA_FAULT_SIGTERM_AT"))
-    QLORA_CHECK(std::sscanf(f, "%ld:%ld", &fault_.step, &fault_.micro) == 2,
-                "QLORA_FAULT_SIGTERM_AT: expected STEP:MICRO, got '", f, "'");
-  // Test hook: QLORA_FAULT_PERTURB_AT=STEP adds 1e-3 to one LoRA parameter of this process after
-  // step STEP's update, so its replica diverges (the replica check's test).
-  if (const char* f = std::getenv("QLORA_FAULT_PERTURB_AT"))
-    QLORA_CHECK(std::sscanf(f, "%ld", &fault_.perturb_step) == 1, "QLORA_FAULT_PERTURB_AT: expected STEP, got '", f, "'");
-  if (const char* d = std::getenv("QLORA_FAULT_STEP_DELAY_MS")) step_delay_ms_ = std::atoll(d);  // test hook
+  fault_ = FaultHooks::from_env();  // the QLORA_FAULT_* test hooks (trainer/fault.h); unset: none
   preemption_ = {{"interruptions", 0}, {"time_lost_s", 0.0}, {"checkpoints", json::array()}};
   if (!ckpt.empty()) resume_from(ckpt);         // may refuse (changed settings, data, shapes)
   dist_->barrier();  // every rank has read the checkpoint before rank 0 writes into output_dir
@@ -409,17 +389,21 @@ void Trainer::train() {
     // order; rank r trains those with index i % world_size == r (docs/distributed.md).
     std::vector<data::Batch> group;
     for (int64_t i = 0; i < global_group_size(); ++i) {
-      if (fault_.step == step_ + 1 && fault_.micro == i) std::raise(SIGTERM);  // test hook, see setup()
+      if (fault_.sigterm_step == step_ + 1 && fault_.sigterm_micro == i) std::raise(SIGTERM);  // test hook
       const uint64_t epoch = loader_->state().epoch;
       data::Batch b = loader_->next();
       if (i % dist_->world_size() == dist_->rank()) group.push_back(std::move(b));
       if (loader_->state().epoch != epoch) break;  // an accumulation group never spans two epochs
     }
     const double lr = lr_at(schedule_, t.learning_rate, step_, warmup_steps_, total_steps_);
-    StepResult r = train_step(*model_, *opt_, group, lr, t.max_grad_norm, 1024, dist_.get());
+    StepOptions so;
+    so.lr = lr;
+    so.max_grad_norm = t.max_grad_norm;
+    so.dist = dist_.get();
+    StepResult r = train_step(*model_, *opt_, group, so);
     memory_.after_step();
     ++step_;
-    if (fault_.perturb_step == step_) {  // test hook, see setup()
+    if (fault_.perturb_step == step_) {  // test hook (trainer/fault.h)
       torch::NoGradGuard ng;
       model_->lora_parameters().front().view({-1})[0].add_(1e-3);
     }
@@ -444,7 +428,15 @@ void Trainer::train() {
     }
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     slowest_step = std::max(slowest_step, step_s);
-    if (dist_->is_main()) log_step(step_, r, lr, step_s, eval_loss);
+    if (dist_->is_main()) {
+      StepLog sl;
+      sl.step = step_;
+      sl.result = r;
+      sl.lr = lr;
+      sl.seconds = step_s;
+      sl.eval_loss = eval_loss;
+      log_step(sl);
+    }
 
     // Checkpoint triggers: signal, time budget, steps, minutes, end of epoch, end of run. A signal
     // or the time budget on any rank stops all of them at this step (one small allreduce).
@@ -478,7 +470,7 @@ void Trainer::train() {
       throw Interrupted("stopped at step " + std::to_string(step_) + " by " + why + " after writing " +
                         last_checkpoint_ + "; " + resume_advice(last_checkpoint_));
     }
-    if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
+    if (fault_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(fault_.step_delay_ms));
   }
   model_->training = false;
   const json report = memory_.finish();  // peak; estimated vs measured into memory_report.json and the log
@@ -509,7 +501,18 @@ void Trainer::check_replicas_agree() {
        "this step; the checkpoints already in ", checkpoint_dir(), " are kept");
 }
 
-void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seconds, double eval_loss) {
+double Trainer::Progress::record(int64_t step, double step_seconds, int64_t total_steps) {
+  if (step <= last_step) *this = Progress{};  // a step that goes back: start again
+  last_step = step;
+  ++steps;
+  seconds += step_seconds;
+  return seconds / steps * static_cast<double>(std::max<int64_t>(0, total_steps - step));
+}
+
+void Trainer::log_step(const StepLog& s) {
+  const int64_t step = s.step;
+  const StepResult& r = s.result;
+  const double lr = s.lr, seconds = s.seconds, eval_loss = s.eval_loss;
   json j = {{"step", step},
             {"step_seconds", seconds},
             {"epoch", loader_->state().epoch + static_cast<double>(loader_->state().cursor) /
@@ -523,24 +526,10 @@ void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seco
             {"memory", memory_snapshot(device_)}};
   if (!std::isnan(eval_loss)) j["eval_loss"] = eval_loss;
   append_line((fs::path(cfg_.output_dir) / "metrics.jsonl").string(), j.dump());
-  // ETA = mean step time of this invocation × remaining steps. The running sum lives in statics
-  // (log_step's body is all this needs to own); it restarts for a new Trainer or a step that goes back.
-  static const Trainer* eta_owner = nullptr;
-  static int64_t eta_last_step = 0, eta_steps = 0;
-  static double eta_seconds = 0, eta_last_eval = std::nan("");
-  if (eta_owner != this || step <= eta_last_step) {
-    eta_owner = this;
-    eta_steps = 0;
-    eta_seconds = 0;
-    eta_last_eval = std::nan("");
-  }
-  eta_last_step = step;
-  ++eta_steps;
-  eta_seconds += seconds;
-  if (!std::isnan(eval_loss)) eta_last_eval = eval_loss;
-  const double eta_s = eta_seconds / eta_steps * static_cast<double>(std::max<int64_t>(0, total_steps_ - step));
-  auto hms = [](double s) {
-    const int64_t t = static_cast<int64_t>(std::llround(std::max(0.0, s)));
+  const double eta_s = progress_.record(step, seconds, total_steps_);
+  if (!std::isnan(eval_loss)) progress_.last_eval = eval_loss;
+  auto hms = [](double secs) {
+    const int64_t t = static_cast<int64_t>(std::llround(std::max(0.0, secs)));
     char buf[32];
     if (t >= 3600)
       std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(t / 3600),
@@ -550,8 +539,7 @@ void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seco
     return std::string(buf);
   };
   const int64_t tok_s = static_cast<int64_t>(seconds > 0 ? r.tokens / seconds : 0);
-  static const bool tty = ::isatty(2) != 0;
-  if (tty) {
+  if (progress_.tty) {
     const int width = 24;
     const double frac = total_steps_ > 0 ? std::min(1.0, static_cast<double>(step) / total_steps_) : 1.0;
     const int filled = static_cast<int>(frac * width);
@@ -560,7 +548,7 @@ void Trainer::log_step(int64_t step, const StepResult& r, double lr, double seco
                   static_cast<long long>(step), static_cast<long long>(total_steps_), r.loss, lr,
                   static_cast<long long>(tok_s), hms(eta_s).c_str());
     std::string line = "\r[" + std::string(filled, '#') + std::string(width - filled, '.') + "]" + nums;
-    if (!std::isnan(eta_last_eval)) line += "  eval " + std::to_string(eta_last_eval).substr(0, 6);
+    if (!std::isnan(progress_.last_eval)) line += "  eval " + std::to_string(progress_.last_eval).substr(0, 6);
     line += "\033[K";  // clear what a longer previous line left
     if (step >= total_steps_) line += "\n";
     std::cerr << line << std::flush;
@@ -646,24 +634,11 @@ void Trainer::save_checkpoint(const std::string& why) {
   st.fingerprint = fingerprint_;
   st.data_sha256 = data_sha_;
   st.world_size = dist_->world_size();
-  OptimizerTensors ot;
-  for (const torch::Tensor& p : model_->lora_parameters()) {
-    auto it = opt_->state().find(p.unsafeGetTensorImpl());
-    if (it == opt_->state().end()) {  // no update applied yet
-      ot.exp_avg.push_back(torch::zeros_like(p, torch::kCPU));
-      ot.exp_avg_sq.push_back(torch::zeros_like(p, torch::kCPU));
-      ot.steps.push_back(0);
-      continue;
-    }
-    auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
-    ot.exp_avg.push_back(s.exp_avg().to(torch::kCPU));
-    ot.exp_avg_sq.push_back(s.exp_avg_sq().to(torch::kCPU));
-    ot.steps.push_back(s.step());
-  }
+  const OptimizerTensors ot = capture_adamw_state(*opt_, model_->lora_parameters());
   torch::Tensor rng_cuda;
   if (device_.is_cuda()) rng_cuda = at::globalContext().defaultGenerator(c10::DeviceType::CUDA).get_state();
   const std::string path = write_checkpoint(checkpoint_dir(), st, peft_config(), model_->lora_weights(), ot,
-                                            at::detail::getDefaultCPUGenerator().get_state(), rng_cuda);
+                                            at::detail::getDefaultCPUGenerator().get_state(), rng_cuda, fault_);
   last_checkpoint_ = path;
   const auto removed = prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last, run_id_);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -872,19 +847,7 @@ void Trainer::resume_from(const std::string& ckpt) {
       f->lora->B.copy_(ab.second);
     }
   }
-  const std::vector<torch::Tensor> params = model_->lora_parameters();
-  QLORA_CHECK(lc.opt.steps.size() == params.size(), ckpt, ": optimizer state has ", lc.opt.steps.size(),
-              " tensors, the model has ", params.size(), " LoRA tensors");
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (lc.opt.steps[i] == 0) continue;
-    QLORA_CHECK(lc.opt.exp_avg[i].sizes() == params[i].sizes(), ckpt, "/optimizer.safetensors: 'exp_avg.", i,
-                "' has shape ", lc.opt.exp_avg[i].sizes(), ", expected ", params[i].sizes());
-    auto st = std::make_unique<torch::optim::AdamWParamState>();
-    st->step(lc.opt.steps[i]);
-    st->exp_avg(lc.opt.exp_avg[i].to(device_));
-    st->exp_avg_sq(lc.opt.exp_avg_sq[i].to(device_));
-    opt_->state()[params[i].unsafeGetTensorImpl()] = std::move(st);
-  }
+  restore_adamw_state(*opt_, model_->lora_parameters(), lc.opt, device_, ckpt);
   loader_ = std::make_unique<data::DataLoader>(&data_.train, cfg_.training.micro_batch_size, cfg_.data, pad_id_,
                                                lc.state.sampler);
   {

@@ -5,7 +5,10 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -18,6 +21,7 @@
 #include "trainer/config/config.h"
 #include "trainer/distributed.h"
 #include "trainer/estimate.h"
+#include "trainer/fault.h"
 #include "trainer/model.h"
 #include "trainer/schedule.h"
 #include "common/error.h"
@@ -40,35 +44,41 @@ torch::Dtype compute_dtype(DType d, const torch::Device& device);
 /// The model's QuantOptions for the config's `quantization:` section.
 QuantOptions quant_options(const QuantConfig& q);
 
-/// Counts the next-token targets of a batch (labels[t+1] != -100 within one packed segment):
-/// the normaliser of the loss over an accumulated batch.
-int64_t count_targets(const data::Batch& b);
-
 /// AdamW over `params` (fp32 LoRA master weights) with the config's betas, eps and weight decay
 /// (torch::optim::AdamW, decoupled weight decay as Loshchilov & Hutter 2019 / torch.optim.AdamW).
 std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params, const TrainingConfig& t);
 
+/// How train_step updates (set fields by name: o.lr = 1e-3; ...).
+struct StepOptions {
+  double lr = 0;                    ///< learning rate of this step (the optimizer's lr is set to it first)
+  double max_grad_norm = 0;         ///< clip the total LoRA gradient norm to this; ≤ 0: no clipping
+  int64_t ce_chunk_tokens = 1024;   ///< tokens per chunk of the fused CE (chunked_cross_entropy_sum)
+  Distributed* dist = nullptr;      ///< data parallel process group, or none
+};
+
 /// One optimizer step over `micro_batches` (the gradient-accumulation group). The loss of each
 /// micro-batch is its CE sum divided by the target count of the WHOLE group, so micro_batch 4 ×
 /// accumulation 1 and micro_batch 1 × accumulation 4 give the same update. Gradients are clipped to
-/// max_grad_norm (≤ 0: no clipping); the optimizer's lr is set to `lr` first. A non-finite loss or
-/// gradient skips the update (gradients zeroed) and sets `skipped`.
-/// Data parallel (`dist` active, docs/distributed.md): `micro_batches` are this rank's share of the
-/// global group; the target count, the gradients (one flat allreduce), the loss sum and the token
-/// count are summed over ranks, so every rank clips on the global norm and applies the same update,
-/// and the result (loss, grad_norm, tokens, targets) is the global one.
+/// o.max_grad_norm (≤ 0: no clipping); the optimizer's lr is set to o.lr first. A non-finite loss
+/// or gradient skips the update (gradients zeroed) and sets `skipped`.
+/// Data parallel (`o.dist` active, docs/distributed.md): `micro_batches` are this rank's share of
+/// the global group; the target count, the gradients (one flat allreduce), the loss sum and the
+/// token count are summed over ranks, so every rank clips on the global norm and applies the same
+/// update, and the result (loss, grad_norm, tokens, targets) is the global one.
 StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std::vector<data::Batch>& micro_batches,
-                      double lr, double max_grad_norm, int64_t ce_chunk_tokens = 1024, Distributed* dist = nullptr);
+                      const StepOptions& o);
 
 /// Data parallel: the replicas' LoRA parameters are compared (parameter_checksum, all ranks) every
 /// this many optimizer steps, at the last step, and before every checkpoint whose trigger all ranks
 /// share (signal, --max-time, save_steps, end of epoch); docs/distributed.md, "Replica check".
 constexpr int64_t kParamChecksumEverySteps = 50;
 
-/// A 64-bit hash of the raw bytes of `params` in order (FNV-1a over 64-bit little-endian words,
-/// a trailing partial word zero-padded; CUDA tensors are copied to the host first). Equal
-/// parameters give equal checksums on every rank whatever its thread count; any differing bit
-/// changes it with probability 1 - 2^-64 for random damage.
+/// A 64-bit hash of the raw bytes of `params` in order: the first 64 bits (the digest's first 8
+/// bytes read big-endian, i.e. its first 16 hex digits) of the SHA-256 (sha256_hex,
+/// common/files.h) of the tensors' bytes concatenated in memory order (CUDA tensors are copied to
+/// the host first; the concatenation is one host buffer of all the bytes). Equal parameters give
+/// equal checksums on every rank whatever its thread count; any differing bit changes it with
+/// probability 1 - 2^-64 for random damage.
 uint64_t parameter_checksum(const std::vector<torch::Tensor>& params);
 
 /// Mean next-token CE (nats) over `examples` in batches of `batch_size`, no grad, dropout off.
@@ -126,7 +136,16 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
 
  private:
-  void log_step(int64_t step, const StepResult& r, double lr, double seconds, double eval_loss);
+  /// What log_step writes of one optimizer step.
+  struct StepLog {
+    int64_t step = 0;                  ///< optimizer steps completed
+    StepResult result;
+    double lr = 0;                     ///< learning rate the step used
+    double seconds = 0;                ///< wall time of the step (with its eval, if any)
+    double eval_loss = std::nan("");   ///< eval loss after the step; NaN = not evaluated
+  };
+  /// Appends the step's line to metrics.jsonl and draws the progress line (or logs it).
+  void log_step(const StepLog& s);
   void save_outputs(double seconds);
   /// Decides which run this invocation is and which checkpoint (if any) it continues, from
   /// output_dir/run.json, checkpoint.resume and --overwrite-output-dir (docs/checkpoints.md, "Run
@@ -149,8 +168,23 @@ class Trainer {
   void check_same_run_as_main();
   PeftConfig peft_config() const;
 
+  /// The progress line's state (log_step): this invocation's step times for the ETA, the newest
+  /// eval loss; one per Trainer, so a new Trainer (or a resumed run) starts its mean afresh.
+  struct Progress {
+    int64_t last_step = 0;                       ///< the step logged last
+    int64_t steps = 0;                           ///< steps logged since the (re)start
+    double seconds = 0;                          ///< their total time
+    double last_eval = std::nan("");             ///< the newest eval loss, shown until the next
+    bool tty = ::isatty(2) != 0;                 ///< stderr is a terminal: a redrawn bar, else log lines
+    /// Records step `step` (taking `step_seconds`) and returns the ETA in seconds: mean step time
+    /// since the (re)start × (total_steps − step), ≥ 0. A step not after the last one restarts
+    /// (the mean and last_eval).
+    double record(int64_t step, double step_seconds, int64_t total_steps);
+  };
+
   Config cfg_;
   RunOptions run_;
+  Progress progress_;
   MemoryTracker memory_;  ///< estimate + measured memory → memory_report.json
   int64_t step_ = 0;  ///< optimizer steps completed
   int64_t nonfinite_in_a_row_ = 0;
@@ -159,10 +193,7 @@ class Trainer {
   /// Data parallel: throws qlora::Error naming the step and the ranks when any rank's
   /// parameter_checksum differs from rank 0's (every rank throws; nothing more is written).
   void check_replicas_agree();
-  struct {
-    long step = -1, micro = -1;
-    long perturb_step = -1;          ///< QLORA_FAULT_PERTURB_AT=STEP
-  } fault_;                          ///< the QLORA_FAULT_* test hooks (setup())
+  FaultHooks fault_;  ///< the QLORA_FAULT_* test hooks (trainer/fault.h), read in setup()
   torch::Device device_ = torch::kCPU;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<data::Tokenizer> tok_;
@@ -179,7 +210,6 @@ class Trainer {
   std::string fingerprint_;                      ///< run_fingerprint(config, data_sha_)
   std::string aside_;                            ///< where --overwrite-output-dir moves the old state
   std::string last_checkpoint_;                  ///< path of the newest checkpoint written
-  int64_t step_delay_ms_ = 0;                    ///< QLORA_FAULT_STEP_DELAY_MS test hook
   std::string kept_metrics_;                     ///< metrics.jsonl lines up to the resumed checkpoint
   std::unique_ptr<Distributed> dist_;            ///< the process group; identity when world_size is 1
 };

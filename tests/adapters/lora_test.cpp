@@ -19,9 +19,17 @@ fs::path tmp(const std::string& n) {
   return d;
 }
 
+/// LoraOptions with rank `r` and alpha `alpha`, the rest default.
+LoraOptions rank_alpha(int64_t r, double alpha) {
+  LoraOptions o;
+  o.r = r;
+  o.alpha = alpha;
+  return o;
+}
+
 TEST(Lora, InitIsPeftKaimingUniformAndZeroB) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
-  LoraAdapter a = LoraAdapter::create(400, 300, 8, 16, 0.0, false, gen, torch::kCPU);
+  LoraAdapter a = LoraAdapter::create(400, 300, rank_alpha(8, 16), gen, torch::kCPU);
   EXPECT_EQ(a.A.sizes(), (std::vector<int64_t>{8, 400}));
   EXPECT_EQ(a.B.sizes(), (std::vector<int64_t>{300, 8}));
   EXPECT_TRUE(a.A.requires_grad() && a.B.requires_grad());
@@ -33,7 +41,7 @@ TEST(Lora, InitIsPeftKaimingUniformAndZeroB) {
   EXPECT_DOUBLE_EQ(a.scale, 2.0);
   // same seed, same weights
   auto gen2 = at::make_generator<at::CPUGeneratorImpl>(3);
-  EXPECT_TRUE(torch::equal(LoraAdapter::create(400, 300, 8, 16, 0.0, false, gen2, torch::kCPU).A, a.A));
+  EXPECT_TRUE(torch::equal(LoraAdapter::create(400, 300, rank_alpha(8, 16), gen2, torch::kCPU).A, a.A));
 }
 
 TEST(Lora, ScaleAndRslora) {
@@ -43,7 +51,7 @@ TEST(Lora, ScaleAndRslora) {
 
 TEST(Lora, DeltaIsScaledBA) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  LoraAdapter a = LoraAdapter::create(6, 5, 2, 4, 0.0, false, gen, torch::kCPU);
+  LoraAdapter a = LoraAdapter::create(6, 5, rank_alpha(2, 4), gen, torch::kCPU);
   torch::NoGradGuard ng;
   a.B.normal_();
   torch::Tensor x = torch::randn({3, 6});
@@ -53,9 +61,11 @@ TEST(Lora, DeltaIsScaledBA) {
 
 TEST(Lora, BadArgumentsThrow) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  EXPECT_THROW(LoraAdapter::create(4, 4, 0, 1, 0, false, gen, torch::kCPU), Error);
-  EXPECT_THROW(LoraAdapter::create(4, 4, 2, -1, 0, false, gen, torch::kCPU), Error);
-  EXPECT_THROW(LoraAdapter::create(4, 4, 2, 1, 1.0, false, gen, torch::kCPU), Error);
+  EXPECT_THROW(LoraAdapter::create(4, 4, rank_alpha(0, 1), gen, torch::kCPU), Error);
+  EXPECT_THROW(LoraAdapter::create(4, 4, rank_alpha(2, -1), gen, torch::kCPU), Error);
+  LoraOptions full_dropout = rank_alpha(2, 1);
+  full_dropout.dropout = 1.0;
+  EXPECT_THROW(LoraAdapter::create(4, 4, full_dropout, gen, torch::kCPU), Error);
 }
 
 TEST(Lora, TargetMatchingFollowsPeft) {

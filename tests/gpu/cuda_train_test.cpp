@@ -76,7 +76,12 @@ TrainRun train_run(const torch::Device& dev, torch::Dtype dtype, int steps = 5) 
   q.blocksize = 64;
   q.double_quant = true;
   LlamaModel m = LlamaModel::random_init(cfg, 11, dtype, dev, q);  // CPU draw on every device
-  m.add_lora(8, 16, 0.0, {"all-linear"}, false, 12);
+  LoraOptions lo;
+  lo.r = 8;
+  lo.alpha = 16;
+  lo.target_modules = {"all-linear"};
+  lo.seed = 12;
+  m.add_lora(lo);
   m.training = true;
   m.gradient_checkpointing = true;
   TrainingConfig tc;
@@ -84,7 +89,10 @@ TrainRun train_run(const torch::Device& dev, torch::Dtype dtype, int steps = 5) 
   auto opt = make_adamw(m.lora_parameters(), tc);
   TrainRun run;
   for (int s = 0; s < steps; ++s) {
-    const StepResult r = train_step(m, *opt, {make_batch(2, 96, cfg.vocab_size, 100 + s, 24)}, 1e-3, 1.0);
+    StepOptions so;
+    so.lr = 1e-3;
+    so.max_grad_norm = 1.0;
+    const StepResult r = train_step(m, *opt, {make_batch(2, 96, cfg.vocab_size, 100 + s, 24)}, so);
     EXPECT_FALSE(r.skipped) << "step " << s + 1;
     run.losses.push_back(r.loss);
     if (s == 0)

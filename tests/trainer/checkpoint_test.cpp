@@ -8,6 +8,7 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sys/wait.h>
@@ -144,6 +145,39 @@ TEST(CheckpointFiles, IncompleteTemporaryDirectoriesAreIgnored) {
   EXPECT_EQ(qlora::verify_checkpoint((d / "checkpoint-7").string()), "no manifest.json (incomplete)");
   EXPECT_EQ(qlora::newest_valid_checkpoint(d.string(), nullptr), "");
   fs::remove_all(d);
+}
+
+// The QLORA_FAULT_* test seam (trainer/fault.h): parsed once, unset = no hook, a bad value is a
+// one-line error naming the variable.
+TEST(FaultHooks, ParsedFromTheEnvironmentOnce) {
+  auto from = [](std::map<std::string, std::string> env) {
+    return qlora::FaultHooks::from_env([env](const char* n) -> const char* {
+      auto it = env.find(n);
+      return it == env.end() ? nullptr : it->second.c_str();
+    });
+  };
+  const qlora::FaultHooks none = from({});
+  EXPECT_EQ(none.sigterm_step, -1);
+  EXPECT_EQ(none.perturb_step, -1);
+  EXPECT_EQ(none.step_delay_ms, 0);
+  EXPECT_EQ(none.slow_checkpoint_ms, 0);
+  const qlora::FaultHooks f = from({{"QLORA_FAULT_SIGTERM_AT", "4:1"}, {"QLORA_FAULT_PERTURB_AT", "3"},
+                                    {"QLORA_FAULT_STEP_DELAY_MS", "500"}, {"QLORA_FAULT_SLOW_CHECKPOINT_MS", "300"}});
+  EXPECT_EQ(f.sigterm_step, 4);
+  EXPECT_EQ(f.sigterm_micro, 1);
+  EXPECT_EQ(f.perturb_step, 3);
+  EXPECT_EQ(f.step_delay_ms, 500);
+  EXPECT_EQ(f.slow_checkpoint_ms, 300);
+  EXPECT_EQ(qlora::test::error_of([&] { from({{"QLORA_FAULT_SIGTERM_AT", "4"}}); }),
+            "QLORA_FAULT_SIGTERM_AT: expected STEP:MICRO (non-negative integers), got '4'");
+  EXPECT_EQ(qlora::test::error_of([&] { from({{"QLORA_FAULT_SIGTERM_AT", "4:1x"}}); }),
+            "QLORA_FAULT_SIGTERM_AT: expected STEP:MICRO (non-negative integers), got '4:1x'");
+  EXPECT_EQ(qlora::test::error_of([&] { from({{"QLORA_FAULT_STEP_DELAY_MS", "fast"}}); }),
+            "QLORA_FAULT_STEP_DELAY_MS: expected a non-negative integer, got 'fast'");
+  EXPECT_EQ(qlora::test::error_of([&] { from({{"QLORA_FAULT_SLOW_CHECKPOINT_MS", "-3"}}); }),
+            "QLORA_FAULT_SLOW_CHECKPOINT_MS: expected a non-negative integer, got '-3'");
+  EXPECT_EQ(qlora::test::error_of([&] { from({{"QLORA_FAULT_PERTURB_AT", ""}}); }),
+            "QLORA_FAULT_PERTURB_AT: expected a non-negative integer, got ''");
 }
 
 }  // namespace

@@ -89,7 +89,12 @@ TEST(Estimate, WeightConstantLoraAndOptimizerTermsMatchTheInstantiatedModel) {
     q.blocksize = 64;
     q.double_quant = dq;
     LlamaModel m = LlamaModel::random_init(cfg, 1, torch::kFloat32, torch::kCPU, q);
-    m.add_lora(8, 16, 0.0, {"all-linear"}, false, 1);
+    LoraOptions lo;
+    lo.r = 8;
+    lo.alpha = 16;
+    lo.target_modules = {"all-linear"};
+    lo.seed = 1;
+    m.add_lora(lo);
     int64_t qbytes = 0, packed = 0, plain = 0, lora = 0;
     for (const FrozenLinear* f : m.linears()) {
       qbytes += f->qweight->bytes();
@@ -120,7 +125,10 @@ TEST(Estimate, WeightConstantLoraAndOptimizerTermsMatchTheInstantiatedModel) {
     }
     b.example_ids = {0};
     m.training = true;
-    train_step(m, *opt, {b}, 1e-3, 1.0);
+    StepOptions so;
+    so.lr = 1e-3;
+    so.max_grad_norm = 1.0;
+    train_step(m, *opt, {b}, so);
     int64_t grads = 0, states = 0;
     for (const torch::Tensor& p : m.lora_parameters()) grads += p.grad().numel() * p.grad().element_size();
     for (const auto& [key, st] : opt->state()) {
@@ -151,11 +159,26 @@ TEST(Estimate, BadInputIsRefused) {
   EXPECT_THROW(estimate_memory(c, o), Error);
   EXPECT_THROW(preset_config("llama9-1t"), Error);
   EXPECT_THROW(parse_estimate_method("half"), Error);
-  EXPECT_THROW(estimate_cost(1e9, 0, 2.0, 1.0), Error);
+  CostInputs no_rate;
+  no_rate.tokens = 1e9;
+  no_rate.tokens_per_s = 0;
+  no_rate.gpu_hour_price = 2.0;
+  EXPECT_THROW(estimate_cost(no_rate), Error);
+}
+
+/// 3.6e9 tokens at 1000 tokens/s per device, 2.0 per device-hour, 50% utilization, on `devices`.
+CostInputs cost_example(int64_t devices = 1) {
+  CostInputs in;
+  in.tokens = 3.6e9;
+  in.tokens_per_s = 1000;
+  in.gpu_hour_price = 2.0;
+  in.utilization = 0.5;
+  in.devices = devices;
+  return in;
 }
 
 TEST(Estimate, CostArithmetic) {
-  const CostEstimate c = estimate_cost(3.6e9, 1000, 2.0, 0.5);
+  const CostEstimate c = estimate_cost(cost_example());
   EXPECT_DOUBLE_EQ(c.gpu_hours_full, 1000.0);
   EXPECT_DOUBLE_EQ(c.gpu_hours_at_utilization, 2000.0);
   EXPECT_DOUBLE_EQ(c.cost_full, 2000.0);
@@ -181,14 +204,14 @@ TEST(Estimate, WorldSizeAddsTheFlatAllreduceBufferPerRank) {
     EXPECT_EQ(e.total_bytes - one.total_bytes, 159907840) << "world size " << n;
   }
   // Cost: one device's tokens/s, N devices: the job runs N times faster, the bill is the same.
-  const CostEstimate c1 = estimate_cost(3.6e9, 1000, 2.0, 0.5), c8 = estimate_cost(3.6e9, 1000, 2.0, 0.5, 8);
+  const CostEstimate c1 = estimate_cost(cost_example()), c8 = estimate_cost(cost_example(8));
   EXPECT_DOUBLE_EQ(c8.job_tokens_per_s, 8000.0);
   EXPECT_DOUBLE_EQ(c8.wall_hours_full, 125.0);
   EXPECT_DOUBLE_EQ(c8.gpu_hours_full, 1000.0);
   EXPECT_DOUBLE_EQ(c8.gpu_hours_full, c1.gpu_hours_full);
   EXPECT_DOUBLE_EQ(c8.cost_at_utilization, 4000.0);
   EXPECT_NEAR(c8.cost_per_million_tokens, 2.0 / 3.6, 1e-12);
-  EXPECT_THROW(estimate_cost(3.6e9, 1000, 2.0, 0.5, 0), Error);
+  EXPECT_THROW(estimate_cost(cost_example(0)), Error);
 }
 
 TEST(Estimate, FlopsCountFrozenBaseAsFourN) {

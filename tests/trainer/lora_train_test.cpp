@@ -53,6 +53,17 @@ constexpr double kLogitTol = 1e-4;   // absolute, fp32 logits (|logits| ≲ 1)
 
 const std::vector<std::string> kTargets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
+/// The fixtures' LoraConfig (make_peft_refs.py: r=4, lora_alpha=8, lora_dropout=0) on `targets`,
+/// drawn from `seed`.
+LoraOptions fixture_lora(const std::vector<std::string>& targets, uint64_t seed) {
+  LoraOptions o;
+  o.r = 4;
+  o.alpha = 8;
+  o.target_modules = targets;
+  o.seed = seed;
+  return o;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gradient parity with PEFT
 
@@ -94,7 +105,10 @@ void check_peft_parity(const std::string& base, const std::string& ref_file, con
   const torch::Tensor norms = ref.at("grad_norms");
   double worst_loss = 0, worst_norm = 0;
   for (int s = 0; s < 5; ++s) {
-    const StepResult r = train_step(m, *opt, {b}, 1e-3, run.max_grad_norm);
+    StepOptions so;
+    so.lr = 1e-3;
+    so.max_grad_norm = run.max_grad_norm;
+    const StepResult r = train_step(m, *opt, {b}, so);
     ASSERT_FALSE(r.skipped);
     const double rl = losses[s].item<double>();
     EXPECT_NEAR(r.loss, rl, 1e-5 * std::abs(rl)) << label << " step " << s;
@@ -187,7 +201,7 @@ TEST(LoraCheckpointing, SameLossAndGradsStandardInit) {
   const Refs ref = load_refs(root / "ref_fp32.safetensors");
   const data::Batch b = to_batch(ref.at("input_ids"), ref.at("labels"), ref.at("attention_mask"));
   LlamaModel m = LlamaModel::load((root / "base").string(), torch::kFloat32, torch::kCPU);
-  m.add_lora(4, 8, 0.0, {"all-linear"}, false, 7);
+  m.add_lora(fixture_lora({"all-linear"}, 7));
   m.training = true;
   Refs off, on;
   const double l_off = loss_and_grads(m, {b}, &off);
@@ -213,7 +227,9 @@ TEST(LoraCheckpointing, DropoutSameGradsWithRngRestore) {
   const Refs ref = load_refs(root / "ref_fp32.safetensors");
   const data::Batch b = to_batch(ref.at("input_ids"), ref.at("labels"), ref.at("attention_mask"));
   LlamaModel m = LlamaModel::load((root / "base").string(), torch::kFloat32, torch::kCPU);
-  m.add_lora(4, 8, 0.1, {"all-linear"}, false, 7);
+  LoraOptions lo = fixture_lora({"all-linear"}, 7);
+  lo.dropout = 0.1;
+  m.add_lora(lo);
   {
     torch::NoGradGuard ng;
     auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
@@ -275,8 +291,10 @@ TEST(LoraGradAccumulation, FourByOneEqualsOneByFour) {
   x.training = y.training = true;
   auto ox = make_adamw(x.lora_parameters(), adamw_config());
   auto oy = make_adamw(y.lora_parameters(), adamw_config());
-  const StepResult rx = train_step(x, *ox, {four}, 1e-3, 0.0);
-  const StepResult ry = train_step(y, *oy, ones, 1e-3, 0.0);
+  StepOptions so;
+  so.lr = 1e-3;
+  const StepResult rx = train_step(x, *ox, {four}, so);
+  const StepResult ry = train_step(y, *oy, ones, so);
   EXPECT_EQ(rx.targets, ry.targets);
   EXPECT_NEAR(rx.loss, ry.loss, 1e-6 * rx.loss);
   const auto px = x.lora_parameters(), py = y.lora_parameters();
@@ -314,11 +332,13 @@ TEST(LoraAdapterRoundTrip, OursLoadsIntoPeftWithOurLogits) {
   QLORA_REQUIRE_FIXTURE(root, "peft");
   const Refs ref = load_refs(root / "ref_fp32.safetensors");
   LlamaModel m = LlamaModel::load((root / "base").string(), torch::kFloat32, torch::kCPU);
-  m.add_lora(4, 8, 0.0, kTargets, false, 11);
+  m.add_lora(fixture_lora(kTargets, 11));
   m.training = true;
   auto opt = make_adamw(m.lora_parameters(), adamw_config());
   const data::Batch b = to_batch(ref.at("input_ids"), ref.at("labels"), ref.at("attention_mask"));
-  for (int s = 0; s < 3; ++s) train_step(m, *opt, {b}, 1e-2, 0.0);  // A and B both non-zero now
+  StepOptions so;
+  so.lr = 1e-2;
+  for (int s = 0; s < 3; ++s) train_step(m, *opt, {b}, so);  // A and B both non-zero now
   m.training = false;
   TempDir tmp("ours_to_peft");
   PeftConfig pc;
@@ -411,7 +431,7 @@ TEST(LoraMerge, TiedEmbeddingsShardedOutput) {
   const Refs ref = load_refs(root / "ref_fp32.safetensors");
   TempDir tmp("merge_tied");
   LlamaModel m = LlamaModel::load((root / "base_tied").string(), torch::kFloat32, torch::kCPU);
-  m.add_lora(4, 8, 0.0, kTargets, false, 5);
+  m.add_lora(fixture_lora(kTargets, 5));
   {
     torch::NoGradGuard ng;
     auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
@@ -467,7 +487,7 @@ TEST(LoraMerge, RefusesLmHeadAdapter) {
   QLORA_REQUIRE_FIXTURE(root, "peft");
   TempDir tmp("merge_lm_head");
   LlamaModel m = LlamaModel::load((root / "base_tied").string(), torch::kFloat32, torch::kCPU);
-  m.add_lora(4, 8, 0.0, {"q_proj"}, false, 5);
+  m.add_lora(fixture_lora({"q_proj"}, 5));
   PeftConfig pc;
   pc.r = 4;
   pc.lora_alpha = 8;
@@ -498,6 +518,20 @@ TEST(LoraMerge, Cli) {
   EXPECT_EQ(WEXITSTATUS(rc), 1);
   const std::string msg = read_file(log.string());
   EXPECT_NE(msg.find("not empty"), std::string::npos) << msg;
+}
+
+// parameter_checksum is the first 64 bits of the SHA-256 of the tensors' bytes, in order; the
+// reference is Python's hashlib (issue 13):
+//   a = torch.arange(6, dtype=torch.float32).reshape(2, 3) * 0.5; b = torch.tensor([1.0, -2.0])
+//   hashlib.sha256(a.numpy().tobytes() + b.numpy().tobytes()).hexdigest()[:16] == "26dd96348d66fecd"
+TEST(ParameterChecksum, IsTheFirst64BitsOfTheSha256OfTheBytes) {
+  const torch::Tensor a = torch::arange(6, torch::kFloat32).reshape({2, 3}) * 0.5;
+  const torch::Tensor b = torch::tensor({1.0f, -2.0f});
+  EXPECT_EQ(parameter_checksum({a, b}), 0x26dd96348d66fecdULL);
+  EXPECT_EQ(parameter_checksum({a.t().contiguous().t(), b}), 0x26dd96348d66fecdULL);  // layout-independent
+  torch::Tensor c = b.clone();
+  c[1] = std::nextafter(-2.0f, 0.0f);  // one bit
+  EXPECT_NE(parameter_checksum({a, c}), 0x26dd96348d66fecdULL);
 }
 
 }  // namespace

@@ -137,18 +137,25 @@ TEST(TiedEmbeddings, LoraOnLmHeadOrEmbeddingsIsRefusedWithTheReason) {
   QLORA_REQUIRE_FIXTURE(tied, "models/llama_tied_llama3");
   QLORA_REQUIRE_FIXTURE(untied, "models/llama_gqa");
   LlamaModel m = LlamaModel::load(tied.string(), torch::kFloat32, torch::kCPU);
+  LoraOptions lo;
+  lo.r = 4;
+  lo.alpha = 8;
+  lo.seed = 1;
   for (const std::string t : {"lm_head", "embed_tokens", "model.embed_tokens"}) {
-    const std::string e = error_of([&] { m.add_lora(4, 8, 0, {"q_proj", t}, false, 1); });
+    lo.target_modules = {"q_proj", t};
+    const std::string e = error_of([&] { m.add_lora(lo); });
     EXPECT_NE(e.find("lora.target_modules: '" + t + "' cannot carry a LoRA adapter"), std::string::npos) << e;
     EXPECT_NE(e.find("tie_word_embeddings: true"), std::string::npos) << e;
     EXPECT_NE(error_of([&] { m.lora_shapes({t}); }).find("cannot carry"), std::string::npos) << t;
   }
   for (const FrozenLinear* f : m.linears()) EXPECT_FALSE(f->lora) << "nothing attached on error";
   LlamaModel u = LlamaModel::load(untied.string(), torch::kFloat32, torch::kCPU);
-  const std::string e = error_of([&] { u.add_lora(4, 8, 0, {"lm_head"}, false, 1); });
+  lo.target_modules = {"lm_head"};
+  const std::string e = error_of([&] { u.add_lora(lo); });
   EXPECT_NE(e.find("stay frozen and unquantized"), std::string::npos) << e;
   EXPECT_EQ(e.find("tie_word_embeddings"), std::string::npos) << e;
-  EXPECT_EQ(u.add_lora(4, 8, 0, {"all-linear"}, false, 1).size(), 7u);  // never lm_head
+  lo.target_modules = {"all-linear"};
+  EXPECT_EQ(u.add_lora(lo).size(), 7u);  // never lm_head
 }
 
 TEST(Generate, GreedyMatchesTransformersGenerate) {

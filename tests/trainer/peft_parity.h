@@ -72,7 +72,7 @@ inline LlamaModel with_adapter(const fs::path& base, const fs::path& adapter_dir
   LlamaModel m = LlamaModel::load(base.string(), torch::kFloat32, torch::kCPU);
   PeftConfig pc = read_peft_config(adapter_dir.string());
   const LoraWeights w = load_peft_adapter(adapter_dir.string(), &pc, m.lora_shapes(pc.target_modules));
-  m.set_lora(w, lora_scale(pc.r, pc.lora_alpha, pc.use_rslora), pc.lora_dropout);
+  m.set_lora(w, lora_options(pc));
   return m;
 }
 
@@ -80,7 +80,7 @@ inline LlamaModel with_adapter(const fs::path& base, const fs::path& adapter_dir
 /// Returns the loss; gradients by "<module>.lora_A" / ".lora_B".
 inline double loss_and_grads(LlamaModel& m, const std::vector<data::Batch>& batches, Refs* grads) {
   auto opt = make_adamw(m.lora_parameters(), adamw_config());
-  const StepResult r = train_step(m, *opt, batches, /*lr=*/0.0, /*max_grad_norm=*/0.0);
+  const StepResult r = train_step(m, *opt, batches, StepOptions{});  // lr 0, no clipping
   grads->clear();
   for (const FrozenLinear* f : m.linears())
     if (f->lora) {

@@ -48,7 +48,9 @@ void check_real_parity(bool nf4, const std::string& ref_file) {
   PeftConfig pc = read_peft_config((dir / "adapter_init").string());
   const LoraWeights init = load_peft_adapter((dir / "adapter_init").string(), &pc, m.lora_shapes(pc.target_modules));
   ASSERT_EQ(init.size(), 30u * 7);
-  m.set_lora(init, lora_scale(pc.r, pc.lora_alpha, pc.use_rslora), 0.0);
+  LoraOptions lo = lora_options(pc);
+  lo.dropout = 0.0;
+  m.set_lora(init, lo);
   m.training = true;
   auto opt = make_adamw(m.lora_parameters(), adamw_config());
 
@@ -59,7 +61,9 @@ void check_real_parity(bool nf4, const std::string& ref_file) {
   for (int64_t k = 0; k < steps; ++k) {
     const std::string p = "step" + std::to_string(k) + ".";
     const data::Batch b = to_batch(ref.at(p + "input_ids"), ref.at(p + "labels"), ref.at(p + "attention_mask"));
-    const StepResult r = train_step(m, *opt, {b}, 1e-3, /*max_grad_norm=*/0.0);
+    StepOptions so;
+    so.lr = 1e-3;  // max_grad_norm 0: no clipping
+    const StepResult r = train_step(m, *opt, {b}, so);
     ASSERT_FALSE(r.skipped) << label << " step " << k;
     const double rl = losses[k].item<double>(), rel = std::abs(r.loss - rl) / std::abs(rl);
     EXPECT_LE(rel, kLossRelTol) << label << " step " << k << ": " << r.loss << " vs PEFT " << rl;
