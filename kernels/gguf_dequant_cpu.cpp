@@ -157,7 +157,7 @@ void block(GgmlType t, const uint8_t* b, float* y) {
 
 }  // namespace
 
-void gguf_dequantize_cpu(GgmlType t, const uint8_t* src, int64_t n, float* out) {
+void dequantize_gguf_cpu(GgmlType t, const uint8_t* src, int64_t n, float* out) {
   const gguf::GgmlTypeInfo* ti = gguf::ggml_type_info(static_cast<uint32_t>(t));
   QLORA_CHECK(ti && ti->dequantize, "gguf dequantize: type ",
               ti ? ti->name : std::to_string(static_cast<uint32_t>(t)).c_str(), " is not supported");

@@ -109,12 +109,12 @@ float element(GgmlType t, const uint8_t* b, int i) {
 
 }  // namespace
 
-bool gguf_dequant_supported(GgmlType t) {
+bool dequantize_gguf_supported(GgmlType t) {
   const gguf::GgmlTypeInfo* ti = gguf::ggml_type_info(static_cast<uint32_t>(t));
   return ti != nullptr && ti->dequantize;
 }
 
-void gguf_dequantize_ref(GgmlType t, const uint8_t* src, int64_t n, float* out) {
+void dequantize_gguf_ref(GgmlType t, const uint8_t* src, int64_t n, float* out) {
   const gguf::GgmlTypeInfo* ti = gguf::ggml_type_info(static_cast<uint32_t>(t));
   QLORA_CHECK(ti && ti->dequantize, "gguf dequantize: type ",
               ti ? ti->name : std::to_string(static_cast<uint32_t>(t)).c_str(), " is not supported");
