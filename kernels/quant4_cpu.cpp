@@ -102,25 +102,18 @@ void quantize_absmax_cpu(const float* absmax, int64_t nblocks, float offset, con
     for (int64_t i = begin; i < end; ++i) am = std::fmax(am, std::fabs(absmax[i] - offset));
     nested_absmax[b] = am;
     // bnb 0.50.2 native CPU quantize_blockwise: 65536-bin LUT over [-1, 1] (see quant4_ref.cpp);
-    // bin k maps to #(mid[j] < (2k)/65535 - 1), found here by a lower_bound over the midpoints.
+    // the code of grid point p is #(mid[j] < p), found here by a lower_bound over the midpoints.
     const float inv = 1.0f / am;
     for (int64_t i = begin; i < end; ++i) {
       int idx = 0;
-      if (am != 0.f) {
-        float s = (absmax[i] - offset) * inv;
-        if (s < -1.f) s = -1.f;
-        else if (s > 1.f) s = 1.f;
-        const float r = std::fma((s + 1.0f) * 0.5f, 65535.0f, 0.5f);
-        if (r >= 0.f) {  // false for NaN -> code 0
-          const int k = static_cast<int>(r) & 0xffff;
-          const float val = (2.0f * static_cast<float>(k)) / 65535.0f - 1.0f;
-          int lo = 0, hi = 255;  // lower_bound: first j with mid[j] >= val
-          while (lo < hi) {
-            const int m = (lo + hi) >> 1;
-            if (mid[m] < val) lo = m + 1; else hi = m;
-          }
-          idx = lo;
+      float val;
+      if (am != 0.f && detail::absmax_lut_point(absmax[i] - offset, inv, &val)) {  // else code 0
+        int lo = 0, hi = 255;  // lower_bound: first j with mid[j] >= val
+        while (lo < hi) {
+          const int m = (lo + hi) >> 1;
+          if (mid[m] < val) lo = m + 1; else hi = m;
         }
+        idx = lo;
       }
       absmax_q[i] = static_cast<uint8_t>(idx);
     }

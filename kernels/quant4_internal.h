@@ -38,6 +38,24 @@ inline void check_quantize_absmax_args(const float* absmax, int64_t nblocks, con
               "quant4: null pointer in quantize_absmax");
 }
 
+/// The grid point bnb 0.50.2's native CPU quantize_blockwise looks a value up at (csrc/cpu_ops.cpp
+/// quantize_cpu_impl + build_quantize_lut, a 65536-bin LUT over [-1, 1]): s = clamp(v·inv, −1, 1),
+/// k = (int)fma((s + 1)·0.5, 65535, 0.5) & 0xffff, point = 2k/65535 − 1, all float32. The code is
+/// then #{midpoints (c[j] + c[j+1])·0.5 < point}; each path counts them its own way. Returns false
+/// for a NaN v (bnb: cvttss2si gives 0x80000000, whose low 16 bits select code 0). Both callers are
+/// tested against bnb's stored absmax_q directly (tests/kernels/test_quant4.cpp), not only against
+/// each other.
+inline bool absmax_lut_point(float v, float inv, float* point) {
+  float s = v * inv;
+  if (s < -1.f) s = -1.f;
+  else if (s > 1.f) s = 1.f;
+  const float r = std::fma((s + 1.0f) * 0.5f, 65535.0f, 0.5f);
+  if (!(r >= 0.f)) return false;
+  const int k = static_cast<int>(r) & 0xffff;
+  *point = (2.0f * static_cast<float>(k)) / 65535.0f - 1.0f;
+  return true;
+}
+
 /// torch.max semantics: NaN propagates.
 inline float nan_max(float a, float b) { return (std::isnan(a) || a > b) ? a : b; }
 

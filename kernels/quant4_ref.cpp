@@ -216,22 +216,14 @@ void quantize_absmax_ref(const float* absmax, int64_t nblocks, float offset, con
     for (int64_t i = begin; i < end; ++i) am = std::fmax(am, std::fabs(absmax[i] - offset));
     nested_absmax[b] = am;
     // bnb 0.50.2 libbitsandbytes_cpu quantize_cpu (cpu_ops.cpp quantize_cpu_impl +
-    // build_quantize_lut): s = clamp(v * (1/am), -1, 1), k = (int)fma((s + 1) * 0.5, 65535, 0.5),
-    // code = #(midpoints (c[j] + c[j+1]) * 0.5 < (2k) / 65535 - 1). am == 0 or NaN v: code 0.
+    // build_quantize_lut): v = absmax - offset snapped to its LUT grid point (absmax_lut_point),
+    // code = #(midpoints (c[j] + c[j+1]) * 0.5 < point), counted one by one. am == 0 or NaN v: 0.
     const float inv = 1.0f / am;
     for (int64_t i = begin; i < end; ++i) {
       int idx = 0;
-      if (am != 0.f) {
-        float s = (absmax[i] - offset) * inv;
-        if (s < -1.f) s = -1.f;
-        else if (s > 1.f) s = 1.f;
-        const float r = std::fma((s + 1.0f) * 0.5f, 65535.0f, 0.5f);
-        if (r >= 0.f) {  // false for NaN (bnb: cvttss2si -> 0x80000000, low 16 bits 0 -> code 0)
-          const int k = static_cast<int>(r) & 0xffff;
-          const float val = (2.0f * static_cast<float>(k)) / 65535.0f - 1.0f;
-          for (int j = 0; j < 255; ++j) idx += ((code[j] + code[j + 1]) * 0.5f < val) ? 1 : 0;
-        }
-      }
+      float val;
+      if (am != 0.f && detail::absmax_lut_point(absmax[i] - offset, inv, &val))
+        for (int j = 0; j < 255; ++j) idx += ((code[j] + code[j + 1]) * 0.5f < val) ? 1 : 0;
       absmax_q[i] = static_cast<uint8_t>(idx);
     }
   }
