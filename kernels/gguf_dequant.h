@@ -27,15 +27,15 @@
 
 namespace qlora::kernels {
 
-/// True for the types gguf_dequantize_* accept (gguf::ggml_type_info(t).dequantize).
-bool gguf_dequant_supported(gguf::GgmlType t);
+/// True for the types dequantize_gguf_* accept (gguf::ggml_type_info(t).dequantize).
+bool dequantize_gguf_supported(gguf::GgmlType t);
 
 /// Dequantizes `n` elements of type `t` (n a multiple of the type's block size; `src` holds
 /// n / block × type_size bytes, any alignment) into `out` (n float32). Scalar reference.
 /// Throws qlora::Error for an unsupported type, n < 0 or n not a multiple of the block size.
-void gguf_dequantize_ref(gguf::GgmlType t, const uint8_t* src, int64_t n, float* out);
+void dequantize_gguf_ref(gguf::GgmlType t, const uint8_t* src, int64_t n, float* out);
 
-/// As gguf_dequantize_ref (bit-identical results), multithreaded with OpenMP over blocks.
-void gguf_dequantize_cpu(gguf::GgmlType t, const uint8_t* src, int64_t n, float* out);
+/// As dequantize_gguf_ref (bit-identical results), multithreaded with OpenMP over blocks.
+void dequantize_gguf_cpu(gguf::GgmlType t, const uint8_t* src, int64_t n, float* out);
 
 }  // namespace qlora::kernels

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/error.h"
 #include "kernels/gguf_dequant.h"
+#include "kernels/gguf_dequant_internal.h"
 #include "kernels/quant4.h"  // fp16_to_float, bf16_to_float
 
 namespace qlora::kernels {
@@ -157,12 +157,8 @@ void block(GgmlType t, const uint8_t* b, float* y) {
 
 }  // namespace
 
-void gguf_dequantize_cpu(GgmlType t, const uint8_t* src, int64_t n, float* out) {
-  const gguf::GgmlTypeInfo* ti = gguf::ggml_type_info(static_cast<uint32_t>(t));
-  QLORA_CHECK(ti && ti->dequantize, "gguf dequantize: type ",
-              ti ? ti->name : std::to_string(static_cast<uint32_t>(t)).c_str(), " is not supported");
-  QLORA_CHECK(n >= 0 && n % ti->block == 0, "gguf dequantize: ", n,
-              " elements is not a multiple of the ", ti->name, " block size ", ti->block);
+void dequantize_gguf_cpu(GgmlType t, const uint8_t* src, int64_t n, float* out) {
+  const gguf::GgmlTypeInfo* ti = &detail::checked_gguf_type(t, n);
   if (t == GgmlType::F32) {
     if (n) std::memcpy(out, src, static_cast<size_t>(n) * 4);
     return;

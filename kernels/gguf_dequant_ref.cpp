@@ -2,8 +2,8 @@
 // on its own from its index, straight from the formulas in gguf_dequant.h (gguf-py quants.py).
 #include <cstring>
 
-#include "common/error.h"
 #include "kernels/gguf_dequant.h"
+#include "kernels/gguf_dequant_internal.h"
 #include "kernels/quant4.h"  // fp16_to_float
 
 namespace qlora::kernels {
@@ -109,17 +109,13 @@ float element(GgmlType t, const uint8_t* b, int i) {
 
 }  // namespace
 
-bool gguf_dequant_supported(GgmlType t) {
+bool dequantize_gguf_supported(GgmlType t) {
   const gguf::GgmlTypeInfo* ti = gguf::ggml_type_info(static_cast<uint32_t>(t));
   return ti != nullptr && ti->dequantize;
 }
 
-void gguf_dequantize_ref(GgmlType t, const uint8_t* src, int64_t n, float* out) {
-  const gguf::GgmlTypeInfo* ti = gguf::ggml_type_info(static_cast<uint32_t>(t));
-  QLORA_CHECK(ti && ti->dequantize, "gguf dequantize: type ",
-              ti ? ti->name : std::to_string(static_cast<uint32_t>(t)).c_str(), " is not supported");
-  QLORA_CHECK(n >= 0 && n % ti->block == 0, "gguf dequantize: ", n,
-              " elements is not a multiple of the ", ti->name, " block size ", ti->block);
+void dequantize_gguf_ref(GgmlType t, const uint8_t* src, int64_t n, float* out) {
+  const gguf::GgmlTypeInfo* ti = &detail::checked_gguf_type(t, n);
   const int64_t nb = n / ti->block;
   for (int64_t blk = 0; blk < nb; ++blk)
     for (int i = 0; i < ti->block; ++i)

@@ -1,11 +1,9 @@
 // kernels/quant4.cu — CUDA kernels for the 4-bit NF4/FP4 format (see quant4.cuh / quant4.h).
-// Naming: device functions d_*, kernels k_*, launchers quant4_*_cuda.
+// Naming: device functions d_*, kernels k_*, launchers *_cuda (named as quant4.h's *_ref / *_cpu).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <stdexcept>
-#include <string>
-
+#include "common/error.h"
 #include "kernels/quant4.cuh"
 
 namespace qlora::kernels {
@@ -17,14 +15,12 @@ constexpr int kElemsPerThread = 32;  // 16 packed bytes -> one 16-byte load
 void check_launch(const char* kernel) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
-    throw std::runtime_error(std::string("quant4: CUDA kernel ") + kernel + " failed: " +
-                             cudaGetErrorString(e));
+    fail("quant4: CUDA kernel ", kernel, " failed: ", cudaGetErrorString(e));
 }
 
 void check_blocksize(int64_t blocksize) {
   if (!quant4_valid_blocksize(blocksize))
-    throw std::runtime_error("quant4: expected blocksize a power of two in 32..4096, got " +
-                             std::to_string(blocksize));
+    fail("quant4: expected blocksize a power of two in 32..4096, got ", blocksize);
 }
 
 struct Code4 {
@@ -237,8 +233,8 @@ int log2_exact(int64_t v) {
 }  // namespace
 
 template <typename T>
-void quant4_dequantize_cuda(const uint8_t* packed, const Quant4Scales& scales, int64_t n,
-                            int64_t blocksize, Quant4Type type, T* out, cudaStream_t stream) {
+void dequantize_4bit_cuda(const uint8_t* packed, const Quant4Scales& scales, int64_t n,
+                          int64_t blocksize, Quant4Type type, T* out, cudaStream_t stream) {
   check_blocksize(blocksize);
   if (n == 0) return;
   const bool aligned = reinterpret_cast<uintptr_t>(packed) % 16 == 0 &&
@@ -251,8 +247,8 @@ void quant4_dequantize_cuda(const uint8_t* packed, const Quant4Scales& scales, i
 }
 
 template <typename T>
-void quant4_quantize_cuda(const T* x, int64_t n, int64_t blocksize, Quant4Type type,
-                          uint8_t* packed, float* absmax, cudaStream_t stream) {
+void quantize_4bit_cuda(const T* x, int64_t n, int64_t blocksize, Quant4Type type,
+                        uint8_t* packed, float* absmax, cudaStream_t stream) {
   check_blocksize(blocksize);
   if (n == 0) return;
   const int64_t warps = quant4_num_blocks(n, blocksize);
@@ -262,16 +258,16 @@ void quant4_quantize_cuda(const T* x, int64_t n, int64_t blocksize, Quant4Type t
   check_launch("k_quantize_4bit");
 }
 
-void quant4_absmax_mean_cuda(const float* absmax, int64_t nblocks, float* offset_out,
-                             cudaStream_t stream) {
-  if (nblocks <= 0) throw std::runtime_error("quant4: absmax mean of an empty absmax");
+void absmax_mean_cuda(const float* absmax, int64_t nblocks, float* offset_out,
+                      cudaStream_t stream) {
+  QLORA_CHECK(nblocks > 0, "quant4: absmax mean of an empty absmax");
   k_absmax_mean<<<1, kMeanLanes, 0, stream>>>(absmax, nblocks, offset_out);
   check_launch("k_absmax_mean");
 }
 
-void quant4_quantize_absmax_cuda(const float* absmax, int64_t nblocks, const float* offset,
-                                 const float* code, uint8_t* absmax_q, float* nested_absmax,
-                                 cudaStream_t stream) {
+void quantize_absmax_cuda(const float* absmax, int64_t nblocks, const float* offset,
+                          const float* code, uint8_t* absmax_q, float* nested_absmax,
+                          cudaStream_t stream) {
   if (nblocks == 0) return;
   const int64_t warps = quant4_num_blocks(nblocks, kNestedBlocksize);
   const int64_t grid = (warps * 32 + kThreads - 1) / kThreads;
@@ -281,10 +277,10 @@ void quant4_quantize_absmax_cuda(const float* absmax, int64_t nblocks, const flo
 }
 
 #define QLORA_QUANT4_CUDA(T)                                                                     \
-  template void quant4_dequantize_cuda<T>(const uint8_t*, const Quant4Scales&, int64_t, int64_t, \
-                                          Quant4Type, T*, cudaStream_t);                         \
-  template void quant4_quantize_cuda<T>(const T*, int64_t, int64_t, Quant4Type, uint8_t*, float*, \
-                                        cudaStream_t);
+  template void dequantize_4bit_cuda<T>(const uint8_t*, const Quant4Scales&, int64_t, int64_t, \
+                                        Quant4Type, T*, cudaStream_t);                           \
+  template void quantize_4bit_cuda<T>(const T*, int64_t, int64_t, Quant4Type, uint8_t*, float*, \
+                                      cudaStream_t);
 QLORA_QUANT4_CUDA(float)
 QLORA_QUANT4_CUDA(BF16Bits)
 QLORA_QUANT4_CUDA(FP16Bits)

@@ -1,6 +1,7 @@
 // kernels/quant4.cuh — CUDA launchers for the 4-bit NF4/FP4 format (torch-free, see quant4.h).
 // All pointers are device pointers; every launcher enqueues on `stream`, checks the launch with
-// cudaGetLastError and throws std::runtime_error naming the kernel on failure. Results are
+// cudaGetLastError and throws qlora::Error naming the kernel on failure (and for a blocksize
+// outside bnb's set, or an empty absmax for the mean), like every kernel in kernels/. Results are
 // bit-identical to the *_ref functions in quant4.h (explicit __f*_rn intrinsics, no FMA
 // contraction, no fast-math).
 #pragma once
@@ -17,22 +18,22 @@ namespace qlora::kernels {
 /// offset) before decoding its 32 elements; 16-byte loads/stores when packed and out are
 /// 16-byte aligned.
 template <typename T>
-void quant4_dequantize_cuda(const uint8_t* packed, const Quant4Scales& scales, int64_t n,
-                            int64_t blocksize, Quant4Type type, T* out, cudaStream_t stream);
+void dequantize_4bit_cuda(const uint8_t* packed, const Quant4Scales& scales, int64_t n,
+                          int64_t blocksize, Quant4Type type, T* out, cudaStream_t stream);
 
 /// x (n,) -> packed (ceil(n/2),) uint8 and absmax (ceil(n/bs),) float32, one warp per block.
 template <typename T>
-void quant4_quantize_cuda(const T* x, int64_t n, int64_t blocksize, Quant4Type type,
-                          uint8_t* packed, float* absmax, cudaStream_t stream);
+void quantize_4bit_cuda(const T* x, int64_t n, int64_t blocksize, Quant4Type type,
+                        uint8_t* packed, float* absmax, cudaStream_t stream);
 
 /// offset_out (1,) = absmax_mean_ref(absmax (nblocks,)) — same summation order, one CTA.
-void quant4_absmax_mean_cuda(const float* absmax, int64_t nblocks, float* offset_out,
-                             cudaStream_t stream);
+void absmax_mean_cuda(const float* absmax, int64_t nblocks, float* offset_out,
+                      cudaStream_t stream);
 
 /// Double quant: absmax (nblocks,), offset (1,) on device, code (256,) ->
 /// absmax_q (nblocks,) uint8, nested_absmax (ceil(nblocks/256),) float32. One warp per 256.
-void quant4_quantize_absmax_cuda(const float* absmax, int64_t nblocks, const float* offset,
-                                 const float* code, uint8_t* absmax_q, float* nested_absmax,
-                                 cudaStream_t stream);
+void quantize_absmax_cuda(const float* absmax, int64_t nblocks, const float* offset,
+                          const float* code, uint8_t* absmax_q, float* nested_absmax,
+                          cudaStream_t stream);
 
 }  // namespace qlora::kernels

@@ -41,6 +41,16 @@ inline bool quant4_valid_blocksize(int64_t bs) {
 inline int64_t quant4_num_blocks(int64_t n, int64_t bs) { return (n + bs - 1) / bs; }
 /// Packed bytes for n elements: ceil(n / 2).
 inline int64_t quant4_packed_bytes(int64_t n) { return (n + 1) / 2; }
+/// Exact bytes a 4-bit weight of `numel` elements occupies (what qlora::QuantizedWeight::bytes()
+/// returns, kernels/quant_tensor.h): ceil(n/2) packed + nblocks·4 absmax (float32), or with double
+/// quant nblocks·1 (absmax_q) + ceil(nblocks/256)·4 (nested absmax) + 256·4 (nested code) + 4
+/// (offset); nblocks = ceil(n / blocksize). Pure arithmetic, no validation (docs/quantization.md).
+inline int64_t quantized_weight_bytes(int64_t numel, int64_t blocksize, bool double_quant) {
+  const int64_t nblocks = quant4_num_blocks(numel, blocksize);
+  const int64_t packed = quant4_packed_bytes(numel);
+  if (!double_quant) return packed + nblocks * 4;
+  return packed + nblocks + quant4_num_blocks(nblocks, kNestedBlocksize) * 4 + 256 * 4 + 4;
+}
 
 /// The 16 float32 code values, indexed by the 4-bit code (bnb functional.get_4bit_type).
 const float* quant4_code(Quant4Type type);

@@ -5,20 +5,14 @@
 #include <cmath>
 #include <vector>
 
-#include "common/error.h"
 #include "kernels/quant4.h"
+#include "kernels/quant4_internal.h"
 
 namespace qlora::kernels {
 namespace {
-
-void check_args(int64_t n, int64_t blocksize, const void* a, const void* b, const void* c) {
-  QLORA_CHECK(n >= 0, "quant4: expected n >= 0, got ", n);
-  QLORA_CHECK(quant4_valid_blocksize(blocksize),
-              "quant4: expected blocksize a power of two in 32..4096, got ", blocksize);
-  QLORA_CHECK(n == 0 || (a && b && c), "quant4: null pointer for n = ", n);
-}
-
-inline float nan_max(float a, float b) { return (std::isnan(a) || a > b) ? a : b; }
+using detail::block_scale;
+using detail::check_quant4_args;
+using detail::nan_max;
 
 // Branch-free bucketize: #(bounds < s) — the same count as the reference's linear scan.
 inline int bucket(float s, const float* bnd) {
@@ -51,18 +45,12 @@ void quantize_block(const T* x, int64_t begin, int64_t end, int64_t blocksize, c
   if (len % 2) dst[pairs] = static_cast<uint8_t>((q[len - 1] << 4) | order[7]);  // pad: code of 0.0
 }
 
-inline float block_scale(const Quant4Scales& sc, int64_t b) {
-  if (!sc.nested()) return sc.absmax[b];
-  const float v = sc.nested_code[sc.absmax_q[b]] * sc.nested_absmax[b / kNestedBlocksize];
-  return v + sc.offset;
-}
-
 }  // namespace
 
 template <typename T>
 void quantize_4bit_cpu(const T* x, int64_t n, int64_t blocksize, Quant4Type type, uint8_t* packed,
                        float* absmax) {
-  check_args(n, blocksize, x, packed, absmax);
+  check_quant4_args(n, blocksize, x, packed, absmax);
   const float* bnd = quant4_bounds(type);
   const uint8_t* order = quant4_order(type);
   const int64_t nblocks = quant4_num_blocks(n, blocksize);
@@ -77,10 +65,7 @@ void quantize_4bit_cpu(const T* x, int64_t n, int64_t blocksize, Quant4Type type
 template <typename T>
 void dequantize_4bit_cpu(const uint8_t* packed, const Quant4Scales& scales, int64_t n,
                          int64_t blocksize, Quant4Type type, T* out) {
-  check_args(n, blocksize, packed, out, scales.nested() ? static_cast<const void*>(scales.absmax_q)
-                                                        : static_cast<const void*>(scales.absmax));
-  QLORA_CHECK(!scales.nested() || n == 0 || (scales.nested_absmax && scales.nested_code),
-              "quant4: double-quantized scales need nested_absmax and nested_code");
+  detail::check_dequantize_args(packed, scales, n, blocksize, out);
   const float* code = quant4_code(type);
   const int64_t nblocks = quant4_num_blocks(n, blocksize);
 #pragma omp parallel for schedule(static)
@@ -104,8 +89,7 @@ void dequantize_4bit_cpu(const uint8_t* packed, const Quant4Scales& scales, int6
 
 void quantize_absmax_cpu(const float* absmax, int64_t nblocks, float offset, const float* code,
                          uint8_t* absmax_q, float* nested_absmax) {
-  QLORA_CHECK(nblocks >= 0 && (nblocks == 0 || (absmax && code && absmax_q && nested_absmax)),
-              "quant4: null pointer in quantize_absmax");
+  detail::check_quantize_absmax_args(absmax, nblocks, code, absmax_q, nested_absmax);
   const int64_t nnested = quant4_num_blocks(nblocks, kNestedBlocksize);
   float mid[255];  // float32 midpoints of the (ascending) code, as bnb's build_quantize_lut
   if (nblocks > 0)
@@ -118,25 +102,18 @@ void quantize_absmax_cpu(const float* absmax, int64_t nblocks, float offset, con
     for (int64_t i = begin; i < end; ++i) am = std::fmax(am, std::fabs(absmax[i] - offset));
     nested_absmax[b] = am;
     // bnb 0.50.2 native CPU quantize_blockwise: 65536-bin LUT over [-1, 1] (see quant4_ref.cpp);
-    // bin k maps to #(mid[j] < (2k)/65535 - 1), found here by a lower_bound over the midpoints.
+    // the code of grid point p is #(mid[j] < p), found here by a lower_bound over the midpoints.
     const float inv = 1.0f / am;
     for (int64_t i = begin; i < end; ++i) {
       int idx = 0;
-      if (am != 0.f) {
-        float s = (absmax[i] - offset) * inv;
-        if (s < -1.f) s = -1.f;
-        else if (s > 1.f) s = 1.f;
-        const float r = std::fma((s + 1.0f) * 0.5f, 65535.0f, 0.5f);
-        if (r >= 0.f) {  // false for NaN -> code 0
-          const int k = static_cast<int>(r) & 0xffff;
-          const float val = (2.0f * static_cast<float>(k)) / 65535.0f - 1.0f;
-          int lo = 0, hi = 255;  // lower_bound: first j with mid[j] >= val
-          while (lo < hi) {
-            const int m = (lo + hi) >> 1;
-            if (mid[m] < val) lo = m + 1; else hi = m;
-          }
-          idx = lo;
+      float val;
+      if (am != 0.f && detail::absmax_lut_point(absmax[i] - offset, inv, &val)) {  // else code 0
+        int lo = 0, hi = 255;  // lower_bound: first j with mid[j] >= val
+        while (lo < hi) {
+          const int m = (lo + hi) >> 1;
+          if (mid[m] < val) lo = m + 1; else hi = m;
         }
+        idx = lo;
       }
       absmax_q[i] = static_cast<uint8_t>(idx);
     }

@@ -6,9 +6,13 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "kernels/quant4_internal.h"
 
 namespace qlora::kernels {
 namespace {
+using detail::block_scale;
+using detail::check_quant4_args;
+using detail::nan_max;
 
 // bnb functional.get_4bit_type("nf4"): create_normal_map(offset=0.9677083) quantiles, float32.
 constexpr float kNF4[16] = {
@@ -108,27 +112,11 @@ const Bounds& bounds() {
   return b;
 }
 
-void check_args(int64_t n, int64_t blocksize, const void* a, const void* b, const void* c) {
-  QLORA_CHECK(n >= 0, "quant4: expected n >= 0, got ", n);
-  QLORA_CHECK(quant4_valid_blocksize(blocksize),
-              "quant4: expected blocksize a power of two in 32..4096, got ", blocksize);
-  QLORA_CHECK(n == 0 || (a && b && c), "quant4: null pointer for n = ", n);
-}
-
-// torch.max semantics: NaN propagates.
-inline float nan_max(float a, float b) { return (std::isnan(a) || a > b) ? a : b; }
-
 // torch.bucketize(s, bounds, right=False): number of bounds strictly below s.
 inline int bucket_ref(float s, const float* bnd) {
   int i = 0;
   while (i < 15 && bnd[i] < s) ++i;
   return i;
-}
-
-inline float block_scale(const Quant4Scales& sc, int64_t b) {
-  if (!sc.nested()) return sc.absmax[b];
-  const float v = sc.nested_code[sc.absmax_q[b]] * sc.nested_absmax[b / kNestedBlocksize];
-  return v + sc.offset;
 }
 
 }  // namespace
@@ -174,7 +162,7 @@ uint16_t float_to_fp16(float f) {
 template <typename T>
 void quantize_4bit_ref(const T* x, int64_t n, int64_t blocksize, Quant4Type type, uint8_t* packed,
                        float* absmax) {
-  check_args(n, blocksize, x, packed, absmax);
+  check_quant4_args(n, blocksize, x, packed, absmax);
   const float* bnd = quant4_bounds(type);
   const uint8_t* order = quant4_order(type);
   const int64_t nblocks = quant4_num_blocks(n, blocksize);
@@ -200,10 +188,7 @@ void quantize_4bit_ref(const T* x, int64_t n, int64_t blocksize, Quant4Type type
 template <typename T>
 void dequantize_4bit_ref(const uint8_t* packed, const Quant4Scales& scales, int64_t n,
                          int64_t blocksize, Quant4Type type, T* out) {
-  check_args(n, blocksize, packed, out, scales.nested() ? static_cast<const void*>(scales.absmax_q)
-                                                        : static_cast<const void*>(scales.absmax));
-  QLORA_CHECK(!scales.nested() || n == 0 || (scales.nested_absmax && scales.nested_code),
-              "quant4: double-quantized scales need nested_absmax and nested_code");
+  detail::check_dequantize_args(packed, scales, n, blocksize, out);
   const float* code = quant4_code(type);
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t byte = packed[i / 2];
@@ -223,8 +208,7 @@ float absmax_mean_ref(const float* absmax, int64_t nblocks) {
 
 void quantize_absmax_ref(const float* absmax, int64_t nblocks, float offset, const float* code,
                          uint8_t* absmax_q, float* nested_absmax) {
-  QLORA_CHECK(nblocks >= 0 && (nblocks == 0 || (absmax && code && absmax_q && nested_absmax)),
-              "quant4: null pointer in quantize_absmax");
+  detail::check_quantize_absmax_args(absmax, nblocks, code, absmax_q, nested_absmax);
   const int64_t nnested = quant4_num_blocks(nblocks, kNestedBlocksize);
   for (int64_t b = 0; b < nnested; ++b) {
     const int64_t begin = b * kNestedBlocksize, end = std::min(nblocks, begin + kNestedBlocksize);
@@ -232,22 +216,14 @@ void quantize_absmax_ref(const float* absmax, int64_t nblocks, float offset, con
     for (int64_t i = begin; i < end; ++i) am = std::fmax(am, std::fabs(absmax[i] - offset));
     nested_absmax[b] = am;
     // bnb 0.50.2 libbitsandbytes_cpu quantize_cpu (cpu_ops.cpp quantize_cpu_impl +
-    // build_quantize_lut): s = clamp(v * (1/am), -1, 1), k = (int)fma((s + 1) * 0.5, 65535, 0.5),
-    // code = #(midpoints (c[j] + c[j+1]) * 0.5 < (2k) / 65535 - 1). am == 0 or NaN v: code 0.
+    // build_quantize_lut): v = absmax - offset snapped to its LUT grid point (absmax_lut_point),
+    // code = #(midpoints (c[j] + c[j+1]) * 0.5 < point), counted one by one. am == 0 or NaN v: 0.
     const float inv = 1.0f / am;
     for (int64_t i = begin; i < end; ++i) {
       int idx = 0;
-      if (am != 0.f) {
-        float s = (absmax[i] - offset) * inv;
-        if (s < -1.f) s = -1.f;
-        else if (s > 1.f) s = 1.f;
-        const float r = std::fma((s + 1.0f) * 0.5f, 65535.0f, 0.5f);
-        if (r >= 0.f) {  // false for NaN (bnb: cvttss2si -> 0x80000000, low 16 bits 0 -> code 0)
-          const int k = static_cast<int>(r) & 0xffff;
-          const float val = (2.0f * static_cast<float>(k)) / 65535.0f - 1.0f;
-          for (int j = 0; j < 255; ++j) idx += ((code[j] + code[j + 1]) * 0.5f < val) ? 1 : 0;
-        }
-      }
+      float val;
+      if (am != 0.f && detail::absmax_lut_point(absmax[i] - offset, inv, &val))
+        for (int j = 0; j < 255; ++j) idx += ((code[j] + code[j + 1]) * 0.5f < val) ? 1 : 0;
       absmax_q[i] = static_cast<uint8_t>(idx);
     }
   }

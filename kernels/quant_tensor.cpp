@@ -21,14 +21,14 @@ k::Quant4Type to_kernel(QuantType t) {
 }
 
 void check_float_dtype(at::ScalarType t, const char* what) {
-  TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, what,
+  QLORA_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, what,
               ": expected dtype float32, bfloat16 or float16, got ", t);
 }
 
 void check_device(const torch::Device& d, const char* what) {
-  TORCH_CHECK(d.is_cpu() || d.is_cuda(), what, ": expected a CPU or CUDA tensor, got device ", d);
+  QLORA_CHECK(d.is_cpu() || d.is_cuda(), what, ": expected a CPU or CUDA tensor, got device ", d);
 #if !QLORA_WITH_CUDA
-  TORCH_CHECK(!d.is_cuda(), what, ": expected a CPU tensor, got ", d,
+  QLORA_CHECK(!d.is_cuda(), what, ": expected a CPU tensor, got ", d,
               " (qlora-cpp was built without CUDA kernels)");
 #endif
 }
@@ -40,7 +40,7 @@ void dispatch_float(const torch::Tensor& t, F&& f) {
     case at::kFloat: f(t.data_ptr<float>()); break;
     case at::kBFloat16: f(reinterpret_cast<k::BF16Bits*>(t.data_ptr<at::BFloat16>())); break;
     case at::kHalf: f(reinterpret_cast<k::FP16Bits*>(t.data_ptr<at::Half>())); break;
-    default: TORCH_CHECK(false, "quant4: unsupported dtype ", t.scalar_type());
+    default: fail("quant4: unsupported dtype ", t.scalar_type());
   }
 }
 
@@ -69,7 +69,7 @@ const char* quant_type_name(QuantType type) { return type == QuantType::NF4 ? "n
 
 QuantizedWeight quantize(const torch::Tensor& w_in, QuantType type, int64_t blocksize,
                          bool double_quant) {
-  TORCH_CHECK(w_in.defined(), "quantize: expected a defined tensor, got an undefined one");
+  QLORA_CHECK(w_in.defined(), "quantize: expected a defined tensor, got an undefined one");
   check_float_dtype(w_in.scalar_type(), "quantize");
   check_device(w_in.device(), "quantize");
   QLORA_CHECK(k::quant4_valid_blocksize(blocksize),
@@ -97,8 +97,8 @@ QuantizedWeight quantize(const torch::Tensor& w_in, QuantType type, int64_t bloc
     const c10::cuda::CUDAGuard guard(w.device());
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(w.device().index()).stream();
     dispatch_float(w, [&](auto* x) {
-      k::quant4_quantize_cuda(x, n, blocksize, kt, q.packed.data_ptr<uint8_t>(),
-                              absmax.data_ptr<float>(), stream);
+      k::quantize_4bit_cuda(x, n, blocksize, kt, q.packed.data_ptr<uint8_t>(),
+                            absmax.data_ptr<float>(), stream);
     });
     if (double_quant) {
       torch::Tensor offset = torch::empty({1}, f32);
@@ -106,11 +106,11 @@ QuantizedWeight quantize(const torch::Tensor& w_in, QuantType type, int64_t bloc
                                        torch::kFloat).to(w.device());
       q.absmax_q = torch::empty({nblocks}, u8);
       q.nested_absmax = torch::empty({k::quant4_num_blocks(nblocks, k::kNestedBlocksize)}, f32);
-      k::quant4_absmax_mean_cuda(absmax.data_ptr<float>(), nblocks, offset.data_ptr<float>(), stream);
-      k::quant4_quantize_absmax_cuda(absmax.data_ptr<float>(), nblocks, offset.data_ptr<float>(),
-                                     q.nested_code.data_ptr<float>(),
-                                     q.absmax_q.data_ptr<uint8_t>(),
-                                     q.nested_absmax.data_ptr<float>(), stream);
+      k::absmax_mean_cuda(absmax.data_ptr<float>(), nblocks, offset.data_ptr<float>(), stream);
+      k::quantize_absmax_cuda(absmax.data_ptr<float>(), nblocks, offset.data_ptr<float>(),
+                              q.nested_code.data_ptr<float>(),
+                              q.absmax_q.data_ptr<uint8_t>(),
+                              q.nested_absmax.data_ptr<float>(), stream);
       q.offset = offset.item<float>();  // synchronises the stream
     } else {
       q.absmax = absmax;
@@ -138,11 +138,11 @@ QuantizedWeight quantize(const torch::Tensor& w_in, QuantType type, int64_t bloc
 }
 
 torch::Tensor QuantizedWeight::dequantize(at::ScalarType out_dtype) const {
-  TORCH_CHECK(packed.defined(), "dequantize: expected a quantized weight, got an empty one");
+  QLORA_CHECK(packed.defined(), "dequantize: expected a quantized weight, got an empty one");
   check_float_dtype(out_dtype, "dequantize");
   check_device(packed.device(), "dequantize");
   const int64_t n = numel();
-  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
+  QLORA_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
                   packed.numel() == kernels::quant4_packed_bytes(n),
               "dequantize: expected packed uint8 contiguous [", kernels::quant4_packed_bytes(n),
               "], got ", packed.scalar_type(), " ", packed.sizes());
@@ -151,10 +151,10 @@ torch::Tensor QuantizedWeight::dequantize(at::ScalarType out_dtype) const {
   // pointers, and a host pointer reaching a CUDA kernel is a sticky illegal-address fault that
   // poisons the whole CUDA context (issue 15). Checked before any launch, with the tensor named.
   auto check_scale = [&](const torch::Tensor& t, const char* name, at::ScalarType dt, int64_t want) {
-    TORCH_CHECK(t.defined(), "dequantize: ", name, " is missing (expected ", dt, " [", want, "])");
-    TORCH_CHECK(t.device() == packed.device(), "dequantize: ", name, " is on ", t.device(),
+    QLORA_CHECK(t.defined(), "dequantize: ", name, " is missing (expected ", dt, " [", want, "])");
+    QLORA_CHECK(t.device() == packed.device(), "dequantize: ", name, " is on ", t.device(),
                 " but packed is on ", packed.device(), " (move the whole QuantizedWeight with .to(device))");
-    TORCH_CHECK(t.scalar_type() == dt && t.numel() == want && t.is_contiguous(), "dequantize: expected ", name,
+    QLORA_CHECK(t.scalar_type() == dt && t.numel() == want && t.is_contiguous(), "dequantize: expected ", name,
                 " ", dt, " contiguous [", want, "], got ", t.scalar_type(), " ", t.sizes(),
                 t.is_contiguous() ? "" : " (not contiguous)");
   };
@@ -174,7 +174,7 @@ torch::Tensor QuantizedWeight::dequantize(at::ScalarType out_dtype) const {
     const c10::cuda::CUDAGuard guard(packed.device());
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(packed.device().index()).stream();
     dispatch_float(out, [&](auto* o) {
-      kernels::quant4_dequantize_cuda(packed.data_ptr<uint8_t>(), sc, n, blocksize, kt, o, stream);
+      kernels::dequantize_4bit_cuda(packed.data_ptr<uint8_t>(), sc, n, blocksize, kt, o, stream);
     });
 #endif
     return out;

@@ -1,6 +1,7 @@
 // kernels/quant_tensor.h — ATen glue for the 4-bit NF4/FP4 kernels: the quantized-weight type and
 // quantize(). The format is bitsandbytes' (quant4.h, docs/quantization.md); tensors in, tensors out,
-// on CPU (OpenMP path, kernels/quant4_cpu.cpp) or CUDA (kernels/quant4.cu).
+// on CPU (OpenMP path, kernels/quant4_cpu.cpp) or CUDA (kernels/quant4.cu). Like every kernel in
+// kernels/, everything here that validates its input throws qlora::Error (common/error.h).
 #pragma once
 #include <torch/torch.h>
 
@@ -36,7 +37,8 @@ struct QuantizedWeight {
 
   /// Dequantizes to a new tensor of `shape` and dtype `out` (float32, bfloat16 or float16) on
   /// packed's device: out = out_dtype(code[q] * absmax[block]) computed in float32. Throws
-  /// c10::Error for another dtype, or when a CUDA tensor is given and CUDA was not built.
+  /// qlora::Error for another dtype, for packed or a scale tensor of the wrong dtype, size,
+  /// contiguity or device (named), or when a CUDA tensor is given and CUDA was not built.
   torch::Tensor dequantize(at::ScalarType out) const;
   /// All stored bytes: packed + absmax (or absmax_q + nested_absmax + nested_code + 4 for offset).
   int64_t bytes() const;
@@ -49,8 +51,8 @@ struct QuantizedWeight {
 /// Quantizes `w` (float32/bfloat16/float16, any shape and strides, CPU or CUDA; a non-contiguous
 /// input is read through a contiguous copy) blockwise over its row-major flattening.
 /// blocksize: power of two in 32..4096 (bnb's set). double_quant: bnb's compress_statistics.
-/// Throws qlora::Error for a bad blocksize or an empty tensor; c10::Error ("expected ..., got ...")
-/// for an unsupported dtype or device.
+/// Throws qlora::Error for a bad blocksize, an empty or undefined tensor, or an unsupported dtype
+/// or device ("expected ..., got ...").
 QuantizedWeight quantize(const torch::Tensor& w, QuantType type, int64_t blocksize = 64,
                          bool double_quant = true);
 

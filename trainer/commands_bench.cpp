@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/format.h"
 #include "common/log.h"
 #include "data/batch.h"
 #include "trainer/commands.h"

@@ -13,7 +13,9 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/format.h"
 #include "common/log.h"
+#include "common/proc_status.h"
 #include "common/safetensors.h"
 #include "common/tensor_io.h"
 #include "data/tokenizer.h"
@@ -34,27 +36,6 @@ std::string component_of(const std::string& name) {
   if (name.find("norm") != std::string::npos) return "norms";
   if (name.rfind("lm_head", 0) == 0) return "lm_head";
   return "other";
-}
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(u == 0 ? 0 : 2) << b << " " << units[u];
-  return os.str();
-}
-
-/// This process's peak resident set (VmHWM of /proc/self/status) in bytes; 0 when unavailable.
-int64_t peak_rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:  123 kB"
-  return 0;
 }
 
 torch::Dtype stored_dtype(const ModelConfig& cfg) {

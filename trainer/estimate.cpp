@@ -11,9 +11,10 @@
 #include "adapters/lora.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/format.h"
 #include "common/log.h"
+#include "kernels/quant4.h"
 #include "trainer/memory.h"
-#include "trainer/model.h"
 
 namespace qlora {
 namespace fs = std::filesystem;
@@ -48,20 +49,6 @@ const std::vector<GpuCard>& common_gpu_cards() {
       {"141 GB (H200)", 143771LL << 20},
   };
   return cards;
-}
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  const double sign = b < 0 ? -1 : 1;
-  b = std::fabs(b);
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(u == 0 ? 0 : 2) << sign * b << " " << units[u];
-  return os.str();
 }
 
 int64_t MemoryEstimate::component(const std::string& name) const {
@@ -204,7 +191,7 @@ MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o)
     if (o.bits == 4) {
       const int64_t p = (n + 1) / 2;  // two 4-bit codes per byte
       packed += L * p;
-      consts += L * (quantized_weight_bytes(n, o.blocksize, o.double_quant) - p);
+      consts += L * (kernels::quantized_weight_bytes(n, o.blocksize, o.double_quant) - p);
     } else if (o.bits == 8) {
       packed += L * n;        // int8 codes
       consts += L * l.out * 4;  // LLM.int8 row-wise fp32 absmax (bitsandbytes SCB)

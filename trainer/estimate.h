@@ -210,7 +210,4 @@ nlohmann::json compare_memory(const MemoryEstimate& e, const nlohmann::json& pha
 /// The comparison as a table.
 std::string format_comparison(const nlohmann::json& comparison);
 
-/// "1.23 GiB" style.
-std::string human_bytes(double bytes);
-
 }  // namespace qlora

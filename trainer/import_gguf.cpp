@@ -423,7 +423,7 @@ ImportGgufResult import_gguf(const ImportGgufOptions& o) {
           const Planned& p = plan[i];
           const int64_t n = p.src->numel();
           deq.resize(static_cast<size_t>(n));
-          kernels::gguf_dequantize_cpu(p.src->type, f.data(*p.src), n, deq.data());
+          kernels::dequantize_gguf_cpu(p.src->type, f.data(*p.src), n, deq.data());
           f.release(*p.src);
           float* v = deq.data();
           if (p.permute_heads > 0) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/proc_status.h"
 
 #if __has_include(<c10/cuda/CUDACachingAllocator.h>)
 #include <ATen/Context.h>
@@ -17,15 +18,6 @@
 
 namespace qlora {
 namespace {
-// A "Key:   1234 kB" line of /proc/self/status, in bytes (0 when absent).
-int64_t proc_status_bytes(const std::string& key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
-  return 0;
-}
-
 int cuda_index(const torch::Device& d) { return d.has_index() ? d.index() : 0; }
 
 // Initialise CUDA for the device, then insist that the caching allocator is ready (issue 15: the
@@ -71,7 +63,7 @@ nlohmann::json memory_snapshot(const torch::Device& device) {
 }
 
 nlohmann::json memory_snapshot(const torch::Device& device, const CudaAllocatorOps& ops) {
-  nlohmann::json j = {{"rss_bytes", proc_status_bytes("VmRSS")}, {"peak_rss_bytes", proc_status_bytes("VmHWM")}};
+  nlohmann::json j = {{"rss_bytes", rss_bytes()}, {"peak_rss_bytes", peak_rss_bytes()}};
   if (device.is_cuda()) {
     ensure_cuda_ready(device, ops);
     const CudaAllocatorStats s = ops.stats(cuda_index(device));

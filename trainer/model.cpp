@@ -96,14 +96,6 @@ QuantOptions::Method parse_quant_method(const std::string& s) {
   fail("quant method '", s, "' is not one of none, nf4, fp4");
 }
 
-int64_t quantized_weight_bytes(int64_t numel, int64_t blocksize, bool double_quant) {
-  const int64_t nblocks = kernels::quant4_num_blocks(numel, blocksize);
-  const int64_t packed = kernels::quant4_packed_bytes(numel);
-  if (!double_quant) return packed + nblocks * 4;
-  return packed + nblocks + kernels::quant4_num_blocks(nblocks, kernels::kNestedBlocksize) * 4 +
-         256 * 4 + 4;
-}
-
 torch::Dtype parse_compute_dtype(const std::string& s, const torch::Device& device) {
   if (s == "fp32" || s == "float32") return torch::kFloat32;
   if (s == "bf16" || s == "bfloat16") return torch::kBFloat16;

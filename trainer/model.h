@@ -47,11 +47,6 @@ struct QuantOptions {
 /// "none" | "nf4" | "fp4" → QuantOptions::Method. Throws qlora::Error naming the value.
 QuantOptions::Method parse_quant_method(const std::string& s);
 
-/// Exact bytes a 4-bit weight of `numel` elements occupies (what QuantizedWeight::bytes() returns):
-/// ceil(n/2) packed + nblocks·4 absmax, or with double quant nblocks·1 + ceil(nblocks/256)·4 +
-/// 256·4 (nested code) + 4 (offset); nblocks = ceil(n / blocksize).
-int64_t quantized_weight_bytes(int64_t numel, int64_t blocksize, bool double_quant);
-
 /// A frozen linear layer y = x·Wᵀ + b, addressed by its HF module path. Holds either `weight`
 /// (compute dtype) or `qweight` (4-bit), never both.
 struct FrozenLinear {

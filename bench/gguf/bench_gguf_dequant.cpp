@@ -30,8 +30,8 @@ int main(int argc, char** argv) {
       for (int r = 0; r < repeats; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         for (const auto& t : f.tensors()) {
-          if (path[0] == 'r') qlora::kernels::gguf_dequantize_ref(t.type, f.data(t), t.numel(), a.data());
-          else qlora::kernels::gguf_dequantize_cpu(t.type, f.data(t), t.numel(), b.data());
+          if (path[0] == 'r') qlora::kernels::dequantize_gguf_ref(t.type, f.data(t), t.numel(), a.data());
+          else qlora::kernels::dequantize_gguf_cpu(t.type, f.data(t), t.numel(), b.data());
         }
         best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
                 << " M elements/s\n";
     }
     for (const auto& t : f.tensors()) {  // agreement, tensor by tensor
-      qlora::kernels::gguf_dequantize_ref(t.type, f.data(t), t.numel(), a.data());
-      qlora::kernels::gguf_dequantize_cpu(t.type, f.data(t), t.numel(), b.data());
+      qlora::kernels::dequantize_gguf_ref(t.type, f.data(t), t.numel(), a.data());
+      qlora::kernels::dequantize_gguf_cpu(t.type, f.data(t), t.numel(), b.data());
       same = same && std::memcmp(a.data(), b.data(), static_cast<size_t>(t.numel()) * 4) == 0;
     }
     std::cout << "reference and cpu path " << (same ? "bit-identical" : "DIFFER") << "\n";

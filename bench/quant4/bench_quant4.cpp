@@ -103,8 +103,8 @@ void bench_cuda(int reps) {
       return best * 1e-3;
     };
     const double td = time_it([&] {
-      k::quant4_dequantize_cuda(packed, sc, n, bs, k::Quant4Type::NF4,
-                                static_cast<k::BF16Bits*>(out), nullptr);
+      k::dequantize_4bit_cuda(packed, sc, n, bs, k::Quant4Type::NF4,
+                              static_cast<k::BF16Bits*>(out), nullptr);
     });
     const double tm = time_it([&] { CK(cudaMemcpyAsync(out, src, n * 2, cudaMemcpyDeviceToDevice)); });
     const double bytes_d = k::quant4_packed_bytes(n) + nb + n * 2.0, bytes_m = n * 2.0 * 2;

@@ -8,16 +8,11 @@
 #include "adapters/peft.h"
 #include "common/error.h"
 #include "common/tensor_io.h"
+#include "test_util.h"
 
 namespace qlora {
 namespace {
 namespace fs = std::filesystem;
-
-fs::path tmp(const std::string& n) {
-  fs::path d = fs::temp_directory_path() / ("qlora_lora_" + n + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  return d;
-}
 
 /// LoraOptions with rank `r` and alpha `alpha`, the rest default.
 LoraOptions rank_alpha(int64_t r, double alpha) {
@@ -89,7 +84,8 @@ const std::map<std::string, std::pair<int64_t, int64_t>> kExpected = {
     {"model.layers.0.self_attn.q_proj", {8, 8}}, {"model.layers.0.self_attn.v_proj", {8, 4}}};
 
 TEST(Peft, RoundTrip) {
-  fs::path d = tmp("rt");
+  const test::TempDir tmp("lora_rt");  // removed when the test ends, pass or fail
+  const fs::path d = tmp.path / "adapter";  // not created: save_peft_adapter makes it
   PeftConfig c;
   c.r = 2;
   c.lora_alpha = 4;
@@ -106,11 +102,11 @@ TEST(Peft, RoundTrip) {
     EXPECT_TRUE(torch::equal(got.at(m).first, ab.first)) << m;
     EXPECT_TRUE(torch::equal(got.at(m).second, ab.second)) << m;
   }
-  fs::remove_all(d);
 }
 
 TEST(Peft, RefusesEmptyAndListsMismatches) {
-  fs::path d = tmp("bad");
+  const test::TempDir tmp("lora_bad");  // removed when the test ends, pass or fail
+  const fs::path d = tmp.path / "adapter";  // not created: save_peft_adapter makes it
   PeftConfig c;
   c.r = 2;
   EXPECT_THROW(save_peft_adapter(d.string(), c, {}), Error);
@@ -134,7 +130,6 @@ TEST(Peft, RefusesEmptyAndListsMismatches) {
   // not LoRA
   std::ofstream(d / "adapter_config.json") << R"({"peft_type": "IA3", "r": 2})";
   EXPECT_THROW(load_peft_adapter(d.string(), nullptr, kExpected), Error);
-  fs::remove_all(d);
 }
 
 }  // namespace

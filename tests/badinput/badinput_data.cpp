@@ -74,8 +74,8 @@ TEST(BadInputData, SkipInvalidCounts) {
 }
 
 TEST(BadInputData, TenMegabyteLine) {
-  const fs::path dir = fs::temp_directory_path() / ("qlora_bad_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const qlora::test::TempDir tmp("bad_big_line");
+  const fs::path& dir = tmp.path;
   const std::string big(10 << 20, 'x');
   {
     std::ofstream(dir / "big_ok.jsonl") << R"({"text": ")" << big << "\"}\n";
@@ -88,7 +88,6 @@ TEST(BadInputData, TenMegabyteLine) {
   const std::string msg = error_of(dir / "big_bad.jsonl");
   EXPECT_EQ(msg.rfind((dir / "big_bad.jsonl").string() + ":2: invalid JSON", 0), 0u) << msg.substr(0, 300);
   EXPECT_LT(msg.size(), 1000u) << "the message must not echo the 10 MB line";
-  fs::remove_all(dir);
 }
 
 // Encodings (issue 16): a UTF-8 byte-order mark is skipped in every format; UTF-16/32 (with or

@@ -31,12 +31,10 @@ class MalformedSafetensors : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MalformedSafetensors, RejectedWithClearMessage) {
   const Case& c = GetParam();
-  fs::path dir = fs::temp_directory_path() / ("qlora_bad_st_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const fs::path p = dir / (std::string(c.name) + ".safetensors");
+  const qlora::test::TempDir dir("bad_st");
+  const fs::path p = dir.path / (std::string(c.name) + ".safetensors");
   std::ofstream(p, std::ios::binary) << c.bytes;
   qlora::test::expect_file_error(p.string(), c.expect, c.name, [&] { qlora::st::SafetensorsFile f(p.string()); });
-  fs::remove(p);
 }
 
 const std::string k8(8, 'x');  // 8 data bytes
@@ -81,8 +79,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(MalformedSafetensorsDir, MissingDirectoryAndFile) {
   EXPECT_THROW(qlora::st::SafetensorsCheckpoint("/nonexistent/dir"), qlora::Error);
-  fs::path dir = fs::temp_directory_path() / ("qlora_bad_st_dir_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const qlora::test::TempDir tmp("bad_st_dir");
+  const fs::path& dir = tmp.path;
   try {
     qlora::st::SafetensorsCheckpoint c(dir.string());
     ADD_FAILURE();
@@ -96,7 +94,6 @@ TEST(MalformedSafetensorsDir, MissingDirectoryAndFile) {
   } catch (const qlora::Error& e) {
     EXPECT_NE(std::string(e.what()).find("not a file in this directory"), std::string::npos) << e.what();
   }
-  fs::remove_all(dir);
 }
 
 }  // namespace

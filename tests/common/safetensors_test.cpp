@@ -14,15 +14,9 @@ namespace qlora {
 namespace {
 namespace fs = std::filesystem;
 
-fs::path tmp(const std::string& n) {
-  fs::path d = fs::temp_directory_path() / ("qlora_st_" + n + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
 TEST(Safetensors, RoundTripsEveryDtype) {
-  fs::path d = tmp("rt");
+  const test::TempDir tmp("st_rt");  // removed when the test ends, pass or fail
+  const fs::path d = tmp.path;
   std::vector<std::pair<std::string, torch::Tensor>> ts = {
       {"f32", torch::randn({3, 5})},
       {"f16", torch::randn({7}).to(torch::kHalf)},
@@ -52,18 +46,17 @@ TEST(Safetensors, RoundTripsEveryDtype) {
   v.fill_(0);
   st::SafetensorsFile again((d / "a.safetensors").string());
   EXPECT_TRUE(torch::equal(load_tensor(again, again.info("f32")), ts[0].second));
-  fs::remove_all(d);
 }
 
 TEST(Safetensors, WriterIsAtomicAndRejectsDuplicates) {
-  fs::path d = tmp("atomic");
+  const test::TempDir tmp("st_atomic");  // removed when the test ends, pass or fail
+  const fs::path d = tmp.path;
   const std::string p = (d / "x.safetensors").string();
   save_tensors(p, {{"a", torch::ones({2})}});
   const std::string before = read_file(p);
   EXPECT_THROW(save_tensors(p, {{"a", torch::ones({2})}, {"a", torch::zeros({2})}}), Error);
   EXPECT_EQ(read_file(p), before);
   for (const auto& e : fs::directory_iterator(d)) EXPECT_EQ(e.path().filename(), "x.safetensors");
-  fs::remove_all(d);
 }
 
 TEST(Safetensors, ReadsTransformersShardedCheckpoint) {
@@ -77,7 +70,8 @@ TEST(Safetensors, ReadsTransformersShardedCheckpoint) {
 
 TEST(Safetensors, ShardIndexErrorsNameTheTensor) {
   QLORA_REQUIRE_FIXTURE(src, "models/mistral_sharded");
-  fs::path d = tmp("idx");
+  const test::TempDir tmp("st_idx");  // removed when the test ends, pass or fail
+  const fs::path d = tmp.path;
   for (const auto& e : fs::directory_iterator(src)) fs::copy_file(e.path(), d / e.path().filename());
   std::string idx = read_file((d / "model.safetensors.index.json").string());
   const std::string from = "\"model.norm.weight\": \"";
@@ -95,7 +89,6 @@ TEST(Safetensors, ShardIndexErrorsNameTheTensor) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'model.norm.weight'"), std::string::npos) << e.what();
   }
-  fs::remove_all(d);
 }
 
 }  // namespace

@@ -96,7 +96,8 @@ TEST(Readers, SharedFilesWithLlamaTokenizer) {
 TEST(Readers, MessagesFormatAndMaps) {
   QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
   const Tokenizer tok = llama(model);
-  const fs::path p = fs::temp_directory_path() / ("qlora_msgs_" + std::to_string(::getpid()) + ".jsonl");
+  const qlora::test::TempDir tmp("msgs");
+  const fs::path p = tmp.path / "msgs.jsonl";
   std::ofstream(p) << R"({"msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}, {"role": "bot", "content": "A"}]})"
                    << "\n\n"
                    << R"({"msgs": [{"role": "user", "content": "Q2"}, {"role": "bot", "content": "A2"}, {"role": "tool", "content": "T"}]})"
@@ -117,7 +118,6 @@ TEST(Readers, MessagesFormatAndMaps) {
   } catch (const qlora::Error& e) {
     EXPECT_NE(std::string(e.what()).find(p.string() + ":1: unknown role 'bot'"), std::string::npos) << e.what();
   }
-  fs::remove(p);
 }
 
 TEST(Length, DropTruncateAndNoTrainable) {

@@ -60,8 +60,8 @@ TEST(Tokenizer, MissingFileNamesThePath) {
 
 TEST(Tokenizer, SpecialTokensFromModelDir) {
   QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
-  const fs::path dir = fs::temp_directory_path() / ("qlora_tok_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const qlora::test::TempDir tmp("tok_special");
+  const fs::path& dir = tmp.path;
   fs::copy_file(model, dir / "tokenizer.model", fs::copy_options::overwrite_existing);
   std::ofstream(dir / "tokenizer_config.json")
       << R"({"bos_token": {"content": "<s>"}, "eos_token": "</s>", "pad_token": "<pad>",
@@ -79,15 +79,14 @@ TEST(Tokenizer, SpecialTokensFromModelDir) {
   } catch (const qlora::Error& e) {
     EXPECT_NE(std::string(e.what()).find("tokenizer_config.json:1: special token '<nope>'"), std::string::npos) << e.what();
   }
-  fs::remove_all(dir);
 }
 
 TEST(Tokenizer, TrainsTinyTokenizer) {
   std::vector<std::string> texts;
   for (int i = 0; i < 200; ++i)
     texts.push_back("The quick brown fox " + std::to_string(i) + " jumps over the lazy dog; héllo wörld.");
-  const fs::path dir = fs::temp_directory_path() / ("qlora_train_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const qlora::test::TempDir tmp("tok_train");
+  const fs::path& dir = tmp.path;
   const std::string m = Tokenizer::train_from_texts(texts, 400, (dir / "tiny").string());
   const Tokenizer tok(m);
   EXPECT_EQ(tok.bos_id(), 1);
@@ -95,5 +94,4 @@ TEST(Tokenizer, TrainsTinyTokenizer) {
   EXPECT_LE(tok.vocab_size(), 400);
   const auto ids = tok.encode("The lazy fox 🤗");  // emoji via byte fallback
   EXPECT_EQ(tok.decode(ids), "The lazy fox 🤗");
-  fs::remove_all(dir);
 }

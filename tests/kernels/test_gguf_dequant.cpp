@@ -52,8 +52,8 @@ TEST(GgufDequant, BitIdenticalToGgufPyForEveryType) {
     const size_t n = static_cast<size_t>(t->numel());
     std::vector<float> ref(n), cpu(n), want(n);
     std::memcpy(want.data(), f.data(*x), n * 4);
-    qlora::kernels::gguf_dequantize_ref(t->type, f.data(*t), t->numel(), ref.data());
-    qlora::kernels::gguf_dequantize_cpu(t->type, f.data(*t), t->numel(), cpu.data());
+    qlora::kernels::dequantize_gguf_ref(t->type, f.data(*t), t->numel(), ref.data());
+    qlora::kernels::dequantize_gguf_cpu(t->type, f.data(*t), t->numel(), cpu.data());
     EXPECT_EQ(bits(ref.data(), n), bits(want.data(), n)) << name << " (reference)";
     EXPECT_EQ(bits(cpu.data(), n), bits(want.data(), n)) << name << " (cpu)";
     types.insert(e["type"].get<std::string>());
@@ -72,10 +72,10 @@ TEST(GgufDequant, CpuPathEqualsReferenceOnRandomBlocks) {
     for (auto& b : src) b = static_cast<uint8_t>(rng());
     const size_t n = static_cast<size_t>(blocks * ti.block);
     std::vector<float> ref(n), cpu(n);
-    qlora::kernels::gguf_dequantize_ref(t, src.data(), static_cast<int64_t>(n), ref.data());
-    qlora::kernels::gguf_dequantize_cpu(t, src.data(), static_cast<int64_t>(n), cpu.data());
+    qlora::kernels::dequantize_gguf_ref(t, src.data(), static_cast<int64_t>(n), ref.data());
+    qlora::kernels::dequantize_gguf_cpu(t, src.data(), static_cast<int64_t>(n), cpu.data());
     EXPECT_EQ(bits_nan_canonical(ref.data(), n), bits_nan_canonical(cpu.data(), n)) << ti.name;
-    EXPECT_TRUE(qlora::kernels::gguf_dequant_supported(t));
+    EXPECT_TRUE(qlora::kernels::dequantize_gguf_supported(t));
   }
 }
 
@@ -83,16 +83,16 @@ TEST(GgufDequant, RefusesUnsupportedTypesAndRaggedSizes) {
   std::vector<uint8_t> src(1024);
   std::vector<float> out(256);
   for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::Q8_K, GgmlType::I32, GgmlType::MXFP4}) {
-    EXPECT_FALSE(qlora::kernels::gguf_dequant_supported(t));
+    EXPECT_FALSE(qlora::kernels::dequantize_gguf_supported(t));
     try {
-      qlora::kernels::gguf_dequantize_cpu(t, src.data(), 256, out.data());
+      qlora::kernels::dequantize_gguf_cpu(t, src.data(), 256, out.data());
       ADD_FAILURE() << "accepted";
     } catch (const qlora::Error& e) {
       EXPECT_NE(std::string(e.what()).find(std::string("type ") + qlora::gguf::ggml_type_info(t).name +
                                            " is not supported"), std::string::npos) << e.what();
     }
   }
-  EXPECT_THROW(qlora::kernels::gguf_dequantize_ref(GgmlType::Q4_K, src.data(), 100, out.data()), qlora::Error);
+  EXPECT_THROW(qlora::kernels::dequantize_gguf_ref(GgmlType::Q4_K, src.data(), 100, out.data()), qlora::Error);
 }
 
 }  // namespace

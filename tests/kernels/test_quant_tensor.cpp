@@ -39,7 +39,7 @@ void expect_error(F&& f, const std::string& needle) {
   try {
     f();
     FAIL() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const std::exception& e) {
+  } catch (const qlora::Error& e) {  // every validation in kernels/ throws qlora::Error
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
 }

@@ -138,13 +138,13 @@ TEST_F(Resume, CorruptNewestIsSkippedAndChangedSettingsRefused) {
 }
 
 TEST(CheckpointFiles, IncompleteTemporaryDirectoriesAreIgnored) {
-  fs::path d = fs::temp_directory_path() / ("qlora_ckpt_" + std::to_string(::getpid()));
+  const qlora::test::TempDir tmp("ckpt_incomplete");
+  const fs::path& d = tmp.path;
   fs::create_directories(d / ".tmp-checkpoint-9-1");
   fs::create_directories(d / "checkpoint-7");
   EXPECT_EQ(qlora::list_checkpoints(d.string()).size(), 1u);
   EXPECT_EQ(qlora::verify_checkpoint((d / "checkpoint-7").string()), "no manifest.json (incomplete)");
   EXPECT_EQ(qlora::newest_valid_checkpoint(d.string(), nullptr), "");
-  fs::remove_all(d);
 }
 
 // The QLORA_FAULT_* test seam (trainer/fault.h): parsed once, unset = no hook, a bad value is a

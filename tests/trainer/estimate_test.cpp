@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 
 #include "common/error.h"
+#include "common/format.h"
 #include "trainer/estimate.h"
 #include "trainer/model.h"
 #include "trainer/train.h"
@@ -331,11 +332,8 @@ BenchCsvPoint bench_small_point(int64_t seq, const std::filesystem::path& dir) {
 }
 
 TEST(BenchCli, ActivationTermMatchesMeasuredCpuPeakGrowth) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("qlora-act-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const BenchCsvPoint a = bench_small_point(256, dir), b = bench_small_point(1024, dir);
-  std::filesystem::remove_all(dir);
+  const qlora::test::TempDir dir("bench_act");
+  const BenchCsvPoint a = bench_small_point(256, dir.path), b = bench_small_point(1024, dir.path);
   ASSERT_GT(a.measured, 0);
   ASSERT_GT(b.measured, a.measured);
   const double measured = static_cast<double>(b.measured - a.measured);

@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/gguf.h"
+#include "common/proc_status.h"
 #include "common/safetensors.h"
 #include "gguf_builder.h"
 #include "kernels/quant4.h"
@@ -191,15 +192,6 @@ TEST(ImportGguf, TinyQwen2EqualsTransformersGgufLoad) {
   fs::remove_all(dir);
 }
 
-// VmHWM / VmRSS of this process in KiB (/proc/self/status).
-long status_kb(const std::string& key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind(key + ":", 0) == 0) return std::stol(line.substr(key.size() + 1));
-  return -1;
-}
-
 TEST(ImportGguf, SmolLM2Bf16StreamsWithBoundedPeakRss) {
   REQUIRE_SMOLLM2(gguf);
   QLORA_REQUIRE_FIXTURE(subset, "gguf/smollm2/subset.safetensors");
@@ -209,14 +201,15 @@ TEST(ImportGguf, SmolLM2Bf16StreamsWithBoundedPeakRss) {
     std::ofstream cr("/proc/self/clear_refs");
     cr << "5";
   }
-  const long before_kb = status_kb("VmRSS");
-  ASSERT_LE(status_kb("VmHWM") - before_kb, 1024) << "clear_refs did not reset VmHWM";
+  const int64_t before = qlora::rss_bytes();  // VmRSS / VmHWM of /proc/self/status
+  ASSERT_GT(before, 0) << "no VmRSS in /proc/self/status";
+  ASSERT_LE(qlora::peak_rss_bytes() - before, 1024 * 1024) << "clear_refs did not reset VmHWM";
   const auto r = qlora::import_gguf({gguf, (dir / "smollm2").string(), "bf16"});
-  const long peak_kb = status_kb("VmHWM");
+  const int64_t peak = qlora::peak_rss_bytes();
   // Largest tensor: token_embd 49152 x 576: 113 MB as fp32 (+ its 30 MB of Q8_0 blocks and 57 MB
   // as bf16). Holding all 134.5M parameters at once would take 538 MB (fp32) or 269 MB (bf16).
   const double largest_f32_mb = 49152.0 * 576 * 4 / 1e6;
-  const double delta_mb = (peak_kb - before_kb) * 1024.0 / 1e6;
+  const double delta_mb = static_cast<double>(peak - before) / 1e6;
   std::cout << "import-gguf SmolLM2 bf16: " << r.seconds << " s; peak RSS above the start: " << delta_mb
             << " MB (largest tensor as fp32: " << largest_f32_mb << " MB; model as bf16: "
             << r.safetensors_bytes / 1e6 << " MB)\n";

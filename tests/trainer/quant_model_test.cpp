@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/tensor_io.h"
+#include "kernels/quant4.h"
 #include "test_util.h"
 #include "trainer/commands.h"
 #include "trainer/model.h"
@@ -21,6 +22,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using test::TempDir;
 using test::error_of;
+using kernels::quantized_weight_bytes;
 
 QuantOptions nf4(bool dq = true, int64_t bs = 64) {
   QuantOptions q;
