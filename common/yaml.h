@@ -5,7 +5,7 @@
 //
 // The tree keeps what a schema walk needs: the kind, scalar text, whether a scalar is plain and
 // untagged (so "5" and '5' can be told apart, YAML 1.2 core schema), and where each node starts.
-// Scalars are not resolved here (no int/bool/null typing): the schema does that (trainer/config).
+// Scalars are not resolved here (no int/bool/null typing): the schema does that (config/).
 #pragma once
 #include <cstdint>
 #include <string>

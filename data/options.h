@@ -1,6 +1,6 @@
 // qlora-cpp data options: the typed form of the config's `data:` section.
 //
-// Filled once by the config parser (trainer/config), validated there, and passed by value into the
+// Filled once by the config parser (config/), validated there, and passed by value into the
 // data pipeline. The data pipeline never sees YAML.
 #pragma once
 #include <cstdint>

@@ -207,7 +207,7 @@ else TARGETS=(test_kernels bench_quant4 test_gpu qlora); fi
 TK="$BUILD/tests/kernels/test_kernels"
 BQ="$BUILD/bench/quant4/bench_quant4"
 TG="$BUILD/tests/gpu/test_gpu"
-Q="$BUILD/trainer/qlora"
+Q="$BUILD/cli/qlora"
 
 # pkg-config: the carried pkgconf, seeing only the carried .pc files (sysroot = the prefix), through a
 # wrapper so its library path does not leak into other programs.

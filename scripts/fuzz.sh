@@ -2,7 +2,7 @@
 # libFuzzer runs of the untrusted-input parsers under ASan+UBSan (docs/status.md, "Fuzzing"):
 #   fuzz_safetensors  safetensors header + tensor table (common/safetensors.cpp)
 #   fuzz_dataset      JSON / JSONL / .txt dataset readers (data/reader.cpp)
-#   fuzz_config       YAML training config + the to_yaml round trip (trainer/config/config.cpp)
+#   fuzz_config       YAML training config + the to_yaml round trip (config/config.cpp)
 # Builds them with clang into build-fuzz (-DQLORA_FUZZ=ON: torch-free libraries only), seeds each
 # from tests/badinput/ and tests/fuzz/corpus/, runs each for QLORA_FUZZ_SECONDS (default 60),
 # QLORA_FUZZ_JOBS at a time (default 2), and fails on any crash, sanitizer report, leak, timeout or

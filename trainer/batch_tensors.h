@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "data/batch.h"
-#include "trainer/model.h"
+#include "model/model.h"
 
 namespace qlora {
 

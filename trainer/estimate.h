@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "trainer/config/config.h"
-#include "trainer/model_config.h"
+#include "config/config.h"
+#include "model/model_config.h"
 
 namespace qlora {
 
@@ -111,7 +111,7 @@ struct MemoryEstimate {
 /// target that matches no linear.
 MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o);
 
-/// Per-layer saved-activation bytes (autograd's saved tensors of trainer/model.cpp layer_forward
+/// Per-layer saved-activation bytes (autograd's saved tensors of model/model.cpp layer_forward
 /// in training, no checkpointing), itemised; docs/memory.md "Activations" derives each term.
 std::vector<MemoryComponent> layer_activation_terms(const ModelConfig& cfg, const EstimateOptions& o);
 

@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-SHAPES = {  # qlora's trainer/model_config.cpp presets: vocab, hidden, intermediate, layers, heads, kv heads
+SHAPES = {  # qlora's model/model_config.cpp presets: vocab, hidden, intermediate, layers, heads, kv heads
     "tiny": (32000, 64, 176, 2, 4, 2),
     "small": (32000, 256, 688, 4, 8, 4),
     "llama2-7b": (32000, 4096, 11008, 32, 32, 32),

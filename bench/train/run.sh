@@ -24,7 +24,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$ROOT/scripts/env.sh"
 PY="${QLORA_PY:-$QLORA_VENV/bin/python}"
-QLORA="$QLORA_BUILD/trainer/qlora"
+QLORA="$QLORA_BUILD/cli/qlora"
 MODEL="${MODEL:-smollm2}"
 STEPS="${STEPS:-30}"
 WARMUP="${WARMUP:-2}"

@@ -15,7 +15,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$ROOT/scripts/env.sh"
 if [ -z "${QLORA_SKIP_BUILD:-}" ]; then QLORA_TARGETS=qlora "$ROOT/scripts/build.sh"; fi
-QLORA="$QLORA_BUILD/trainer/qlora"
+QLORA="$QLORA_BUILD/cli/qlora"
 # Idle OpenMP threads sleep instead of spinning: on a busy 2-core machine spinning threads starve
 # the working ones (a decode step measured 9x slower, docs/training.md). Set before qlora starts.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"

@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "tests/badinput/config_expectations.h"
 #include "tests/test_util.h"
-#include "trainer/config/config.h"
+#include "config/config.h"
 
 namespace qlora {
 namespace {

@@ -13,7 +13,7 @@
 #include "common/gguf.h"
 #include "gguf_builder.h"
 #include "test_util.h"
-#include "trainer/import_gguf.h"
+#include "model/import_gguf.h"
 
 namespace {
 namespace fs = std::filesystem;

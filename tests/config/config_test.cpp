@@ -1,4 +1,4 @@
-// test_config: the training-config schema (trainer/config/config.h).
+// test_config: the training-config schema (config/config.h).
 // Every shipped config validates; overrides, number notations, booleans, defaults, cross-field
 // rules and the to_yaml round trip. The bad-config corpus lives in tests/badinput/badinput_config.cpp.
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 
 #include "common/error.h"
 #include "tests/test_util.h"
-#include "trainer/config/config.h"
+#include "config/config.h"
 
 namespace qlora {
 namespace {

@@ -1,5 +1,5 @@
 // libFuzzer target: YAML training configs through qlora::parse_config_string, and for every
-// accepted config the to_yaml round trip (trainer/config/config.h promises
+// accepted config the to_yaml round trip (config/config.h promises
 // parse_config_string(to_yaml(c)) == c). Contract: a Config, or qlora::Error; nothing else escapes.
 #include <cstdint>
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "common/error.h"
-#include "trainer/config/config.h"
+#include "config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -20,7 +20,7 @@
 
 #include "common/files.h"
 #include "test_util.h"
-#include "trainer/model.h"
+#include "model/model.h"
 #include "trainer/tiny_run.h"
 #include "trainer/train.h"
 

@@ -19,7 +19,7 @@
 #include "test_util.h"
 #include "trainer/estimate.h"
 #include "trainer/memory.h"
-#include "trainer/model_config.h"
+#include "model/model_config.h"
 
 namespace qlora {
 namespace {

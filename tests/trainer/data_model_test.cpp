@@ -8,7 +8,7 @@
 #include "data/tokenizer.h"
 #include "test_util.h"
 #include "trainer/batch_tensors.h"
-#include "trainer/model.h"
+#include "model/model.h"
 
 namespace qlora {
 namespace {

@@ -18,7 +18,7 @@
 #include "common/error.h"
 #include "common/format.h"
 #include "trainer/estimate.h"
-#include "trainer/model.h"
+#include "model/model.h"
 #include "trainer/train.h"
 
 namespace qlora {

@@ -20,7 +20,7 @@
 #include "gguf_builder.h"
 #include "kernels/quant4.h"
 #include "test_util.h"
-#include "trainer/import_gguf.h"
+#include "model/import_gguf.h"
 
 namespace {
 namespace fs = std::filesystem;

@@ -10,8 +10,8 @@
 #include "common/safetensors.h"
 #include "common/tensor_io.h"
 #include "test_util.h"
-#include "trainer/import_gguf.h"
-#include "trainer/model.h"
+#include "model/import_gguf.h"
+#include "model/model.h"
 
 namespace {
 namespace fs = std::filesystem;

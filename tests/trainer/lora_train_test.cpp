@@ -36,9 +36,9 @@
 #include "common/tensor_io.h"
 #include "test_util.h"
 #include "trainer/batch_tensors.h"
-#include "trainer/commands.h"
-#include "trainer/merge.h"
-#include "trainer/model.h"
+#include "cli/commands.h"
+#include "adapters/merge.h"
+#include "model/model.h"
 #include "trainer/train.h"
 #include "peft_parity.h"
 

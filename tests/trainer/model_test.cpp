@@ -8,8 +8,8 @@
 #include "common/error.h"
 #include "common/tensor_io.h"
 #include "test_util.h"
-#include "trainer/generate.h"
-#include "trainer/model.h"
+#include "model/generate.h"
+#include "model/model.h"
 
 namespace qlora {
 namespace {

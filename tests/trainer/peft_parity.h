@@ -18,7 +18,7 @@
 #include "common/tensor_io.h"
 #include "test_util.h"
 #include "trainer/batch_tensors.h"
-#include "trainer/model.h"
+#include "model/model.h"
 #include "trainer/train.h"
 
 namespace qlora::peft_test {

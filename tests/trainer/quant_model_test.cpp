@@ -13,8 +13,8 @@
 #include "common/tensor_io.h"
 #include "kernels/quant4.h"
 #include "test_util.h"
-#include "trainer/commands.h"
-#include "trainer/model.h"
+#include "cli/commands.h"
+#include "model/model.h"
 
 namespace qlora {
 namespace {

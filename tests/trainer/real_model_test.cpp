@@ -21,7 +21,7 @@
 #include <iostream>
 
 #include "peft_parity.h"
-#include "trainer/generate.h"
+#include "model/generate.h"
 
 namespace qlora {
 namespace {

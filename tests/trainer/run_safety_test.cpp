@@ -24,8 +24,8 @@
 #include "common/tensor_io.h"
 #include "tests/test_util.h"
 #include "trainer/checkpoint.h"
-#include "trainer/commands.h"
-#include "trainer/model.h"
+#include "cli/commands.h"
+#include "model/model.h"
 #include "trainer/train.h"
 
 namespace {

@@ -23,7 +23,7 @@
 #include "adapters/lora.h"
 #include "adapters/peft.h"
 #include "kernels/quant_tensor.h"
-#include "trainer/model_config.h"
+#include "model/model_config.h"
 
 namespace qlora {
 

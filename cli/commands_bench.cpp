@@ -15,10 +15,10 @@
 #include "common/format.h"
 #include "common/log.h"
 #include "data/batch.h"
-#include "trainer/commands.h"
+#include "cli/commands.h"
 #include "trainer/estimate.h"
 #include "trainer/memory.h"
-#include "trainer/model.h"
+#include "model/model.h"
 #include "trainer/train.h"
 
 namespace qlora {

@@ -8,8 +8,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "trainer/commands.h"
-#include "trainer/import_gguf.h"
+#include "cli/commands.h"
+#include "model/import_gguf.h"
 #include "trainer/launch.h"
 
 namespace {

@@ -10,7 +10,7 @@
 #include "data/reader.h"
 #include "data/template.h"
 #include "data/tokenizer.h"
-#include "trainer/commands.h"
+#include "cli/commands.h"
 
 namespace qlora {
 

@@ -5,8 +5,8 @@
 #include "common/log.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
-#include "trainer/commands.h"
-#include "trainer/config/config.h"
+#include "cli/commands.h"
+#include "config/config.h"
 #include "trainer/distributed.h"
 #include "trainer/train.h"
 

@@ -7,8 +7,8 @@
 // rules are ours and documented (docs/config.md): YAML 1.2 core numbers and booleans, quoted
 // scalars are always strings, unknown keys are errors with a did-you-mean, and every message is one
 // line that starts with `file:line:` (or the `--set` override that supplied the value).
-#include "trainer/config/config.h"
-#include "trainer/model_config.h"
+#include "config/config.h"
+#include "model/model_config.h"
 
 #include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>  // the emitter only (to_yaml); parsing is common/yaml.h (libyaml)
@@ -1094,7 +1094,7 @@ const char* to_string(ResumeMode v) {
 }
 
 const std::vector<std::string>& known_model_presets() {
-  static const std::vector<std::string> presets = preset_names();  // trainer/model_config.h
+  static const std::vector<std::string> presets = preset_names();  // model/model_config.h
   return presets;
 }
 

@@ -1,4 +1,4 @@
-#include "trainer/generate.h"
+#include "model/generate.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "trainer/import_gguf.h"
+#include "model/import_gguf.h"
 
 #include <unistd.h>
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "trainer/model.h"
+#include "model/model.h"
 
 namespace qlora {
 

@@ -1,4 +1,4 @@
-#include "trainer/model_config.h"
+#include "model/model_config.h"
 
 #include <filesystem>
 

@@ -14,10 +14,10 @@
 #include "common/log.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
-#include "trainer/commands.h"
-#include "trainer/config/config.h"
-#include "trainer/generate.h"
-#include "trainer/model.h"
+#include "cli/commands.h"
+#include "config/config.h"
+#include "model/generate.h"
+#include "model/model.h"
 #include "trainer/train.h"
 
 namespace qlora {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "adapters/peft.h"
-#include "trainer/generate.h"
+#include "model/generate.h"
 
 namespace qlora {
 

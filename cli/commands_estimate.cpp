@@ -4,8 +4,8 @@
 #include <sstream>
 
 #include "common/error.h"
-#include "trainer/commands.h"
-#include "trainer/config/config.h"
+#include "cli/commands.h"
+#include "config/config.h"
 #include "trainer/estimate.h"
 
 namespace qlora {

@@ -19,8 +19,8 @@
 #include "common/safetensors.h"
 #include "common/tensor_io.h"
 #include "data/tokenizer.h"
-#include "trainer/commands.h"
-#include "trainer/model.h"
+#include "cli/commands.h"
+#include "model/model.h"
 
 namespace qlora {
 namespace fs = std::filesystem;
