@@ -274,7 +274,9 @@ struct FamilyRenderer {
   FamilyRenderer(const Record& rec, const std::string& n) : r(rec), name(n) {
     for (size_t k = 0; k < r.turns.size(); ++k) {
       const Turn& t = r.turns[k];
-      Msg m{t.role, t.content};
+      Msg m;
+      m.role = t.role;
+      m.content = t.content;
       if (t.tool_call && (name == "qwen2.5" || name == "qwen3" || name == "mistral")) {
         ojson call;
         try {

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Configures and builds qlora-cpp into $QLORA_BUILD (default ./build). Extra args go to cmake configure.
 #   QLORA_SANITIZE=1 scripts/build.sh   -> ASan+UBSan build in build-asan/
+#   QLORA_WERROR=1 scripts/build.sh     -> -Werror on the project's code (-Wall -Wextra); scripts/test.sh sets it
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 "$QLORA_ROOT/scripts/setup.sh"
 
-extra=()
+extra=(-DQLORA_WERROR="$([ "${QLORA_WERROR:-0}" = 1 ] && echo ON || echo OFF)")
 if [ "${QLORA_SANITIZE:-0}" = 1 ]; then
   QLORA_BUILD="${QLORA_BUILD_ASAN:-$QLORA_ROOT/build-asan}"
   extra+=(-DQLORA_SANITIZE=ON -DQLORA_CUDA=OFF -DQLORA_BUILD_BENCH=OFF)
@@ -18,5 +19,7 @@ if [ ! -f "$QLORA_BUILD/Makefile" ]; then
     -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache \
     -DQLORA_PYTHON="$QLORA_VENV/bin/python" "${extra[@]}" "$@" > "$QLORA_BUILD/configure.log" 2>&1 \
     || { cat "$QLORA_BUILD/configure.log"; exit 1; }
+elif ! grep -q "^QLORA_WERROR:BOOL=${extra[0]#*=}\$" "$QLORA_BUILD/CMakeCache.txt"; then
+  cmake "$QLORA_BUILD" "${extra[0]}" > "$QLORA_BUILD/configure.log" 2>&1 || { cat "$QLORA_BUILD/configure.log"; exit 1; }
 fi
 cmake --build "$QLORA_BUILD" -j"${QLORA_JOBS:-$(nproc)}" ${QLORA_TARGETS:+--target $QLORA_TARGETS}
