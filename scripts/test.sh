@@ -4,7 +4,6 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 t0=$(date +%s)
-export QLORA_WERROR="${QLORA_WERROR:-1}"  # the project builds without a warning (-Wall -Wextra)
 "$QLORA_ROOT/scripts/build.sh"
 t1=$(date +%s)
 

@@ -113,7 +113,10 @@ TEST(FrozenLinear, QuantizedForwardAndBackwardEqualDequantizedLinear) {
     const torch::Tensor gref = g.matmul(wd);
     EXPECT_TRUE(torch::allclose(x.grad().to(torch::kFloat), gref.to(torch::kFloat), 1e-5, 1e-5));
     EXPECT_EQ(ql.bytes(), quantized_weight_bytes(48 * 80, 64, true) + 48 * ql.bias.element_size());
-    FrozenLinear plain{"p", wd, nullptr, ql.bias};
+    FrozenLinear plain;
+    plain.name = "p";
+    plain.weight = wd;
+    plain.bias = ql.bias;
     EXPECT_EQ(plain.bytes(), (48 * 80 + 48) * static_cast<int64_t>(ql.bias.element_size()));
   }
 }
