@@ -9,6 +9,9 @@ export CCACHE_DIR="${CCACHE_DIR:-$QLORA_CACHE/ccache}"
 export CCACHE_BASEDIR="$QLORA_ROOT"          # relative paths: hits across clones in other folders
 export CCACHE_NOHASHDIR=1
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+# The precompiled torch header (qlora_torch_pch, CMakeLists.txt): ccache caches its users only with
+# these sloppiness settings (ccache manual, "Precompiled headers").
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros}"
 export PATH="/usr/local/cuda/bin:$PATH"
 export QLORA_SHARED="${QLORA_SHARED:-$QLORA_ROOT/../shared}"
 # Real pretrained model files (outside the clone; scripts/setup.sh fetches them): SmolLM2-135M-Instruct
