@@ -35,20 +35,9 @@ torch::Tensor LoraAdapter::delta(const torch::Tensor& x, bool train) const {
   return torch::nn::functional::linear(h, B.to(x.scalar_type())) * scale;
 }
 
-const std::vector<std::string>& llama_linear_names() {
-  static const std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                 "gate_proj", "up_proj", "down_proj"};
-  return names;
-}
-
 bool lora_targets_module(const std::string& module, const std::vector<std::string>& targets) {
   const std::string last = module.substr(module.rfind('.') + 1);
-  for (const std::string& t : targets) {
-    if (t == "all-linear") {
-      const auto& n = llama_linear_names();
-      if (std::find(n.begin(), n.end(), last) != n.end()) return true;
-      continue;
-    }
+  for (const std::string& t : expand_target_modules(targets)) {
     if (t == module || t == last) return true;
     if (module.size() > t.size() && module.compare(module.size() - t.size(), t.size(), t) == 0 &&
         module[module.size() - t.size() - 1] == '.')

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "adapters/target_modules.h"
+
 namespace qlora {
 
 /// LoRA scaling s: alpha / r, or alpha / √r with use_rslora (Kalajdzievski 2023, rsLoRA).
@@ -46,9 +48,6 @@ struct LoraAdapter {
   /// s·B·A·dropout(x): x [..., in] → [..., out] in x's dtype. Dropout only when `train`.
   torch::Tensor delta(const torch::Tensor& x, bool train) const;
 };
-
-/// The seven Llama-family projection names, which `all-linear` expands to (lm_head excluded).
-const std::vector<std::string>& llama_linear_names();
 
 /// Whether the HF module path `module` (e.g. "model.layers.3.self_attn.q_proj") is targeted by
 /// `targets` (PEFT semantics: a target matches the last path component, or the whole path, or a

@@ -81,13 +81,8 @@ bool peft_targets_module(const PeftConfig& c, const std::string& module) {
   if (!c.target_regex.empty()) return re_match(c.target_regex, module, true).has_value();
   for (const std::string& t : c.target_modules)
     if (module == t) return true;  // an exact full path: no layer filter (as PEFT)
-  std::vector<std::string> names;
-  for (const std::string& t : c.target_modules) {
-    if (t == "all-linear") names.insert(names.end(), llama_linear_names().begin(), llama_linear_names().end());
-    else names.push_back(t);
-  }
   bool found = false;
-  for (const std::string& t : names) found = found || ends_with(module, "." + t);
+  for (const std::string& t : expand_target_modules(c.target_modules)) found = found || ends_with(module, "." + t);
   if (!found || c.layers_to_transform.empty()) return found;
   std::optional<std::string> idx;
   if (c.layers_pattern.empty()) {
@@ -176,7 +171,7 @@ PeftConfig read_peft_config(const std::string& dir) {
   }
   auto tm = j.find("target_modules");
   if (tm != j.end() && tm->is_string()) {
-    if (tm->get<std::string>() == "all-linear") c.target_modules = {"all-linear"};
+    if (tm->get<std::string>() == kAllLinear) c.target_modules = {kAllLinear};
     else c.target_regex = tm->get<std::string>();
   } else if (tm != j.end() && tm->is_array()) {
     for (const json& t : *tm) {

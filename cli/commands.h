@@ -141,7 +141,7 @@ struct EstimateCliOptions {
   int64_t blocksize = 64;
   bool double_quant = false;                   ///< --double-quant
   int64_t lora_r = 16;
-  std::vector<std::string> lora_targets = {"all-linear"};
+  std::vector<std::string> lora_targets = {kAllLinear};
   int64_t micro_batch_size = 1;
   int64_t seq_len = 2048;
   bool no_gradient_checkpointing = false;

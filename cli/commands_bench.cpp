@@ -62,7 +62,7 @@ EstimateOptions point_options(const BenchOptions& o, int64_t seq, int64_t mb, co
   e.blocksize = 64;
   e.double_quant = true;
   e.lora_r = o.lora_r;
-  e.lora_targets = {"all-linear"};
+  e.lora_targets = {kAllLinear};
   e.lora_dropout = LoraConfig{}.dropout;
   e.micro_batch_size = mb;
   e.seq_len = seq;
@@ -99,7 +99,7 @@ BenchPoint run_point(LlamaModel& model, const BenchOptions& o, int64_t seq, int6
     lo.r = o.lora_r;
     lo.alpha = lc.alpha;
     lo.dropout = lc.dropout;
-    lo.target_modules = {"all-linear"};
+    lo.target_modules = {kAllLinear};
     lo.seed = o.seed;
     model.add_lora(lo);
     auto opt = make_adamw(model.lora_parameters(), TrainingConfig{});
@@ -239,7 +239,7 @@ std::string cmd_bench(const BenchOptions& o) {
   const torch::Dtype dtype = dev.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
   const double peak_flops = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : peak_flops_for_device_name(device_name(dev));
   QuantOptions q;
-  q.method = QuantOptions::Method::NF4;
+  q.quant_type = kernels::Quant4Type::NF4;
   q.blocksize = 64;
   q.double_quant = true;
   const bool cuda = dev.is_cuda();
@@ -320,7 +320,7 @@ std::string cmd_bench(const BenchOptions& o) {
   std::ostringstream os;
   os << "bench " << what << " on " << device_name(dev) << ": NF4 bs64 double "
      << "quant, LoRA r=" << o.lora_r << " all-linear, checkpointing " << (o.no_gradient_checkpointing ? "off" : "on")
-     << ", " << (dtype == torch::kFloat32 ? "fp32" : "bf16") << ", " << o.steps << " steps (first untimed)\n";
+     << ", " << dtype_name(dtype_of(dtype)) << ", " << o.steps << " steps (first untimed)\n";
   os << std::right << std::setw(7) << "seq" << std::setw(6) << "batch" << std::setw(10) << "step s" << std::setw(11)
      << "tokens/s" << std::setw(8) << "MFU" << std::setw(8) << "HFU" << std::setw(14)
      << (cuda ? "peak alloc" : "peak RSS+") << std::setw(14) << "estimated" << std::setw(8) << "error";

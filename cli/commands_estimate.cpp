@@ -34,7 +34,7 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
     e.gradient_checkpointing = !o.no_gradient_checkpointing;
     QLORA_CHECK(o.dtype == "bf16" || o.dtype == "fp16" || o.dtype == "fp32", "estimate: --dtype must be bf16, fp16 "
                 "or fp32, got '", o.dtype, "'");
-    e.compute_bytes = o.dtype == "fp32" ? 4 : 2;
+    e.compute_bytes = dtype_bytes(parse_dtype(o.dtype));
   }
   e.world_size = o.world_size;
   const MemoryEstimate est = estimate_memory(model, e);

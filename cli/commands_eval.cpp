@@ -137,8 +137,8 @@ std::string cmd_eval(const EvalOptions& o) {
     read_peft_config(o.adapter);  // fails early on a bad adapter_config.json
   }
 
-  const torch::Dtype dtype = compute_dtype(cfg.model.dtype, device);
-  const QuantOptions q = quant_options(cfg.quantization);
+  const torch::Dtype dtype = torch_dtype(cfg.model.dtype, device);
+  const QuantOptions& q = cfg.quantization;
   LlamaModel model = !cfg.model.path.empty()
                          ? LlamaModel::load(cfg.model.path, dtype, device, q)
                          : [&] {  // a preset trains on random weights from training.seed: the same here

@@ -22,17 +22,11 @@ using json = nlohmann::json;
 
 namespace {
 
-torch::Dtype merge_dtype(const std::string& d, const ModelConfig& base) {
-  const std::string s = d == "auto" ? base.torch_dtype : d;
-  if (s == "fp32" || s == "float32") return torch::kFloat32;
-  if (s == "fp16" || s == "float16") return torch::kFloat16;
-  if (s == "bf16" || s == "bfloat16") return torch::kBFloat16;
-  QLORA_CHECK(d == "auto", "merge: --dtype must be bf16, fp16, fp32 or auto, got '", d, "'");
-  return torch::kBFloat16;  // auto with an unusual stored dtype
-}
-
-const char* hf_dtype_name(torch::Dtype d) {
-  return d == torch::kFloat32 ? "float32" : d == torch::kFloat16 ? "float16" : "bfloat16";
+/// The merged model's dtype: --dtype, where auto is the base's stored dtype (not the compute rule).
+DType merge_dtype(const std::string& d, const ModelConfig& base) {
+  const std::optional<DType> t = dtype_from_name(d);
+  QLORA_CHECK(t.has_value(), "merge: --dtype must be bf16, fp16, fp32 or auto, got '", d, "'");
+  return *t == DType::kAuto ? stored_dtype(base.torch_dtype) : *t;
 }
 
 /// Refuses adapter features a plain W + s·B·A merge cannot represent, and a LoRA on lm_head
@@ -70,7 +64,8 @@ void cmd_merge(const MergeOptions& o) {
               ": exists and is not empty; refusing to overwrite it");
   QLORA_CHECK(o.max_shard_bytes > 0, "merge: --max-shard-bytes must be > 0, got ", o.max_shard_bytes);
   const ModelConfig base_cfg = load_model_config(o.base_dir);
-  const torch::Dtype out_dtype = merge_dtype(o.dtype, base_cfg);
+  const DType out = merge_dtype(o.dtype, base_cfg);
+  const torch::Dtype out_dtype = torch_dtype(out, torch::kCPU);
   check_adapter_mergeable(o.adapter_dir, base_cfg);
 
   // fp32 holds bf16/fp16/fp32 stored values exactly; a 4-bit base is read as stored (never
@@ -104,8 +99,8 @@ void cmd_merge(const MergeOptions& o) {
 
   json cfg = json::parse(read_file((fs::path(o.base_dir) / "config.json").string()));
   cfg.erase("quantization_config");
-  cfg["torch_dtype"] = hf_dtype_name(out_dtype);
-  if (cfg.contains("dtype")) cfg["dtype"] = hf_dtype_name(out_dtype);
+  cfg["torch_dtype"] = hf_dtype_name(out);
+  if (cfg.contains("dtype")) cfg["dtype"] = hf_dtype_name(out);
 
   const fs::path out(o.out_dir);
   const fs::path tmp = o.out_dir + ".tmp-" + std::to_string(::getpid());
@@ -149,7 +144,7 @@ void cmd_merge(const MergeOptions& o) {
     throw;
   }
   log::info("merge: ", merged, " LoRA modules (r=", pc.r, ", scale ", s, ") merged into ", o.base_dir,
-            dequantized ? " (4-bit base dequantized)" : "", " -> ", o.out_dir, " (", hf_dtype_name(out_dtype), ")");
+            dequantized ? " (4-bit base dequantized)" : "", " -> ", o.out_dir, " (", hf_dtype_name(out), ")");
 }
 
 }  // namespace qlora

@@ -38,21 +38,16 @@ std::string component_of(const std::string& name) {
   return "other";
 }
 
-torch::Dtype stored_dtype(const ModelConfig& cfg) {
-  if (cfg.torch_dtype == "float32") return torch::kFloat32;
-  if (cfg.torch_dtype == "float16") return torch::kFloat16;
-  return torch::kBFloat16;
-}
 
 /// `inspect --quant`: loads (quantizing while streaming) and accounts bytes per component.
 std::string inspect_quantized(const InspectOptions& o) {
   QuantOptions q;
-  q.method = parse_quant_method(o.quant);
+  q.quant_type = parse_quant_method(o.quant);
   QLORA_CHECK(q.enabled(), "inspect: --quant must be nf4 or fp4, got '", o.quant, "'");
   q.blocksize = o.blocksize;
   q.double_quant = o.double_quant;
   const ModelConfig cfg = load_model_config(o.model_dir);
-  const torch::Dtype dtype = stored_dtype(cfg);
+  const torch::Dtype dtype = torch_dtype(stored_dtype(cfg.torch_dtype), torch::kCPU);
   const auto t0 = std::chrono::steady_clock::now();
   const LlamaModel m = LlamaModel::load(o.model_dir, dtype, torch::kCPU, q);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -75,7 +70,7 @@ std::string inspect_quantized(const InspectOptions& o) {
     q_packed += w.packed.numel();
     q_consts += w.bytes() - w.packed.numel();
     ++n_quantized;
-    qtypes.insert(std::string(quant_type_name(w.type)) + " bs" + std::to_string(w.blocksize) +
+    qtypes.insert(std::string(kernels::quant_type_name(w.type)) + " bs" + std::to_string(w.blocksize) +
                   (w.double_quant ? " dq" : ""));
   }
   add_plain(m.embed_tokens);
@@ -194,7 +189,7 @@ std::string cmd_inspect(const InspectOptions& o) {
 
 std::string cmd_generate(const GenerateCliOptions& o) {
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
-  LlamaModel model = LlamaModel::load(o.model_dir, parse_compute_dtype(o.dtype, device), device);
+  LlamaModel model = LlamaModel::load(o.model_dir, torch_dtype(parse_dtype(o.dtype), device), device);
   if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);  // dropout off
   data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
   std::vector<int64_t> prompt;
@@ -247,11 +242,12 @@ void cmd_init_model(const InitModelOptions& o) {
                  {"add_bos_token", true}, {"add_eos_token", false}, {"legacy", true}};
       atomic_write_string((tmp / "tokenizer_config.json").string(), tc.dump(2) + "\n");
     }
-    if (!o.dtype.empty())
-      cfg.torch_dtype = o.dtype == "fp32" ? "float32" : o.dtype == "bf16" ? "bfloat16" : o.dtype == "fp16" ? "float16" : "";
-    QLORA_CHECK(!cfg.torch_dtype.empty(), "init-model: --dtype must be fp32, bf16 or fp16, got '", o.dtype, "'");
-    const torch::Dtype dtype = cfg.torch_dtype == "float32" ? torch::kFloat32
-                               : cfg.torch_dtype == "float16" ? torch::kFloat16 : torch::kBFloat16;
+    if (!o.dtype.empty()) {
+      const std::optional<DType> d = dtype_from_name(o.dtype);
+      QLORA_CHECK(d && *d != DType::kAuto && o.dtype == dtype_name(*d), "init-model: --dtype must be fp32, bf16 or fp16, got '", o.dtype, "'");
+      cfg.torch_dtype = hf_dtype_name(*d);
+    }
+    const torch::Dtype dtype = torch_dtype(stored_dtype(cfg.torch_dtype), torch::kCPU);
     log::info("init-model: preset ", o.preset, " (", cfg.num_parameters(), " parameters), ",
               cfg.torch_dtype, ", seed ", o.seed);
     LlamaModel m = LlamaModel::random_init(cfg, o.seed, dtype, torch::kCPU);

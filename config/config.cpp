@@ -49,8 +49,12 @@ const std::vector<std::string>& section_keys(const std::string& name);
 
 // The names each choice key accepts. For an enum (or bool) member a name's position is its value
 // (kDTypes[int(DType::kFP32)] == "fp32"; kInits[random_init]), so the orders here are the enums'.
-const std::vector<std::string> kDTypes = {"bf16", "fp16", "fp32", "auto"};
-const std::vector<std::string> kQuantMethods = {"nf4", "fp4", "none"};
+// The quant method is an optional kernels::Quant4Type: NF4, FP4, then none (choice_index below).
+const std::vector<std::string> kDTypes = {dtype_name(DType::kBF16), dtype_name(DType::kFP16),
+                                          dtype_name(DType::kFP32), dtype_name(DType::kAuto)};
+const std::vector<std::string> kQuantMethods = {quant_method_name(kernels::Quant4Type::NF4),
+                                                quant_method_name(kernels::Quant4Type::FP4),
+                                                quant_method_name(std::nullopt)};
 const std::vector<std::string> kSchedulers = {"constant", "linear", "cosine"};
 const std::vector<std::string> kInits = {"pretrained", "random"};
 const std::vector<std::string> kFormats = {"auto", "alpaca", "sharegpt", "messages", "completion"};
@@ -630,35 +634,33 @@ struct SectionSpec {
 
 // -- keys with a shape of their own --
 
+// target_modules: the scalar all-linear (kept as {"all-linear"}) or a list of projection names.
 void read_target_modules(const Section& s, const char* key, LoraConfig& l) {
   const yaml::Node* t = s.raw(key);
-  if (!t || (t->is_scalar() && t->value == "all-linear")) {
-    if (t) l.all_linear = true;
-    if (l.all_linear) l.target_modules = known_lora_targets();
+  if (!t) return;
+  if (t->is_scalar() && t->value == kAllLinear) {
+    l.target_modules = {kAllLinear};
     return;
   }
   if (!t->is_sequence())
     s.error(key, "expected \"all-linear\" or a list of module names, got " + describe(*t));
-  l.all_linear = false;
   l.target_modules = s.get_string_list(key, {});
   if (l.target_modules.empty()) s.error(key, "expected at least one module name");
+  const std::vector<std::string>& known = llama_linear_names();
   for (size_t i = 0; i < l.target_modules.size(); ++i) {
     const std::string& name = l.target_modules[i];
-    if (contains(known_lora_targets(), name)) continue;
-    const std::string near = closest(name, known_lora_targets());
+    if (contains(known, name)) continue;
+    const std::string near = closest(name, known);
     s.item_error(key, i,
                  "unknown module \"" + one_line(name) + "\"" +
-                     (near.empty() ? " (known: " + join(known_lora_targets(), ", ") + ")"
-                                   : "; did you mean \"" + near + "\"?"));
+                     (near.empty() ? " (known: " + join(known, ", ") + ")" : "; did you mean \"" + near + "\"?"));
   }
 }
 void emit_target_modules(YAML::Emitter& out, const char* key, const LoraConfig& l) {
-  if (l.all_linear) emit_plain(out, key, "all-linear");
+  if (l.target_modules == std::vector<std::string>{kAllLinear}) emit_plain(out, key, kAllLinear);
   else emit_list(out, key, l.target_modules);
 }
-bool equal_target_modules(const LoraConfig& a, const LoraConfig& b) {
-  return a.all_linear == b.all_linear && a.target_modules == b.target_modules;
-}
+bool equal_target_modules(const LoraConfig& a, const LoraConfig& b) { return a.target_modules == b.target_modules; }
 
 void read_resume(const Section& s, const char* key, CheckpointConfig& c) {
   const yaml::Node* r = s.raw(key);
@@ -741,12 +743,11 @@ void visit_fields(V& v, ModelSource*) {
 }
 
 template <class V>
-void visit_fields(V& v, QuantConfig*) {
-  v("method", &QuantConfig::method, ChoiceSpec{kQuantMethods});
-  v("double_quant", &QuantConfig::double_quant, BoolSpec{});
-  v("blocksize", &QuantConfig::blocksize,
-    IntSpec{[](int64_t b) { return b >= 32 && b <= 4096 && (b & (b - 1)) == 0; }, "a power of two in [32, 4096]"});
-  v("keep_16bit", &QuantConfig::keep_16bit, NameListSpec{});
+void visit_fields(V& v, QuantOptions*) {
+  v("method", &QuantOptions::quant_type, ChoiceSpec{kQuantMethods});
+  v("double_quant", &QuantOptions::double_quant, BoolSpec{});
+  v("blocksize", &QuantOptions::blocksize, IntSpec{kernels::quant4_valid_blocksize, "a power of two in [32, 4096]"});
+  v("keep_16bit", &QuantOptions::keep_16bit, NameListSpec{});
 }
 
 template <class V>
@@ -839,6 +840,16 @@ void visit_fields(V& v, Config*) {
 /// Index of an enum (or bool) value in its names list.
 template <class E>
 size_t choice_index(E v) { return static_cast<size_t>(v); }
+/// The quant method: NF4, FP4, none (kQuantMethods).
+size_t choice_index(const std::optional<kernels::Quant4Type>& t) { return t ? static_cast<size_t>(*t) : 2; }
+/// The member value of the name at position i (the inverse of choice_index).
+template <class M>
+M from_choice_index(size_t i) {
+  if constexpr (std::is_same_v<M, std::optional<kernels::Quant4Type>>)
+    return i == 2 ? M() : M(static_cast<kernels::Quant4Type>(i));
+  else
+    return static_cast<M>(i);
+}
 
 /// Lists the keys of one section (the top level: output_dir and the section names), with the
 /// names a choice key accepts.
@@ -873,7 +884,7 @@ struct Reader {
       obj.*m = s.get_choice(key, obj.*m, c.names);
     } else {
       const std::string name = s.get_choice(key, c.names.at(choice_index(obj.*m)), c.names);
-      obj.*m = static_cast<M>(std::find(c.names.begin(), c.names.end(), name) - c.names.begin());
+      obj.*m = from_choice_index<M>(static_cast<size_t>(std::find(c.names.begin(), c.names.end(), name) - c.names.begin()));
     }
   }
   template <class M>
@@ -1081,8 +1092,6 @@ Config parse_tree(yaml::Node root, Context& ctx, const std::vector<std::string>&
 
 }  // namespace
 
-const char* to_string(DType v) { return kDTypes.at(static_cast<size_t>(v)).c_str(); }
-const char* to_string(QuantMethod v) { return kQuantMethods.at(static_cast<size_t>(v)).c_str(); }
 const char* to_string(LrScheduler v) { return kSchedulers.at(static_cast<size_t>(v)).c_str(); }
 const char* to_string(ResumeMode v) {
   switch (v) {
@@ -1096,12 +1105,6 @@ const char* to_string(ResumeMode v) {
 const std::vector<std::string>& known_model_presets() {
   static const std::vector<std::string> presets = preset_names();  // model/model_config.h
   return presets;
-}
-
-const std::vector<std::string>& known_lora_targets() {
-  static const std::vector<std::string> targets = {"q_proj", "k_proj",  "v_proj",   "o_proj",
-                                                   "gate_proj", "up_proj", "down_proj"};
-  return targets;
 }
 
 Config parse_config_string(const std::string& yaml_text, const std::string& source_name,

@@ -11,15 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "adapters/target_modules.h"
 #include "data/options.h"
+#include "model/options.h"
 
 namespace qlora {
 
-/// Floating-point type the base model computes in (`model.dtype`). kAuto: bf16 on CUDA, fp32 on
-/// CPU (compute_dtype in trainer/train.h; the model's stored `torch_dtype` is not consulted).
-enum class DType { kBF16, kFP16, kFP32, kAuto };
-/// Storage format of the frozen base weights (`quantization.method`). kNone: 16-bit LoRA.
-enum class QuantMethod { kNF4, kFP4, kNone };
 /// Learning-rate schedule after warmup (`training.lr_scheduler`).
 enum class LrScheduler { kConstant, kLinear, kCosine };
 /// What `checkpoint.resume` asks for: the newest complete checkpoint, none, or the one at a path.
@@ -31,16 +28,7 @@ struct ModelSource {
   std::string preset;       ///< built-in architecture (see known_model_presets()), "" = none
   bool random_init = false; ///< YAML `init: random|pretrained`; a preset requires random
   std::string tokenizer;    ///< tokenizer file or dir; "" = the one inside `path`
-  DType dtype = DType::kBF16;
-};
-
-/// `quantization:` — how the frozen base weights are stored.
-struct QuantConfig {
-  QuantMethod method = QuantMethod::kNF4;
-  bool double_quant = true;  ///< quantize the per-block absmax too (QLoRA "double quantization")
-  int64_t blocksize = 64;    ///< weights per absmax block: a power of two in [32, 4096]
-  /// HF module-name fragments kept in 16 bit (matched against each dotted name component).
-  std::vector<std::string> keep_16bit = {"embed_tokens", "norm", "lm_head"};
+  DType dtype = DType::kBF16; ///< compute dtype (model/options.h)
 };
 
 /// `lora:` — the adapters. y = W0·x + s·B·A·dropout(x), s = alpha/r (alpha/√r with use_rslora).
@@ -48,9 +36,9 @@ struct LoraConfig {
   int64_t r = 16;           ///< rank (> 0)
   double alpha = 32.0;      ///< scale numerator (> 0)
   double dropout = 0.05;    ///< on the adapter input, in [0, 1)
-  bool all_linear = true;   ///< YAML `target_modules: all-linear`
-  /// Projection names adapted; filled with every linear name (known_lora_targets()) when all_linear.
-  std::vector<std::string> target_modules;
+  /// Projection names adapted (llama_linear_names()), or {"all-linear"}: every one of them
+  /// (YAML `target_modules: all-linear`; adapters/target_modules.h).
+  std::vector<std::string> target_modules = {kAllLinear};
   bool use_rslora = false;  ///< rank-stabilised scale alpha/√r
 };
 
@@ -96,7 +84,7 @@ struct CostConfig {
 struct Config {
   std::string output_dir;  ///< run directory (required)
   ModelSource model;
-  QuantConfig quantization;
+  QuantOptions quantization{kernels::Quant4Type::NF4};  ///< `quantization:` (model/options.h); NF4 by default
   LoraConfig lora;
   data::DataOptions data;
   TrainingConfig training;
@@ -131,9 +119,8 @@ Config config_with_overrides(const Config& base, const std::vector<std::string>&
 /// parse_config_string(to_yaml(c), ...) == c for every valid c.
 std::string to_yaml(const Config& config);
 
-/// Canonical spellings, as written in YAML ("bf16", "nf4", "cosine", "auto").
-const char* to_string(DType v);
-const char* to_string(QuantMethod v);
+/// Canonical spellings, as written in YAML ("cosine", "auto"; a DType's is dtype_name, a quant
+/// method's quant_method_name, model/options.h).
 const char* to_string(LrScheduler v);
 const char* to_string(ResumeMode v);
 
@@ -149,7 +136,5 @@ std::vector<ConfigKey> config_keys();
 
 /// Names accepted by `model.preset`.
 const std::vector<std::string>& known_model_presets();
-/// Llama-family linear projection names accepted in `lora.target_modules` (= all-linear).
-const std::vector<std::string>& known_lora_targets();
 
 }  // namespace qlora

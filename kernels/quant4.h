@@ -16,11 +16,26 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <string>
+
+#include "common/error.h"
 
 namespace qlora::kernels {
 
-/// The 4-bit code book: NF4 (QLoRA normal-float quantiles) or FP4 (bnb's e2m1 variant).
+/// The 4-bit code book: NF4 (QLoRA normal-float quantiles) or FP4 (bnb's e2m1 variant). The one
+/// quant-type enum of the project: the ATen glue (quant_tensor.h), the model's QuantOptions
+/// (model/options.h) and the config's `quantization.method` all use it.
 enum class Quant4Type : int { NF4 = 0, FP4 = 1 };
+
+/// "nf4" -> NF4, "fp4" -> FP4 (exact, lower case, as bnb's `bnb_4bit_quant_type`). Anything else
+/// throws qlora::Error naming the value.
+inline Quant4Type parse_quant_type(const std::string& name) {
+  if (name == "nf4") return Quant4Type::NF4;
+  if (name == "fp4") return Quant4Type::FP4;
+  fail("unknown quant type '", name, "': expected \"nf4\" or \"fp4\"");
+}
+/// "nf4" / "fp4" (bnb's spelling).
+inline const char* quant_type_name(Quant4Type type) { return type == Quant4Type::NF4 ? "nf4" : "fp4"; }
 
 /// A bfloat16 / float16 value as its raw bits (the torch-free stand-in for c10::BFloat16/Half;
 /// same size and layout, so a tensor's data pointer may be reinterpreted as these).

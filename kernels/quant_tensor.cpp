@@ -16,10 +16,6 @@ namespace {
 
 namespace k = qlora::kernels;
 
-k::Quant4Type to_kernel(QuantType t) {
-  return t == QuantType::NF4 ? k::Quant4Type::NF4 : k::Quant4Type::FP4;
-}
-
 void check_float_dtype(at::ScalarType t, const char* what) {
   QLORA_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, what,
               ": expected dtype float32, bfloat16 or float16, got ", t);
@@ -59,15 +55,7 @@ k::Quant4Scales scales_of(const QuantizedWeight& q) {
 
 }  // namespace
 
-QuantType parse_quant_type(const std::string& name) {
-  if (name == "nf4") return QuantType::NF4;
-  if (name == "fp4") return QuantType::FP4;
-  fail("unknown quant type '", name, "': expected \"nf4\" or \"fp4\"");
-}
-
-const char* quant_type_name(QuantType type) { return type == QuantType::NF4 ? "nf4" : "fp4"; }
-
-QuantizedWeight quantize(const torch::Tensor& w_in, QuantType type, int64_t blocksize,
+QuantizedWeight quantize(const torch::Tensor& w_in, k::Quant4Type type, int64_t blocksize,
                          bool double_quant) {
   QLORA_CHECK(w_in.defined(), "quantize: expected a defined tensor, got an undefined one");
   check_float_dtype(w_in.scalar_type(), "quantize");
@@ -90,14 +78,13 @@ QuantizedWeight quantize(const torch::Tensor& w_in, QuantType type, int64_t bloc
   q.double_quant = double_quant;
   q.packed = torch::empty({k::quant4_packed_bytes(n)}, u8);
   torch::Tensor absmax = torch::empty({nblocks}, f32);
-  const k::Quant4Type kt = to_kernel(type);
 
   if (w.is_cuda()) {
 #if QLORA_WITH_CUDA
     const c10::cuda::CUDAGuard guard(w.device());
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(w.device().index()).stream();
     dispatch_float(w, [&](auto* x) {
-      k::quantize_4bit_cuda(x, n, blocksize, kt, q.packed.data_ptr<uint8_t>(),
+      k::quantize_4bit_cuda(x, n, blocksize, type, q.packed.data_ptr<uint8_t>(),
                             absmax.data_ptr<float>(), stream);
     });
     if (double_quant) {
@@ -120,7 +107,7 @@ QuantizedWeight quantize(const torch::Tensor& w_in, QuantType type, int64_t bloc
   }
 
   dispatch_float(w, [&](const auto* x) {
-    k::quantize_4bit_cpu(x, n, blocksize, kt, q.packed.data_ptr<uint8_t>(), absmax.data_ptr<float>());
+    k::quantize_4bit_cpu(x, n, blocksize, type, q.packed.data_ptr<uint8_t>(), absmax.data_ptr<float>());
   });
   if (double_quant) {
     q.offset = k::absmax_mean_ref(absmax.data_ptr<float>(), nblocks);
@@ -168,19 +155,18 @@ torch::Tensor QuantizedWeight::dequantize(at::ScalarType out_dtype) const {
   }
   torch::Tensor out = torch::empty(shape, torch::TensorOptions().dtype(out_dtype).device(packed.device()));
   const kernels::Quant4Scales sc = scales_of(*this);
-  const kernels::Quant4Type kt = to_kernel(type);
   if (packed.is_cuda()) {
 #if QLORA_WITH_CUDA
     const c10::cuda::CUDAGuard guard(packed.device());
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(packed.device().index()).stream();
     dispatch_float(out, [&](auto* o) {
-      kernels::dequantize_4bit_cuda(packed.data_ptr<uint8_t>(), sc, n, blocksize, kt, o, stream);
+      kernels::dequantize_4bit_cuda(packed.data_ptr<uint8_t>(), sc, n, blocksize, type, o, stream);
     });
 #endif
     return out;
   }
   dispatch_float(out, [&](auto* o) {
-    kernels::dequantize_4bit_cpu(packed.data_ptr<uint8_t>(), sc, n, blocksize, kt, o);
+    kernels::dequantize_4bit_cpu(packed.data_ptr<uint8_t>(), sc, n, blocksize, type, o);
   });
   return out;
 }

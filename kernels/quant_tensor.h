@@ -9,15 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/quant4.h"
+
 namespace qlora {
-
-enum class QuantType { NF4, FP4 };
-
-/// "nf4" -> NF4, "fp4" -> FP4 (exact, lower case, as bnb's quant_type). Anything else throws
-/// qlora::Error naming the value.
-QuantType parse_quant_type(const std::string& name);
-/// "nf4" / "fp4".
-const char* quant_type_name(QuantType type);
 
 /// A weight quantized blockwise to 4 bits, byte-compatible with bnb's quantize_4bit
 /// (packed = bnb's uint8 output flattened; absmax / absmax_q, nested_absmax, nested_code, offset =
@@ -32,7 +26,7 @@ struct QuantizedWeight {
   std::vector<int64_t> shape;   // original shape
   at::ScalarType dtype = at::kFloat;  // original dtype
   int64_t blocksize = 64;
-  QuantType type = QuantType::NF4;
+  kernels::Quant4Type type = kernels::Quant4Type::NF4;
   bool double_quant = false;
 
   /// Dequantizes to a new tensor of `shape` and dtype `out` (float32, bfloat16 or float16) on
@@ -53,7 +47,7 @@ struct QuantizedWeight {
 /// blocksize: power of two in 32..4096 (bnb's set). double_quant: bnb's compress_statistics.
 /// Throws qlora::Error for a bad blocksize, an empty or undefined tensor, or an unsupported dtype
 /// or device ("expected ..., got ...").
-QuantizedWeight quantize(const torch::Tensor& w, QuantType type, int64_t blocksize = 64,
+QuantizedWeight quantize(const torch::Tensor& w, kernels::Quant4Type type, int64_t blocksize = 64,
                          bool double_quant = true);
 
 }  // namespace qlora

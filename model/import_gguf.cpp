@@ -17,6 +17,7 @@
 #include "common/safetensors_stream.h"
 #include "kernels/gguf_dequant.h"
 #include "kernels/quant4.h"  // float_to_bf16
+#include "model/options.h"
 
 namespace qlora {
 namespace fs = std::filesystem;
@@ -360,7 +361,7 @@ json config_json(const Hparams& h, const json& special_ids, const std::string& d
     c["use_sliding_window"] = false;
   }
   for (auto it = special_ids.begin(); it != special_ids.end(); ++it) c[it.key()] = it.value();
-  c["dtype"] = dtype == "fp32" ? "float32" : "bfloat16";
+  c["dtype"] = hf_dtype_name(parse_dtype(dtype));
   return c;
 }
 

@@ -76,32 +76,21 @@ int64_t FrozenLinear::bytes() const {
   return nbytes(weight) + nbytes(bias) + (qweight ? qweight->bytes() : 0);
 }
 
-QuantType QuantOptions::type() const {
-  QLORA_CHECK(method != Method::None, "QuantOptions: no quant type when method is none");
-  return method == Method::NF4 ? QuantType::NF4 : QuantType::FP4;
+torch::Dtype torch_dtype(DType d, const torch::Device& device) {
+  switch (resolve_dtype(d, device.is_cuda())) {
+    case DType::kBF16: return torch::kBFloat16;
+    case DType::kFP16: return torch::kFloat16;
+    case DType::kFP32: return torch::kFloat32;
+    case DType::kAuto: break;
+  }
+  fail("internal: dtype auto left unresolved");
 }
 
-bool QuantOptions::quantizes(const std::string& module) const {
-  if (!enabled()) return false;
-  const std::string m = "." + module + ".";
-  for (const std::string& k : keep_16bit)
-    if (m.find("." + k + ".") != std::string::npos) return false;
-  return true;
-}
-
-QuantOptions::Method parse_quant_method(const std::string& s) {
-  if (s == "none") return QuantOptions::Method::None;
-  if (s == "nf4") return QuantOptions::Method::NF4;
-  if (s == "fp4") return QuantOptions::Method::FP4;
-  fail("quant method '", s, "' is not one of none, nf4, fp4");
-}
-
-torch::Dtype parse_compute_dtype(const std::string& s, const torch::Device& device) {
-  if (s == "fp32" || s == "float32") return torch::kFloat32;
-  if (s == "bf16" || s == "bfloat16") return torch::kBFloat16;
-  if (s == "fp16" || s == "float16") return torch::kFloat16;
-  if (s == "auto") return device.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
-  fail("dtype '", s, "' is not one of fp32, bf16, fp16, auto");
+DType dtype_of(torch::Dtype d) {
+  if (d == torch::kBFloat16) return DType::kBF16;
+  if (d == torch::kFloat16) return DType::kFP16;
+  if (d == torch::kFloat32) return DType::kFP32;
+  fail("dtype ", d, " is not a floating-point compute dtype (bf16, fp16, fp32)");
 }
 
 torch::Tensor rope_inv_freq(const ModelConfig& cfg) {
@@ -225,17 +214,6 @@ void release_pages(const st::SafetensorsCheckpoint& ck, const std::string& name)
   release_pages(ck.file_of(name), ck.info(name));
 }
 
-void check_quant_options(const QuantOptions& q) {
-  if (!q.enabled()) return;
-  QLORA_CHECK(kernels::quant4_valid_blocksize(q.blocksize),
-              "quantization blocksize must be a power of two in 32..4096 (bitsandbytes), got ",
-              q.blocksize);
-  for (const char* m : {"embed_tokens", "norm", "lm_head"})
-    QLORA_CHECK(std::find(q.keep_16bit.begin(), q.keep_16bit.end(), m) != q.keep_16bit.end(),
-                "quantization: '", m, "' must stay in keep_16bit (only the decoder linears "
-                "q/k/v/o/gate/up/down_proj can be quantized)");
-}
-
 /// config.json's quantization_config, when it is bitsandbytes'.
 struct BnbConfig {
   bool present = false;
@@ -323,13 +301,13 @@ QuantizedWeight read_bnb_weight(const st::SafetensorsCheckpoint& ck, const std::
     const std::string key_type = state_key.substr(state_key.size() - 3);
     QLORA_CHECK(qt == key_type, where, ": quant_state says quant_type '", qt, "' but the key says '",
                 key_type, "'");
-    q.type = parse_quant_type(qt);
+    q.type = kernels::parse_quant_type(qt);
     q.blocksize = j.at("blocksize").get<int64_t>();
     q.shape = j.at("shape").get<std::vector<int64_t>>();
     const std::string dt = j.at("dtype").get<std::string>();
-    q.dtype = dt == "float32" ? at::kFloat : dt == "bfloat16" ? at::kBFloat16 : dt == "float16" ? at::kHalf
-                                                                                              : at::kByte;
-    QLORA_CHECK(q.dtype != at::kByte, where, ": quant_state dtype '", dt, "' is not float32/bfloat16/float16");
+    const std::optional<DType> d = dtype_from_hf_name(dt);
+    QLORA_CHECK(d.has_value(), where, ": quant_state dtype '", dt, "' is not float32/bfloat16/float16");
+    q.dtype = torch_dtype(*d, torch::kCPU);
     q.double_quant = j.contains("nested_offset") || j.contains("nested_blocksize");
     if (q.double_quant) {
       QLORA_CHECK(j.at("nested_blocksize").get<int64_t>() == kernels::kNestedBlocksize, where,
@@ -357,13 +335,12 @@ QuantizedWeight read_bnb_weight(const st::SafetensorsCheckpoint& ck, const std::
   release_pages(ck, wname);
 
   const torch::Tensor code = read_small(ck, wname + ".quant_map", st::DType::F32, 16, "4-bit code map");
-  const float* ours = kernels::quant4_code(q.type == QuantType::NF4 ? kernels::Quant4Type::NF4
-                                                                     : kernels::Quant4Type::FP4);
+  const float* ours = kernels::quant4_code(q.type);
   bool same_code = true;  // by value: bnb stores FP4 code 8 as +0.0, our table has −0.0 (same decode)
   for (int i = 0; i < 16; ++i) same_code = same_code && code.data_ptr<float>()[i] == ours[i];
   QLORA_CHECK(same_code,
               ck.file_of(wname + ".quant_map").path(), ": tensor '", wname,
-              ".quant_map' is not bitsandbytes' ", quant_type_name(q.type), " code (custom maps are unsupported)");
+              ".quant_map' is not bitsandbytes' ", kernels::quant_type_name(q.type), " code (custom maps are unsupported)");
   if (q.double_quant) {
     q.absmax_q = read_small(ck, wname + ".absmax", st::DType::U8, nblocks, "double-quantized absmax");
     q.nested_absmax = read_small(ck, wname + ".nested_absmax", st::DType::F32,
@@ -395,9 +372,9 @@ LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::D
   QLORA_CHECK(!bnb.load_in_8bit, cfg_path, ": quantization_config asks for 8-bit bitsandbytes weights "
               "(load_in_8bit); only 4-bit (nf4/fp4) checkpoints are supported");
   if (bnb.present && q.enabled())
-    QLORA_CHECK(bnb.quant_type == quant_type_name(q.type()), cfg_path,
+    QLORA_CHECK(bnb.quant_type == kernels::quant_type_name(q.type()), cfg_path,
                 ": the checkpoint is stored as bitsandbytes ", bnb.quant_type, " but ",
-                quant_type_name(q.type()), " was requested");
+                kernels::quant_type_name(q.type()), " was requested");
   st::SafetensorsCheckpoint ckpt(dir);
   int64_t n_quantized = 0, n_prequantized = 0;
   for (const Shape& w : expected_weights(m)) {
@@ -409,12 +386,12 @@ LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::D
       const std::string state_key = bnb_state_key(ckpt, w.name);
       if (!state_key.empty()) {
         QuantizedWeight qw = read_bnb_weight(ckpt, w.name, state_key, w.shape);
-        const char* stored = quant_type_name(qw.type);
+        const char* stored = kernels::quant_type_name(qw.type);
         QLORA_CHECK(!bnb.present || bnb.quant_type == stored, path, ": tensor '", w.name,
                     "' is stored as ", stored, " but config.json's quantization_config asks for ",
                     bnb.quant_type);
         QLORA_CHECK(!q.enabled() || q.type() == qw.type, path, ": tensor '", w.name,
-                    "' is stored as ", stored, " but ", quant_type_name(q.type()), " was requested");
+                    "' is stored as ", stored, " but ", kernels::quant_type_name(q.type()), " was requested");
         w.linear->qweight = std::make_shared<const QuantizedWeight>(device.is_cpu() ? std::move(qw) : qw.to(device));
         ++n_prequantized;
         continue;
@@ -445,7 +422,7 @@ LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::D
     release_pages(ckpt, w.name);
   }
   if (m.cfg_.tie_word_embeddings) m.lm_head = m.embed_tokens;
-  if (n_quantized) log::debug(dir, ": quantized ", n_quantized, " linear weights to ", quant_type_name(q.type()));
+  if (n_quantized) log::debug(dir, ": quantized ", n_quantized, " linear weights to ", kernels::quant_type_name(q.type()));
   if (n_prequantized) log::debug(dir, ": read ", n_prequantized, " bitsandbytes 4-bit linear weights");
   return m;
 }

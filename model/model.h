@@ -24,28 +24,9 @@
 #include "adapters/peft.h"
 #include "kernels/quant_tensor.h"
 #include "model/model_config.h"
+#include "model/options.h"
 
 namespace qlora {
-
-/// Which weights are quantized to 4 bits on load / random init, and how.
-struct QuantOptions {
-  enum class Method { None, NF4, FP4 };
-  Method method = Method::None;
-  int64_t blocksize = 64;     ///< power of two in 32..4096 (bitsandbytes' set)
-  bool double_quant = true;   ///< quantize the absmax constants too (bnb compress_statistics)
-  /// Modules that stay in the compute dtype, matched against the dotted components of the HF module
-  /// path ("norm" matches "model.norm"; "down_proj" keeps every layer's mlp.down_proj 16-bit).
-  /// embed_tokens, norm and lm_head must stay listed: only the decoder linears are quantizable.
-  std::vector<std::string> keep_16bit = {"embed_tokens", "norm", "lm_head"};
-
-  bool enabled() const { return method != Method::None; }
-  /// The kernel's type; throws qlora::Error when method is None.
-  QuantType type() const;
-  /// True when the linear module `module` (HF path, no ".weight") is quantized under these options.
-  bool quantizes(const std::string& module) const;
-};
-/// "none" | "nf4" | "fp4" → QuantOptions::Method. Throws qlora::Error naming the value.
-QuantOptions::Method parse_quant_method(const std::string& s);
 
 /// A frozen linear layer y = x·Wᵀ + b, addressed by its HF module path. Holds either `weight`
 /// (compute dtype) or `qweight` (4-bit), never both.
@@ -96,9 +77,12 @@ struct ForwardInputs {
   torch::Tensor segment_ids;     ///< long [B, T], packing: tokens attend only within equal ids (0 = pad)
 };
 
-/// Compute dtype from "fp32" | "bf16" | "fp16" | "auto" (auto: fp32 on CPU, bf16 on CUDA).
-/// Throws qlora::Error for another spelling.
-torch::Dtype parse_compute_dtype(const std::string& s, const torch::Device& device);
+/// The torch dtype `d` computes in on `device`: resolve_dtype(d, device.is_cuda()) (model/options.h;
+/// auto is bf16 on CUDA, fp32 on CPU).
+torch::Dtype torch_dtype(DType d, const torch::Device& device);
+/// The DType of a floating-point torch dtype (float32, bfloat16, float16). Throws qlora::Error for
+/// any other.
+DType dtype_of(torch::Dtype d);
 
 class LlamaModel {
  public:

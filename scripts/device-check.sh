@@ -267,11 +267,14 @@ fi
 s_configure() {
   [ -s "$RUN/cuda-host" ] && CUDA_HOST=(-DCMAKE_CUDA_HOST_COMPILER="$(cat "$RUN/cuda-host")")
   rm -f "$BUILD/CMakeCache.txt"   # fresh find results every run (objects are kept)
+  # QLORA_PCH=OFF: on 16 cores the precompiled torch header (about a minute, built before any of
+  # its users) would sit on the build's critical path; it pays off on 2 cores, not there.
   "$CMAKE" -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$P" -DOPENSSL_ROOT_DIR="$P" \
     -DPKG_CONFIG_EXECUTABLE="$BUILD/tools/pkg-config" \
     -DPython3_EXECUTABLE="$TPY" -DQLORA_PYTHON="$TPY" \
     -DQLORA_BUILD_TESTS=ON -DQLORA_BUILD_BENCH=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+    -DQLORA_PCH=OFF \
     "${CUDA_OPT[@]}" "${CUDA_HOST[@]}" "${ISO[@]}" "${LAUNCHER[@]}" || return $?
   # what CMake picked, and that every carried package came from the prefix
   grep -E '^(yaml-cpp_DIR|spdlog_DIR|fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|benchmark_DIR|OPENSSL_CRYPTO_LIBRARY|OPENSSL_INCLUDE_DIR|pkgcfg_lib_SENTENCEPIECE_sentencepiece|QLORA_GLOO_INCLUDE_DIR|Torch_DIR|CMAKE_CUDA_COMPILER|CMAKE_CUDA_HOST_COMPILER):' \

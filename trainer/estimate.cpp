@@ -495,20 +495,19 @@ CostEstimate estimate_cost(const CostInputs& in) {
 
 EstimateOptions estimate_options_for(const Config& cfg, const torch::Device& device) {
   EstimateOptions o;
-  const bool quant = cfg.quantization.method != QuantMethod::kNone;
+  const bool quant = cfg.quantization.enabled();
   o.method = quant ? EstimateOptions::Method::QLora : EstimateOptions::Method::Lora;
   o.bits = quant ? 4 : 16;
   o.blocksize = cfg.quantization.blocksize;
   o.double_quant = cfg.quantization.double_quant;
   o.lora_r = cfg.lora.r;
-  o.lora_targets = cfg.lora.all_linear ? std::vector<std::string>{"all-linear"} : cfg.lora.target_modules;
+  o.lora_targets = cfg.lora.target_modules;
   o.lora_dropout = cfg.lora.dropout;
   o.micro_batch_size = cfg.training.micro_batch_size;
   o.seq_len = cfg.data.sequence_len;
   o.gradient_checkpointing = cfg.training.gradient_checkpointing;
   o.cuda = device.is_cuda();
-  const DType d = cfg.model.dtype;
-  o.compute_bytes = d == DType::kFP32 || (d == DType::kAuto && !o.cuda) ? 4 : 2;
+  o.compute_bytes = dtype_bytes(resolve_dtype(cfg.model.dtype, o.cuda));
   o.overhead_bytes = o.cuda ? kCudaOverheadBytes : 0;
   // A padded row (rows are padded to the batch's longest) or packing makes build_mask build the
   // dense [B, 1, T, T] mask; one unpacked row per micro-batch never has padding.

@@ -38,7 +38,7 @@ struct EstimateOptions {
   int64_t blocksize = 64;         ///< 4-bit absmax blocksize (32..4096, power of two)
   bool double_quant = true;       ///< 4-bit: quantize the absmax constants (QLoRA double quant)
   int64_t lora_r = 16;            ///< LoRA rank
-  std::vector<std::string> lora_targets = {"all-linear"};  ///< PEFT target names
+  std::vector<std::string> lora_targets = {kAllLinear};  ///< PEFT target names
   double lora_dropout = 0.05;     ///< > 0 makes every adapted linear keep its own dropout output
   int64_t micro_batch_size = 1;   ///< rows per forward/backward
   int64_t seq_len = 2048;         ///< tokens per row (no padding: causal SDPA, no mask)

@@ -3,18 +3,14 @@
 // get_cosine_schedule_with_warmup with num_cycles = 0.5), so runs compare step for step.
 #pragma once
 #include <cstdint>
-#include <string>
+
+#include "config/config.h"  // LrScheduler: the config's `training.lr_scheduler`
 
 namespace qlora {
-
-enum class Schedule { constant, linear, cosine };
-
-/// Parses "constant" | "linear" | "cosine". Throws qlora::Error for anything else.
-Schedule parse_schedule(const std::string& s);
 
 /// Learning rate for the update that follows `step` completed optimizer steps (0-based, as
 /// LambdaLR's counter): base_lr × factor, factor = step / warmup during warmup, then 1 (constant),
 /// (total − step) / (total − warmup) (linear, floored at 0), or ½(1 + cos(π·progress)) (cosine).
-double lr_at(Schedule s, double base_lr, int64_t step, int64_t warmup_steps, int64_t total_steps);
+double lr_at(LrScheduler s, double base_lr, int64_t step, int64_t warmup_steps, int64_t total_steps);
 
 }  // namespace qlora

@@ -118,26 +118,6 @@ std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vec
 }
 
 // ---------------------------------------------------------------------------------------------
-torch::Dtype compute_dtype(DType d, const torch::Device& dev) {
-  switch (d) {
-    case DType::kFP32: return torch::kFloat32;
-    case DType::kBF16: return torch::kBFloat16;
-    case DType::kFP16: return torch::kFloat16;
-    case DType::kAuto: return dev.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
-  }
-  return torch::kFloat32;
-}
-
-QuantOptions quant_options(const QuantConfig& q) {
-  QuantOptions o;
-  o.method = q.method == QuantMethod::kNF4   ? QuantOptions::Method::NF4
-             : q.method == QuantMethod::kFP4 ? QuantOptions::Method::FP4
-                                             : QuantOptions::Method::None;
-  o.blocksize = q.blocksize;
-  o.double_quant = q.double_quant;
-  o.keep_16bit = q.keep_16bit;
-  return o;
-}
 
 std::map<std::string, std::pair<int64_t, int64_t>> peft_module_shapes(const LlamaModel& model, const PeftConfig& pc) {
   std::map<std::string, std::pair<int64_t, int64_t>> out;
@@ -153,7 +133,7 @@ std::string honour_quant_request(LlamaModel& model, const QuantOptions& q) {
     if (!f->quantized()) continue;
     const QuantizedWeight& w = *f->qweight;
     if (stored.empty())
-      stored = std::string(quant_type_name(w.type)) + " blocksize " + std::to_string(w.blocksize) + " double_quant " +
+      stored = std::string(kernels::quant_type_name(w.type)) + " blocksize " + std::to_string(w.blocksize) + " double_quant " +
                (w.double_quant ? "true" : "false");
     if (!q.enabled() || !q.quantizes(f->name)) {
       f->weight = w.dequantize(model.dtype());
@@ -172,25 +152,14 @@ std::string honour_quant_request(LlamaModel& model, const QuantOptions& q) {
            " double_quant " + (q.double_quant ? "true" : "false") + " as configured (dequantize, then quantize)";
   if (dequantized)
     msg += std::string(requantized ? ";" : "") + " dequantized " + std::to_string(dequantized) + " linears to " +
-           (model.dtype() == torch::kFloat32 ? "fp32" : model.dtype() == torch::kBFloat16 ? "bf16" : "fp16") +
+           dtype_name(dtype_of(model.dtype())) +
            " as configured (" +
            (q.enabled() ? "quantization.keep_16bit" : "quantization.method: none") +
            "; their values are the stored 4-bit ones)";
   return msg;
 }
 
-namespace {
-Schedule schedule_of(LrScheduler s) {
-  switch (s) {
-    case LrScheduler::kConstant: return Schedule::constant;
-    case LrScheduler::kLinear: return Schedule::linear;
-    case LrScheduler::kCosine: return Schedule::cosine;
-  }
-  return Schedule::cosine;
-}
-}  // namespace
-
-Trainer::Trainer(Config cfg, RunOptions run) : cfg_(std::move(cfg)), run_(run) {}
+Trainer::Trainer(Config cfg, RunOptions run) : cfg_(std::move(cfg)), run_(run) { progress_.tty = ::isatty(2) != 0; }
 
 void Trainer::setup() {
   const TrainingConfig& t = cfg_.training;
@@ -225,8 +194,8 @@ void Trainer::setup() {
   // memory_report.json: every rank measures; rank 0 alone writes, with the others' reports
   // gathered at the end ("ranks"). Warns if it will not fit.
   memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(), dist_->is_main());
-  const torch::Dtype dtype = compute_dtype(cfg_.model.dtype, device_);
-  const QuantOptions q = quant_options(cfg_.quantization);
+  const torch::Dtype dtype = torch_dtype(cfg_.model.dtype, device_);
+  const QuantOptions& q = cfg_.quantization;
   if (!cfg_.model.path.empty()) {
     model_ = std::make_unique<LlamaModel>(LlamaModel::load(cfg_.model.path, dtype, device_, q));
     const std::string honoured = honour_quant_request(*model_, q);
@@ -240,7 +209,7 @@ void Trainer::setup() {
               tok_->vocab_size(), " pieces but the model's vocab_size is ", model_->config().vocab_size);
   const LoraConfig& l = cfg_.lora;
   LoraOptions lo = lora_options(peft_config());  // r, alpha, dropout, use_rslora
-  lo.target_modules = l.all_linear ? std::vector<std::string>{"all-linear"} : l.target_modules;
+  lo.target_modules = l.target_modules;
   lo.seed = t.seed;
   auto counts = model_->add_lora(lo);
   std::string matched;
@@ -259,7 +228,6 @@ void Trainer::setup() {
     per_epoch += (loader_->batches_in_epoch(e) + group - 1) / group;
   total_steps_ = t.max_steps > 0 ? t.max_steps : per_epoch;
   warmup_steps_ = t.warmup_ratio > 0 ? static_cast<int64_t>(std::ceil(t.warmup_ratio * total_steps_)) : t.warmup_steps;
-  schedule_ = schedule_of(t.lr_scheduler);
   opt_ = make_adamw(model_->lora_parameters(), t);
 
   fault_ = FaultHooks::from_env();  // the QLORA_FAULT_* test hooks (trainer/fault.h); unset: none
@@ -395,7 +363,7 @@ void Trainer::train() {
       if (i % dist_->world_size() == dist_->rank()) group.push_back(std::move(b));
       if (loader_->state().epoch != epoch) break;  // an accumulation group never spans two epochs
     }
-    const double lr = lr_at(schedule_, t.learning_rate, step_, warmup_steps_, total_steps_);
+    const double lr = lr_at(t.lr_scheduler, t.learning_rate, step_, warmup_steps_, total_steps_);
     StepOptions so;
     so.lr = lr;
     so.max_grad_norm = t.max_grad_norm;
@@ -611,7 +579,7 @@ PeftConfig Trainer::peft_config() const {
   pc.lora_alpha = cfg_.lora.alpha;
   pc.lora_dropout = cfg_.lora.dropout;
   // PEFT expands the string "all-linear" only in its string form; write the names explicitly.
-  pc.target_modules = cfg_.lora.all_linear ? llama_linear_names() : cfg_.lora.target_modules;
+  pc.target_modules = expand_target_modules(cfg_.lora.target_modules);
   pc.use_rslora = cfg_.lora.use_rslora;
   pc.base_model_name_or_path = cfg_.model.path.empty() ? cfg_.model.preset : cfg_.model.path;
   return pc;

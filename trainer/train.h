@@ -5,8 +5,6 @@
 #pragma once
 #include <torch/torch.h>
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -37,12 +35,6 @@ struct StepResult {
   int64_t targets = 0;    ///< label tokens the loss counted
   bool skipped = false;   ///< non-finite loss or gradient: no update was applied
 };
-
-/// The compute dtype a config's `model.dtype` asks for on `device` (auto: bf16 on CUDA, fp32 on CPU).
-torch::Dtype compute_dtype(DType d, const torch::Device& device);
-
-/// The model's QuantOptions for the config's `quantization:` section.
-QuantOptions quant_options(const QuantConfig& q);
 
 /// AdamW over `params` (fp32 LoRA master weights) with the config's betas, eps and weight decay
 /// (torch::optim::AdamW, decoupled weight decay as Loshchilov & Hutter 2019 / torch.optim.AdamW).
@@ -175,7 +167,7 @@ class Trainer {
     int64_t steps = 0;                           ///< steps logged since the (re)start
     double seconds = 0;                          ///< their total time
     double last_eval = std::nan("");             ///< the newest eval loss, shown until the next
-    bool tty = ::isatty(2) != 0;                 ///< stderr is a terminal: a redrawn bar, else log lines
+    bool tty = false;  ///< stderr is a terminal (set by the Trainer constructor): a redrawn bar, else log lines
     /// Records step `step` (taking `step_seconds`) and returns the ETA in seconds: mean step time
     /// since the (re)start × (total_steps − step), ≥ 0. A step not after the last one restarts
     /// (the mean and last_eval).
@@ -200,7 +192,6 @@ class Trainer {
   data::Datasets data_;
   std::unique_ptr<data::DataLoader> loader_;
   std::unique_ptr<torch::optim::AdamW> opt_;
-  Schedule schedule_ = Schedule::cosine;
   int64_t total_steps_ = 0, warmup_steps_ = 0;
   int32_t pad_id_ = 0;
   std::vector<double> losses_;

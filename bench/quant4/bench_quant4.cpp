@@ -121,12 +121,12 @@ void error_table() {
   std::printf("N(0,1) 4096x4096, torch::manual_seed(0): round-trip error of dequantize(quantize(w)) in fp32\n");
   std::printf("| type | blocksize | double quant | RMSE | max abs err | NMSE | bits/param |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
-  for (auto t : {qlora::QuantType::NF4, qlora::QuantType::FP4})
+  for (auto t : {k::Quant4Type::NF4, k::Quant4Type::FP4})
     for (int64_t bs : {32, 64, 128, 256, 512, 1024, 2048, 4096})
       for (bool dq : {false, true}) {
         const auto q = qlora::quantize(w, t, bs, dq);
         const auto d = (q.dequantize(torch::kFloat) - w);
-        std::printf("| %s | %ld | %s | %.5f | %.4f | %.5f | %.3f |\n", qlora::quant_type_name(t),
+        std::printf("| %s | %ld | %s | %.5f | %.4f | %.5f | %.3f |\n", k::quant_type_name(t),
                     (long)bs, dq ? "yes" : "no", d.pow(2).mean().sqrt().item<double>(),
                     d.abs().max().item<double>(),
                     (d.pow(2).sum() / w.pow(2).sum()).item<double>(),

@@ -80,15 +80,15 @@ TEST(Config, DefaultsMatchTheDocumentedSchema) {
   EXPECT_EQ(c.model.path, "models/m");
   EXPECT_EQ(c.model.dtype, DType::kBF16);
   EXPECT_FALSE(c.model.random_init);
-  EXPECT_EQ(c.quantization.method, QuantMethod::kNF4);
+  EXPECT_EQ(c.quantization.quant_type, kernels::Quant4Type::NF4);
   EXPECT_TRUE(c.quantization.double_quant);
   EXPECT_EQ(c.quantization.blocksize, 64);
   EXPECT_EQ(c.quantization.keep_16bit, (std::vector<std::string>{"embed_tokens", "norm", "lm_head"}));
   EXPECT_EQ(c.lora.r, 16);
   EXPECT_EQ(c.lora.alpha, 32.0);
   EXPECT_EQ(c.lora.dropout, 0.05);
-  EXPECT_TRUE(c.lora.all_linear);
-  EXPECT_EQ(c.lora.target_modules, known_lora_targets());
+  EXPECT_EQ(c.lora.target_modules, std::vector<std::string>{kAllLinear});  // all-linear
+  EXPECT_EQ(expand_target_modules(c.lora.target_modules), llama_linear_names());
   EXPECT_EQ(c.data.train, "train.jsonl");
   EXPECT_EQ(c.data.template_name, "chatml");
   EXPECT_EQ(c.data.sequence_len, 2048);
@@ -144,8 +144,7 @@ TEST(Config, OverridesApplyBeforeValidation) {
                                     "data.field_map={instruction: prompt}", "cost.gpu_hour_price=2.5",
                                     "output_dir=runs/other", "checkpoint.resume=runs/t/checkpoints/step-100"});
   EXPECT_EQ(c.training.learning_rate, 1e-4);
-  EXPECT_FALSE(c.lora.all_linear);
-  EXPECT_EQ(c.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(c.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));  // not all-linear
   EXPECT_EQ(c.data.field_map.at("instruction"), "prompt");
   EXPECT_EQ(c.cost.gpu_hour_price, 2.5);
   EXPECT_EQ(c.output_dir, "runs/other");
@@ -427,10 +426,10 @@ TEST(Config, ConfigWithOverridesValidatesLikeAFile) {
   base.model.path = "models/m";
   base.model.dtype = DType::kAuto;
   base.data.train = "d.json";
-  // No overrides: the base, with all-linear expanded as when a file leaves target_modules out.
+  // No overrides: the base, with all-linear as when a file leaves target_modules out.
   const Config c = config_with_overrides(base, {}, "eval (no config)");
   EXPECT_EQ(c, parse("output_dir: eval\nmodel: {path: models/m, dtype: auto}\ndata: {train: d.json}\n"));
-  EXPECT_EQ(c.lora.target_modules, known_lora_targets());
+  EXPECT_EQ(expand_target_modules(c.lora.target_modules), llama_linear_names());
   // Overrides are checked as in a file, and cross-field rules see the result.
   const Config o = config_with_overrides(base, {"data.padding_side=left", "model.dtype=fp32", "lora.r=4"}, "x");
   EXPECT_EQ(o.data.padding_side, data::PaddingSide::kLeft);
@@ -450,6 +449,50 @@ TEST(Config, ConfigWithOverridesValidatesLikeAFile) {
   EXPECT_EQ(error({"model.preset=tiny"}), "--set model.preset=tiny: model.preset: set model.path or model.preset, not both");
   EXPECT_NE(error({"training.eval_steps=5"}).find("training.eval_steps: no eval data"), std::string::npos);
   EXPECT_EQ(error({"lora.aplha=4"}), "--set lora.aplha=4: lora.aplha: unknown key; did you mean \"alpha\"?");
+}
+
+// The model options the config embeds (model/options.h): one dtype parser for our names and
+// Hugging Face's, the one auto rule, and the quant method as an optional kernels::Quant4Type whose
+// names are the config's choices. The HF names are torch's (str(torch.bfloat16) == "torch.bfloat16").
+TEST(ModelOptions, DTypeSpellingsAndTheAutoRule) {
+  const std::vector<std::pair<std::string, DType>> names = {
+      {"bf16", DType::kBF16},     {"fp16", DType::kFP16},    {"fp32", DType::kFP32},   {"auto", DType::kAuto},
+      {"bfloat16", DType::kBF16}, {"float16", DType::kFP16}, {"float32", DType::kFP32}};
+  for (const auto& [name, d] : names) EXPECT_EQ(parse_dtype(name), d) << name;
+  for (const char* bad : {"", "BF16", "float64", "half", "bf16 "}) {
+    EXPECT_FALSE(dtype_from_name(bad).has_value()) << bad;
+    EXPECT_EQ(test::error_of([&] { parse_dtype(bad); }),
+              std::string("dtype '") + bad + "' is not one of bf16, fp16, fp32, auto");
+  }
+  EXPECT_FALSE(dtype_from_hf_name("bf16").has_value());  // config.json holds torch's names only
+  EXPECT_EQ(dtype_from_hf_name("float16"), DType::kFP16);
+  EXPECT_STREQ(hf_dtype_name(DType::kBF16), "bfloat16");
+  EXPECT_STREQ(hf_dtype_name(DType::kFP32), "float32");
+  EXPECT_THROW(hf_dtype_name(DType::kAuto), Error);
+  EXPECT_EQ(stored_dtype("float32"), DType::kFP32);
+  EXPECT_EQ(stored_dtype("int8"), DType::kBF16);
+  EXPECT_EQ(resolve_dtype(DType::kAuto, /*cuda=*/true), DType::kBF16);
+  EXPECT_EQ(resolve_dtype(DType::kAuto, /*cuda=*/false), DType::kFP32);
+  EXPECT_EQ(resolve_dtype(DType::kFP16, /*cuda=*/false), DType::kFP16);
+  EXPECT_EQ(dtype_bytes(DType::kFP32), 4);
+  EXPECT_EQ(dtype_bytes(DType::kBF16), 2);
+  EXPECT_THROW(dtype_bytes(DType::kAuto), Error);
+}
+
+TEST(ModelOptions, QuantMethodIsTheKernelsTypeOrNone) {
+  EXPECT_EQ(parse_quant_method("nf4"), kernels::Quant4Type::NF4);
+  EXPECT_EQ(parse_quant_method("fp4"), kernels::Quant4Type::FP4);
+  EXPECT_EQ(parse_quant_method("none"), std::nullopt);
+  EXPECT_EQ(test::error_of([] { parse_quant_method("int4"); }), "quant method 'int4' is not one of none, nf4, fp4");
+  std::vector<std::string> choices;
+  for (const ConfigKey& k : config_keys())
+    if (k.key == "quantization.method") choices = k.choices;
+  EXPECT_EQ(choices, (std::vector<std::string>{"nf4", "fp4", "none"}));
+  for (const std::string& c : choices) EXPECT_EQ(quant_method_name(parse_quant_method(c)), c);
+  EXPECT_EQ(parse("quantization: {method: none}\n" + std::string(kMinimal)).quantization.quant_type, std::nullopt);
+  EXPECT_EQ(parse(kMinimal, {"quantization.method=fp4"}).quantization.type(), kernels::Quant4Type::FP4);
+  EXPECT_FALSE(QuantOptions{}.enabled());  // the library default: no quantization
+  EXPECT_TRUE(parse(kMinimal).quantization.enabled());  // the config's: NF4
 }
 
 }  // namespace

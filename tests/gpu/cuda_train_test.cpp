@@ -72,7 +72,7 @@ TrainRun train_run(const torch::Device& dev, torch::Dtype dtype, int steps = 5) 
   ModelConfig cfg = preset_config("small");
   cfg.vocab_size = 2048;
   QuantOptions q;
-  q.method = QuantOptions::Method::NF4;
+  q.quant_type = kernels::Quant4Type::NF4;
   q.blocksize = 64;
   q.double_quant = true;
   LlamaModel m = LlamaModel::random_init(cfg, 11, dtype, dev, q);  // CPU draw on every device

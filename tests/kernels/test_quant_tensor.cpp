@@ -15,7 +15,7 @@
 
 namespace {
 
-using qlora::QuantType;
+using qlora::kernels::Quant4Type;
 
 bool same_bytes(const torch::Tensor& a, const torch::Tensor& b) {
   if (!a.defined() || !b.defined()) return a.defined() == b.defined();
@@ -47,10 +47,10 @@ void expect_error(F&& f, const std::string& needle) {
 }  // namespace
 
 TEST(QuantTensor, ParseQuantType) {
-  EXPECT_EQ(qlora::parse_quant_type("nf4"), QuantType::NF4);
-  EXPECT_EQ(qlora::parse_quant_type("fp4"), QuantType::FP4);
-  expect_error([] { qlora::parse_quant_type("int4"); }, "int4");
-  EXPECT_THROW(qlora::parse_quant_type("NF4 "), qlora::Error);
+  EXPECT_EQ(qlora::kernels::parse_quant_type("nf4"), Quant4Type::NF4);
+  EXPECT_EQ(qlora::kernels::parse_quant_type("fp4"), Quant4Type::FP4);
+  expect_error([] { qlora::kernels::parse_quant_type("int4"); }, "int4");
+  EXPECT_THROW(qlora::kernels::parse_quant_type("NF4 "), qlora::Error);
 }
 
 TEST(QuantTensor, StridedTransposedSlicedViewsQuantizeLikeTheirCopies) {
@@ -67,8 +67,8 @@ TEST(QuantTensor, StridedTransposedSlicedViewsQuantizeLikeTheirCopies) {
   };
   for (const auto& [name, v] : views)
     for (bool dq : {false, true}) {
-      const auto a = qlora::quantize(v, QuantType::NF4, 64, dq);
-      const auto b = qlora::quantize(v.contiguous(), QuantType::NF4, 64, dq);
+      const auto a = qlora::quantize(v, Quant4Type::NF4, 64, dq);
+      const auto b = qlora::quantize(v.contiguous(), Quant4Type::NF4, 64, dq);
       expect_same_quant(a, b, name);
       EXPECT_TRUE(torch::equal(a.dequantize(torch::kFloat), b.dequantize(torch::kFloat))) << name;
     }
@@ -77,7 +77,7 @@ TEST(QuantTensor, StridedTransposedSlicedViewsQuantizeLikeTheirCopies) {
 TEST(QuantTensor, DequantizeShapeDtypeBytesAndError) {
   torch::manual_seed(4);
   const auto w = torch::randn({33, 71});  // 2343 elements: odd, ragged for every blocksize
-  for (auto t : {QuantType::NF4, QuantType::FP4})
+  for (auto t : {Quant4Type::NF4, Quant4Type::FP4})
     for (bool dq : {false, true}) {
       const auto q = qlora::quantize(w, t, 64, dq);
       EXPECT_EQ(q.numel(), 2343);
@@ -90,21 +90,21 @@ TEST(QuantTensor, DequantizeShapeDtypeBytesAndError) {
         EXPECT_EQ(y.scalar_type(), dt);
         // normalised MSE of 4-bit blockwise quantization of N(0,1): well under 2%
         const double nmse = ((y.to(torch::kFloat) - w).pow(2).sum() / w.pow(2).sum()).item<double>();
-        EXPECT_LT(nmse, 0.02) << qlora::quant_type_name(t) << " dq=" << dq;
+        EXPECT_LT(nmse, 0.02) << qlora::kernels::quant_type_name(t) << " dq=" << dq;
       }
     }
 }
 
 TEST(QuantTensor, BadInputsGiveClearErrors) {
   const auto w = torch::randn({8, 64});
-  expect_error([&] { qlora::quantize(w, QuantType::NF4, 48); }, "blocksize");
-  expect_error([&] { qlora::quantize(w, QuantType::NF4, 8192); }, "got 8192");
-  expect_error([&] { qlora::quantize(w, QuantType::NF4, 16); }, "32..4096");
-  expect_error([&] { qlora::quantize(w.to(torch::kDouble), QuantType::NF4); }, "got Double");
-  expect_error([&] { qlora::quantize(w.to(torch::kInt), QuantType::FP4); }, "expected dtype");
-  expect_error([&] { qlora::quantize(torch::empty({0, 64}), QuantType::NF4); }, "non-empty");
-  expect_error([&] { qlora::quantize(torch::Tensor(), QuantType::NF4); }, "undefined");
-  const auto q = qlora::quantize(w, QuantType::NF4);
+  expect_error([&] { qlora::quantize(w, Quant4Type::NF4, 48); }, "blocksize");
+  expect_error([&] { qlora::quantize(w, Quant4Type::NF4, 8192); }, "got 8192");
+  expect_error([&] { qlora::quantize(w, Quant4Type::NF4, 16); }, "32..4096");
+  expect_error([&] { qlora::quantize(w.to(torch::kDouble), Quant4Type::NF4); }, "got Double");
+  expect_error([&] { qlora::quantize(w.to(torch::kInt), Quant4Type::FP4); }, "expected dtype");
+  expect_error([&] { qlora::quantize(torch::empty({0, 64}), Quant4Type::NF4); }, "non-empty");
+  expect_error([&] { qlora::quantize(torch::Tensor(), Quant4Type::NF4); }, "undefined");
+  const auto q = qlora::quantize(w, Quant4Type::NF4);
   expect_error([&] { q.dequantize(torch::kDouble); }, "expected dtype");
   auto broken = q;
   broken.packed = broken.packed.slice(0, 0, 10);
@@ -116,8 +116,8 @@ TEST(QuantTensor, BadInputsGiveClearErrors) {
 // The meta device stands in for "another device" here; CudaQuantTensor.* does it with CPU vs CUDA.
 TEST(QuantTensor, DequantizeChecksEveryScaleTensorFirst) {
   const auto w = torch::randn({8, 64});
-  const auto dq = qlora::quantize(w, QuantType::NF4, 64, true);
-  const auto sq = qlora::quantize(w, QuantType::NF4, 64, false);
+  const auto dq = qlora::quantize(w, Quant4Type::NF4, 64, true);
+  const auto sq = qlora::quantize(w, Quant4Type::NF4, 64, false);
   auto moved = dq;
   moved.absmax_q = moved.absmax_q.to(torch::kMeta);
   expect_error([&] { moved.dequantize(torch::kFloat); }, "absmax_q is on meta but packed is on cpu");
@@ -143,7 +143,7 @@ TEST(QuantTensor, DequantizeChecksEveryScaleTensorFirst) {
 TEST(CudaQuantTensor, HostScalesAreRefusedBeforeTheLaunch) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
   const auto w = torch::randn({64, 64});
-  const auto q = qlora::quantize(w, QuantType::NF4, 64, true);
+  const auto q = qlora::quantize(w, Quant4Type::NF4, 64, true);
   auto mixed = q.to(torch::Device(torch::kCUDA));
   mixed.absmax_q = q.absmax_q;  // host tensor
   expect_error([&] { mixed.dequantize(torch::kBFloat16); }, "absmax_q is on cpu but packed is on cuda:0");
@@ -155,13 +155,13 @@ TEST(CudaQuantTensor, HostScalesAreRefusedBeforeTheLaunch) {
 TEST(QuantTensor, CudaMatchesCpuReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
   torch::manual_seed(5);
-  for (auto t : {QuantType::NF4, QuantType::FP4})
+  for (auto t : {Quant4Type::NF4, Quant4Type::FP4})
     for (bool dq : {false, true})
       for (int64_t bs : {32, 64, 128, 256, 512, 1024, 2048, 4096})
         for (int64_t n : {int64_t{1}, int64_t{77}, 257 * bs + 3, 300 * bs})
           for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
             const auto w = (torch::randn({n}) * torch::rand({n}).mul(4).exp()).to(dt);
-            const std::string what = std::string(qlora::quant_type_name(t)) + " dq=" +
+            const std::string what = std::string(qlora::kernels::quant_type_name(t)) + " dq=" +
                                      std::to_string(dq) + " bs=" + std::to_string(bs) +
                                      " n=" + std::to_string(n) + " " + c10::toString(dt);
             const auto cpu = qlora::quantize(w, t, bs, dq);
@@ -177,7 +177,7 @@ TEST(QuantTensor, CudaMatchesCpuReference) {
           }
   // a misaligned output/packed pointer takes the scalar path and still matches
   const auto w = torch::randn({4096 * 3 + 64});
-  const auto q = qlora::quantize(w, QuantType::NF4, 64, true);
+  const auto q = qlora::quantize(w, Quant4Type::NF4, 64, true);
   auto qs = q.to(torch::Device(torch::kCUDA));
   qs.packed = torch::cat({torch::zeros({1}, qs.packed.options()), qs.packed}).slice(0, 1);
   EXPECT_TRUE(same_bytes(q.dequantize(torch::kBFloat16), qs.dequantize(torch::kBFloat16)));
@@ -205,7 +205,7 @@ TEST(QuantTensor, QuantizeMatchesBitsandbytesByteForByte) {
     const at::ScalarType dt = dn == "f32" ? at::kFloat : dn == "bf16" ? at::kBFloat16 : at::kHalf;
     const auto x_bytes = bytes_of(c["input"]);
     const torch::Tensor x = tensor_of(x_bytes, dt, c["shape"].get<std::vector<int64_t>>());
-    const QuantType t = c["quant_type"] == "nf4" ? QuantType::NF4 : QuantType::FP4;
+    const Quant4Type t = c["quant_type"] == "nf4" ? Quant4Type::NF4 : Quant4Type::FP4;
     const int64_t bs = c["blocksize"];
     const auto packed = bytes_of(c["packed"]);
     const auto absmax = bytes_of(c["absmax"]);

@@ -86,7 +86,7 @@ TEST(Estimate, WeightConstantLoraAndOptimizerTermsMatchTheInstantiatedModel) {
   cfg.vocab_size = 500;
   for (bool dq : {true, false}) {
     QuantOptions q;
-    q.method = QuantOptions::Method::NF4;
+    q.quant_type = kernels::Quant4Type::NF4;
     q.blocksize = 64;
     q.double_quant = dq;
     LlamaModel m = LlamaModel::random_init(cfg, 1, torch::kFloat32, torch::kCPU, q);

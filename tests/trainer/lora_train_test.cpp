@@ -164,7 +164,7 @@ TEST(LoraPeftParity, Qwen3Nf4Base) { check_peft_parity("base_nf4", "ref_nf4.safe
 TEST(LoraPeftParity, Qwen2QuantizeOnLoadEqualsBitsandbytesAndKeepsBias) {
   QLORA_REQUIRE_FIXTURE(root, "peft/qwen2");
   QuantOptions q;
-  q.method = QuantOptions::Method::NF4;
+  q.quant_type = kernels::Quant4Type::NF4;
   const LlamaModel ours = LlamaModel::load((root / "base").string(), torch::kFloat32, torch::kCPU, q);
   const LlamaModel bnb = LlamaModel::load((root / "base_nf4").string(), torch::kFloat32, torch::kCPU);
   const LlamaModel plain = LlamaModel::load((root / "base").string(), torch::kFloat32, torch::kCPU);

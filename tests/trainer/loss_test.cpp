@@ -71,14 +71,14 @@ TEST(NextTokenRows, ShiftsMasksAndRespectsSegments) {
 }
 
 TEST(Schedule, MatchesTransformersFormulas) {
-  EXPECT_DOUBLE_EQ(lr_at(Schedule::cosine, 1.0, 0, 10, 110), 0.0);
-  EXPECT_DOUBLE_EQ(lr_at(Schedule::cosine, 1.0, 5, 10, 110), 0.5);
-  EXPECT_DOUBLE_EQ(lr_at(Schedule::cosine, 1.0, 10, 10, 110), 1.0);
-  EXPECT_NEAR(lr_at(Schedule::cosine, 1.0, 60, 10, 110), 0.5, 1e-12);
-  EXPECT_NEAR(lr_at(Schedule::cosine, 1.0, 110, 10, 110), 0.0, 1e-12);
-  EXPECT_DOUBLE_EQ(lr_at(Schedule::linear, 2.0, 60, 10, 110), 1.0);
-  EXPECT_DOUBLE_EQ(lr_at(Schedule::linear, 2.0, 200, 10, 110), 0.0);
-  EXPECT_DOUBLE_EQ(lr_at(Schedule::constant, 2.0, 3, 0, 110), 2.0);
+  EXPECT_DOUBLE_EQ(lr_at(LrScheduler::kCosine, 1.0, 0, 10, 110), 0.0);
+  EXPECT_DOUBLE_EQ(lr_at(LrScheduler::kCosine, 1.0, 5, 10, 110), 0.5);
+  EXPECT_DOUBLE_EQ(lr_at(LrScheduler::kCosine, 1.0, 10, 10, 110), 1.0);
+  EXPECT_NEAR(lr_at(LrScheduler::kCosine, 1.0, 60, 10, 110), 0.5, 1e-12);
+  EXPECT_NEAR(lr_at(LrScheduler::kCosine, 1.0, 110, 10, 110), 0.0, 1e-12);
+  EXPECT_DOUBLE_EQ(lr_at(LrScheduler::kLinear, 2.0, 60, 10, 110), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(LrScheduler::kLinear, 2.0, 200, 10, 110), 0.0);
+  EXPECT_DOUBLE_EQ(lr_at(LrScheduler::kConstant, 2.0, 3, 0, 110), 2.0);
 }
 
 }  // namespace

@@ -116,7 +116,7 @@ TEST(SlidingWindow, WindowShorterThanTheSequence) {
 TEST(TiedEmbeddings, LmHeadIsTheEmbeddingAndStaysUnquantized) {
   QLORA_REQUIRE_FIXTURE(dir, "models/llama_tied_llama3");
   QuantOptions q;
-  q.method = QuantOptions::Method::NF4;
+  q.quant_type = kernels::Quant4Type::NF4;
   for (torch::Dtype dt : {torch::kFloat32, torch::kBFloat16}) {
     LlamaModel m = LlamaModel::load(dir.string(), dt, torch::kCPU, q);
     EXPECT_TRUE(m.config().tie_word_embeddings);

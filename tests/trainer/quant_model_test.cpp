@@ -26,7 +26,7 @@ using kernels::quantized_weight_bytes;
 
 QuantOptions nf4(bool dq = true, int64_t bs = 64) {
   QuantOptions q;
-  q.method = QuantOptions::Method::NF4;
+  q.quant_type = kernels::Quant4Type::NF4;
   q.double_quant = dq;
   q.blocksize = bs;
   return q;
@@ -46,7 +46,7 @@ TEST(QuantBytes, FormulaMatchesQuantizedWeight) {
   for (int64_t n : {1, 63, 64, 65, 4096, 64 * 256 + 5, 100000})
     for (int64_t bs : {32, 64, 128, 4096})
       for (bool dq : {false, true}) {
-        const QuantizedWeight q = quantize(torch::randn({n}), QuantType::NF4, bs, dq);
+        const QuantizedWeight q = quantize(torch::randn({n}), kernels::Quant4Type::NF4, bs, dq);
         EXPECT_EQ(quantized_weight_bytes(n, bs, dq), q.bytes()) << n << " " << bs << " " << dq;
       }
 }
@@ -101,7 +101,7 @@ TEST(FrozenLinear, QuantizedForwardAndBackwardEqualDequantizedLinear) {
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     const torch::Tensor w = torch::randn({48, 80}) * 0.05;
     FrozenLinear ql;
-    ql.qweight = std::make_shared<const QuantizedWeight>(quantize(w, QuantType::NF4, 64, true));
+    ql.qweight = std::make_shared<const QuantizedWeight>(quantize(w, kernels::Quant4Type::NF4, 64, true));
     ql.bias = torch::randn({48}).to(dtype);
     const torch::Tensor wd = ql.qweight->dequantize(dtype);
     torch::Tensor x = torch::randn({2, 5, 80}).to(dtype).requires_grad_(true);
@@ -138,7 +138,7 @@ TEST(QuantizeOnLoad, EachLinearIsQuantizeOfTheStoredWeight) {
       ASSERT_FALSE(fl[i]->quantized());
       ASSERT_TRUE(ql[i]->quantized()) << ql[i]->name;
       EXPECT_FALSE(ql[i]->weight.defined());
-      const QuantizedWeight ref = quantize(fl[i]->weight, QuantType::NF4, 64, dq);
+      const QuantizedWeight ref = quantize(fl[i]->weight, kernels::Quant4Type::NF4, 64, dq);
       EXPECT_TRUE(torch::equal(ql[i]->qweight->packed, ref.packed)) << ql[i]->name;
       EXPECT_TRUE(bits_equal(ql[i]->qweight->dequantize(torch::kFloat), ref.dequantize(torch::kFloat)));
     }
@@ -177,14 +177,14 @@ TEST(QuantizeOnLoad, RandomInitQuantizesTheSameDraws) {
   ModelConfig c = preset_config("tiny");
   const LlamaModel full = LlamaModel::random_init(c, 5, torch::kBFloat16, torch::kCPU);
   QuantOptions q = nf4();
-  q.method = QuantOptions::Method::FP4;
+  q.quant_type = kernels::Quant4Type::FP4;
   const LlamaModel m = LlamaModel::random_init(c, 5, torch::kBFloat16, torch::kCPU, q);
   auto fl = full.linears();
   auto ql = m.linears();
   for (size_t i = 0; i < fl.size(); ++i) {
     ASSERT_TRUE(ql[i]->quantized());
-    EXPECT_EQ(ql[i]->qweight->type, QuantType::FP4);
-    EXPECT_TRUE(torch::equal(ql[i]->qweight->packed, quantize(fl[i]->weight, QuantType::FP4, 64, true).packed));
+    EXPECT_EQ(ql[i]->qweight->type, kernels::Quant4Type::FP4);
+    EXPECT_TRUE(torch::equal(ql[i]->qweight->packed, quantize(fl[i]->weight, kernels::Quant4Type::FP4, 64, true).packed));
   }
   EXPECT_TRUE(torch::equal(m.embed_tokens, full.embed_tokens));
 }
@@ -243,13 +243,13 @@ TEST_P(BnbCheckpoint, RequestingAnotherQuantTypeNamesBoth) {
   QLORA_REQUIRE_FIXTURE(dir, "bnb/" + GetParam());
   const bool is_nf4 = GetParam().find("nf4") != std::string::npos;
   QuantOptions q = nf4();
-  q.method = is_nf4 ? QuantOptions::Method::FP4 : QuantOptions::Method::NF4;
+  q.quant_type = is_nf4 ? kernels::Quant4Type::FP4 : kernels::Quant4Type::NF4;
   const std::string e = error_of([&] { LlamaModel::load(dir.string(), torch::kFloat32, torch::kCPU, q); });
   const std::string want = std::string("stored as bitsandbytes ") + (is_nf4 ? "nf4 but fp4" : "fp4 but nf4") +
                            " was requested";
   EXPECT_NE(e.find(want), std::string::npos) << e;
   // the same type loads (as stored, no re-quantization)
-  q.method = is_nf4 ? QuantOptions::Method::NF4 : QuantOptions::Method::FP4;
+  q.quant_type = is_nf4 ? kernels::Quant4Type::NF4 : kernels::Quant4Type::FP4;
   EXPECT_TRUE(LlamaModel::load(dir.string(), torch::kFloat32, torch::kCPU, q).linears()[0]->quantized());
 }
 

@@ -41,7 +41,7 @@ void check_real_parity(bool nf4, const std::string& ref_file) {
   const Refs ref = load_refs(dir / ref_file);
   const std::string label = nf4 ? "nf4" : "fp32";
   QuantOptions q;
-  if (nf4) q.method = QuantOptions::Method::NF4;  // blocksize 64, double quant: bnb's defaults used
+  if (nf4) q.quant_type = kernels::Quant4Type::NF4;  // blocksize 64, double quant: bnb's defaults used
   LlamaModel m = LlamaModel::load(root.string(), torch::kFloat32, torch::kCPU, q);
   ASSERT_TRUE(m.config().tie_word_embeddings);
   ASSERT_TRUE(m.lm_head.is_same(m.embed_tokens));
@@ -111,7 +111,7 @@ TEST(RealModelParity, SmolLM2Nf4GreedyDecodeCachedDequantMatchesTransformers) {
   QLORA_REQUIRE_FIXTURE(root, "real/smollm2_135m");
   const Refs ref = load_refs(root.parent_path() / "greedy_nf4.safetensors");
   QuantOptions q;
-  q.method = QuantOptions::Method::NF4;
+  q.quant_type = kernels::Quant4Type::NF4;
   LlamaModel m = LlamaModel::load(root.string(), torch::kFloat32, torch::kCPU, q);
   torch::NoGradGuard no_grad;
   const torch::Tensor pid = ref.at("prompt_ids");
