@@ -38,7 +38,6 @@ std::string component_of(const std::string& name) {
   return "other";
 }
 
-
 /// `inspect --quant`: loads (quantizing while streaming) and accounts bytes per component.
 std::string inspect_quantized(const InspectOptions& o) {
   QuantOptions q;
