@@ -64,8 +64,8 @@ void cmd_merge(const MergeOptions& o) {
               ": exists and is not empty; refusing to overwrite it");
   QLORA_CHECK(o.max_shard_bytes > 0, "merge: --max-shard-bytes must be > 0, got ", o.max_shard_bytes);
   const ModelConfig base_cfg = load_model_config(o.base_dir);
-  const DType out = merge_dtype(o.dtype, base_cfg);
-  const torch::Dtype out_dtype = torch_dtype(out, torch::kCPU);
+  const DType out_type = merge_dtype(o.dtype, base_cfg);
+  const torch::Dtype out_dtype = torch_dtype(out_type, torch::kCPU);
   check_adapter_mergeable(o.adapter_dir, base_cfg);
 
   // fp32 holds bf16/fp16/fp32 stored values exactly; a 4-bit base is read as stored (never
@@ -99,8 +99,8 @@ void cmd_merge(const MergeOptions& o) {
 
   json cfg = json::parse(read_file((fs::path(o.base_dir) / "config.json").string()));
   cfg.erase("quantization_config");
-  cfg["torch_dtype"] = hf_dtype_name(out);
-  if (cfg.contains("dtype")) cfg["dtype"] = hf_dtype_name(out);
+  cfg["torch_dtype"] = hf_dtype_name(out_type);
+  if (cfg.contains("dtype")) cfg["dtype"] = hf_dtype_name(out_type);
 
   const fs::path out(o.out_dir);
   const fs::path tmp = o.out_dir + ".tmp-" + std::to_string(::getpid());
@@ -144,7 +144,7 @@ void cmd_merge(const MergeOptions& o) {
     throw;
   }
   log::info("merge: ", merged, " LoRA modules (r=", pc.r, ", scale ", s, ") merged into ", o.base_dir,
-            dequantized ? " (4-bit base dequantized)" : "", " -> ", o.out_dir, " (", hf_dtype_name(out), ")");
+            dequantized ? " (4-bit base dequantized)" : "", " -> ", o.out_dir, " (", hf_dtype_name(out_type), ")");
 }
 
 }  // namespace qlora
