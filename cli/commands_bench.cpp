@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "data/batch.h"
 #include "cli/commands.h"
+#include "cli/svg_chart.h"
 #include "trainer/estimate.h"
 #include "trainer/memory.h"
 #include "model/model.h"
@@ -149,69 +150,26 @@ std::string pct(double x) {
 
 /// Peak memory (measured solid, estimated dashed) against sequence length, one colour per batch size.
 std::string svg_chart(const std::vector<BenchPoint>& pts, const std::string& title, bool cuda) {
-  const double W = 720, Hh = 420, ml = 80, mr = 160, mt = 40, mb = 50;
-  double xmax = 1, ymax = 1;
-  for (const BenchPoint& p : pts) {
-    xmax = std::max(xmax, static_cast<double>(p.seq_len));
-    ymax = std::max({ymax, static_cast<double>(p.measured_peak), static_cast<double>(p.estimated_allocated)});
-  }
-  ymax /= 1 << 30;
-  auto X = [&](double v) { return ml + (W - ml - mr) * v / xmax; };
-  auto Y = [&](double v) { return Hh - mb - (Hh - mt - mb) * v / ymax; };
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(1);
-  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << Hh
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-    << "<text x=\"" << ml << "\" y=\"22\" font-size=\"14\">" << title << "</text>\n"
-    << "<line x1=\"" << ml << "\" y1=\"" << Hh - mb << "\" x2=\"" << W - mr << "\" y2=\"" << Hh - mb
-    << "\" stroke=\"black\"/>\n<line x1=\"" << ml << "\" y1=\"" << mt << "\" x2=\"" << ml << "\" y2=\"" << Hh - mb
-    << "\" stroke=\"black\"/>\n";
-  for (int i = 0; i <= 4; ++i) {
-    const double v = ymax * i / 4;
-    s << "<text x=\"" << ml - 8 << "\" y=\"" << Y(v) + 4 << "\" text-anchor=\"end\">" << std::setprecision(2) << v
-      << "</text>\n" << std::setprecision(1);
-  }
-  std::vector<int64_t> seqs;
-  for (const BenchPoint& p : pts)
-    if (std::find(seqs.begin(), seqs.end(), p.seq_len) == seqs.end()) seqs.push_back(p.seq_len);
-  for (int64_t t : seqs)
-    s << "<text x=\"" << X(static_cast<double>(t)) << "\" y=\"" << Hh - mb + 16 << "\" text-anchor=\"middle\">" << t
-      << "</text>\n";
-  s << "<text x=\"" << (W - mr + ml) / 2 << "\" y=\"" << Hh - 12 << "\" text-anchor=\"middle\">sequence length (tokens)</text>\n"
-    << "<text x=\"16\" y=\"" << (Hh) / 2 << "\" transform=\"rotate(-90 16 " << Hh / 2
-    << ")\" text-anchor=\"middle\">peak " << (cuda ? "allocated" : "RSS growth") << " (GiB)</text>\n";
-  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
+  LineChart c;
+  c.title = title;
+  c.x_label = "sequence length (tokens)";
+  c.y_label = std::string("peak ") + (cuda ? "allocated" : "RSS growth") + " (GiB)";
+  const double gib = 1 << 30;
   std::vector<int64_t> bss;
-  for (const BenchPoint& p : pts)
-    if (std::find(bss.begin(), bss.end(), p.micro_batch_size) == bss.end()) bss.push_back(p.micro_batch_size);
-  for (size_t k = 0; k < bss.size(); ++k) {
-    const char* c = colors[k % 6];
-    std::string meas, est;
-    for (const BenchPoint& p : pts) {
-      if (p.micro_batch_size != bss[k]) continue;
-      std::ostringstream pe;
-      pe << std::fixed << std::setprecision(1) << X(static_cast<double>(p.seq_len)) << ","
-         << Y(static_cast<double>(p.estimated_allocated) / (1 << 30)) << " ";
-      est += pe.str();
-      if (!p.fits) {
-        s << "<text x=\"" << X(static_cast<double>(p.seq_len)) << "\" y=\"" << mt + 12 * (k + 1) << "\" fill=\"" << c
-          << "\" text-anchor=\"middle\">OOM</text>\n";
-        continue;
-      }
-      std::ostringstream pm;
-      pm << std::fixed << std::setprecision(1) << X(static_cast<double>(p.seq_len)) << ","
-         << Y(static_cast<double>(p.measured_peak) / (1 << 30)) << " ";
-      meas += pm.str();
+  for (const BenchPoint& p : pts) {
+    const double x = static_cast<double>(p.seq_len);
+    if (std::find(c.x_ticks.begin(), c.x_ticks.end(), x) == c.x_ticks.end()) c.x_ticks.push_back(x);
+    auto it = std::find(bss.begin(), bss.end(), p.micro_batch_size);
+    if (it == bss.end()) {
+      bss.push_back(p.micro_batch_size);
+      c.series.push_back({"batch " + std::to_string(p.micro_batch_size), {}, {}});
+      it = bss.end() - 1;
     }
-    s << "<polyline fill=\"none\" stroke=\"" << c << "\" stroke-width=\"2\" points=\"" << meas << "\"/>\n"
-      << "<polyline fill=\"none\" stroke=\"" << c << "\" stroke-dasharray=\"5,4\" points=\"" << est << "\"/>\n"
-      << "<text x=\"" << W - mr + 10 << "\" y=\"" << mt + 18 * k + 10 << "\" fill=\"" << c << "\">batch " << bss[k]
-      << "</text>\n";
+    ChartSeries& se = c.series[static_cast<size_t>(it - bss.begin())];
+    se.solid.push_back({x, static_cast<double>(p.measured_peak) / gib, !p.fits});
+    se.dashed.push_back({x, static_cast<double>(p.estimated_allocated) / gib, false});
   }
-  s << "<text x=\"" << W - mr + 10 << "\" y=\"" << mt + 18 * bss.size() + 20
-    << "\">solid: measured</text>\n<text x=\"" << W - mr + 10 << "\" y=\"" << mt + 18 * bss.size() + 36
-    << "\">dashed: estimated</text>\n</svg>\n";
-  return s.str();
+  return svg_line_chart(c);
 }
 
 }  // namespace
