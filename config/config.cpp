@@ -554,6 +554,13 @@ void emit_string(YAML::Emitter& out, const std::string& key, const std::string& 
   if (needs_quotes(v)) out << YAML::DoubleQuoted;
   out << v;
 }
+/// A path key as read back by get_path: its expanded value with every "$" written "$$", so no
+/// part of it is expanded a second time (to_yaml's round trip).
+void emit_path(YAML::Emitter& out, const std::string& key, const std::string& v) {
+  std::string escaped;
+  for (char ch : v) escaped += ch == '$' ? std::string("$$") : std::string(1, ch);
+  emit_string(out, key, escaped);
+}
 void emit_double(YAML::Emitter& out, const std::string& key, double v) {
   out << YAML::Key << key << YAML::Value << format_double(v);
 }
@@ -674,7 +681,7 @@ void read_resume(const Section& s, const char* key, CheckpointConfig& c) {
   else c.resume = ResumeMode::kPath, c.resume_path = s.get_path(key, "auto", false);
 }
 void emit_resume(YAML::Emitter& out, const char* key, const CheckpointConfig& c) {
-  if (c.resume == ResumeMode::kPath) emit_string(out, key, c.resume_path);
+  if (c.resume == ResumeMode::kPath) emit_path(out, key, c.resume_path);
   else emit_plain(out, key, to_string(c.resume));
 }
 bool equal_resume(const CheckpointConfig& a, const CheckpointConfig& b) {
@@ -911,7 +918,7 @@ struct Emitter {
   YAML::Emitter& out;
   const S& obj;
   void operator()(const char* key, std::string S::*m, const PathSpec& p) const {
-    if (!(p.omit_empty && (obj.*m).empty())) emit_string(out, key, obj.*m);
+    if (!(p.omit_empty && (obj.*m).empty())) emit_path(out, key, obj.*m);
   }
   void operator()(const char* key, std::string S::*m, const TextSpec&) const { emit_string(out, key, obj.*m); }
   template <class M>

@@ -255,6 +255,12 @@ TEST(Config, ToYamlRoundTripsNonDefaultValues) {
   // A checkpoint path that looks like a boolean survives quoted.
   const Config p = parse(kMinimal, {"checkpoint.resume='no'"});
   EXPECT_EQ(parse(to_yaml(p)), p) << to_yaml(p);
+  // A literal "$" in a path ("$$" in the file) is written "$$" again, not expanded a second time
+  // (found by fuzz_config: "$$sUNDEFINED" came back as the undefined variable $sUNDEFINED).
+  const Config d = parse(kMinimal, {"data.train='$$sQLORA_UNDEFINED/a$$$$b.jsonl'", "checkpoint.resume='r$$1'"});
+  EXPECT_EQ(d.data.train, "$sQLORA_UNDEFINED/a$$b.jsonl");
+  EXPECT_EQ(d.checkpoint.resume_path, "r$1");
+  EXPECT_EQ(parse(to_yaml(d)), d) << to_yaml(d);
 }
 
 TEST(Config, LoadConfigFileErrors) {
