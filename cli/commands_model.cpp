@@ -242,9 +242,9 @@ void cmd_init_model(const InitModelOptions& o) {
       atomic_write_string((tmp / "tokenizer_config.json").string(), tc.dump(2) + "\n");
     }
     if (!o.dtype.empty()) {
-      const std::optional<DType> d = dtype_from_name(o.dtype);
-      QLORA_CHECK(d && *d != DType::kAuto && o.dtype == dtype_name(*d), "init-model: --dtype must be fp32, bf16 or fp16, got '", o.dtype, "'");
-      cfg.torch_dtype = hf_dtype_name(*d);
+      QLORA_CHECK(o.dtype == "fp32" || o.dtype == "bf16" || o.dtype == "fp16",
+                  "init-model: --dtype must be fp32, bf16 or fp16, got '", o.dtype, "'");
+      cfg.torch_dtype = hf_dtype_name(parse_dtype(o.dtype));
     }
     const torch::Dtype dtype = torch_dtype(stored_dtype(cfg.torch_dtype), torch::kCPU);
     log::info("init-model: preset ", o.preset, " (", cfg.num_parameters(), " parameters), ",

@@ -21,6 +21,8 @@ struct ChartSeries {
   std::vector<ChartPoint> dashed;  ///< in drawing order (missing is ignored)
 };
 
+/// What svg_line_chart draws: the labels (plain text) and the series, x and y in the caller's units
+/// (the bench: tokens and GiB).
 struct LineChart {
   std::string title, x_label, y_label;
   std::string solid_legend = "solid: measured", dashed_legend = "dashed: estimated";
@@ -29,9 +31,10 @@ struct LineChart {
   std::vector<ChartSeries> series;
 };
 
-/// The chart as a complete SVG document (720 × 420 px): axes from 0 to the largest x and the largest
-/// present y of any point (1 when there is none above 0), five y labels, the x ticks, one colour per series (six, cycling), the
-/// legend at the right. Text is written as given: the caller passes no markup characters.
+/// The chart as a complete SVG document (720 × 420 px): axes from 0 to the largest x and the
+/// largest present y of any point (1 when there is none above 0), five y labels, the x ticks, one
+/// colour per series (six, cycling), the legend at the right. Text is written as given: the caller
+/// passes no markup characters.
 std::string svg_line_chart(const LineChart& chart);
 
 }  // namespace qlora

@@ -75,8 +75,7 @@ bool QuantOptions::quantizes(const std::string& module) const {
 
 std::optional<kernels::Quant4Type> parse_quant_method(const std::string& s) {
   if (s == "none") return std::nullopt;
-  if (s == "nf4") return kernels::Quant4Type::NF4;
-  if (s == "fp4") return kernels::Quant4Type::FP4;
+  if (s == "nf4" || s == "fp4") return kernels::parse_quant_type(s);
   fail("quant method '", s, "' is not one of none, nf4, fp4");
 }
 

@@ -3,8 +3,9 @@
 // quantization of the frozen weights. The YAML is read into them once, at the edge
 // (config/config.cpp); LlamaModel, the trainer and the CLI take these types as they are.
 //
-// One spelling each: dtype names here (ours and Hugging Face's), resolve_dtype() in model/model.h
-// (the only place `auto` becomes a torch dtype), the quant type is kernels::Quant4Type.
+// One spelling each: dtype names here (ours and Hugging Face's), resolve_dtype() here (the only
+// place `auto` is resolved; model/model.h's torch_dtype() maps the result to torch), the quant type
+// is kernels::Quant4Type.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -16,7 +17,7 @@
 namespace qlora {
 
 /// Floating-point type the base model computes in (`model.dtype`, the CLI's `--dtype`). kAuto: bf16
-/// on CUDA, fp32 on CPU (resolve_dtype, model/model.h; the checkpoint's `torch_dtype` is not used).
+/// on CUDA, fp32 on CPU (resolve_dtype, below; the checkpoint's `torch_dtype` is not used).
 enum class DType { kBF16, kFP16, kFP32, kAuto };
 
 /// The dtype `d` computes in on a CUDA (`cuda`) or CPU device: the one place kAuto is resolved,
@@ -40,7 +41,7 @@ std::optional<DType> dtype_from_hf_name(const std::string& s);
 /// qlora::Error for kAuto, which has none.
 const char* hf_dtype_name(DType d);
 /// The dtype a checkpoint is stored in, from config.json's `torch_dtype`: its DType, or bf16 when
-/// it names no floating-point type (as transformers treats an unusual value for loading).
+/// it names none of the three (how `inspect --quant`, `merge --dtype auto` and `init-model` read it).
 DType stored_dtype(const std::string& torch_dtype);
 
 /// Which weights are stored in 4 bits and how (the config's `quantization:` section; bitsandbytes'
