@@ -141,7 +141,9 @@ Example tokenize(const std::vector<Segment>& segs, const Tokenizer& tok, bool tr
   std::vector<int64_t> offs;
   auto flush = [&]() {
     if (chunk.empty()) return;
-    const TokenIds ids = tok.encode_with_offsets(chunk, &offs, true);
+    // HF's Metaspace prepends "▁" to a split after a special token only under "always" (legacy);
+    // "first" only to the split at offset 0 (nothing before the chunk)
+    const TokenIds ids = tok.encode_with_offsets(chunk, &offs, ex.input_ids.empty() || tok.prefix_after_special());
     size_t s = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
       while (s + 1 < starts.size() && starts[s + 1].first <= size_t(offs[i])) ++s;

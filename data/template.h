@@ -16,7 +16,8 @@
 // rendered string): tokenizer.json: the whole rendered string in one pass (the tokenizer splits
 // added tokens out itself, as HF does); sentencepiece: the segments between two special ids form
 // one chunk, each tokenised in one pass exactly as HF tokenises text between special tokens
-// (legacy Llama: a "▁" prefix per chunk). Each token takes the label of the segment holding its
+// (legacy Llama: a "▁" prefix per chunk; legacy=false: only a chunk with nothing before it,
+// Tokenizer::prefix_after_special()). Each token takes the label of the segment holding its
 // first byte.
 // Labels are therefore computed while rendering, from the segment spans, never by searching
 // strings in the tokenised output. A token that straddles a segment boundary (only whitespace

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -44,20 +45,43 @@ int32_t json_id(const nlohmann::json& v, const fs::path& file, const std::string
   return static_cast<int32_t>(x);
 }
 
+// A true/false key of tokenizer_config.json; `def` when absent or null.
+bool config_flag(const nlohmann::json& cfg, const fs::path& file, const char* key, bool def) {
+  if (!cfg.is_object() || !cfg.contains(key) || cfg[key].is_null()) return def;
+  QLORA_CHECK(cfg[key].is_boolean(), file.string(), ": ", key, ": expected true/false, got ", cfg[key].type_name());
+  return cfg[key].get<bool>();
+}
+
+// transformers 5 loads a dir whose tokenizer_config.json names `LlamaTokenizer` (or its alias
+// `LlamaTokenizerFast`) with models/llama/tokenization_llama.py, which sets the Metaspace prepend
+// scheme from the config (_get_prepend_scheme, tokenization_utils_base.py): add_prefix_space
+// (default true) false -> never; else legacy (default false) true -> always, false -> first.
+// nullopt for any other class or none: the file is read as `tokenizers` reads it.
+std::optional<detail::PrependScheme> llama_scheme(const nlohmann::json& cfg, const fs::path& file) {
+  if (!cfg.is_object() || !cfg.contains("tokenizer_class") || cfg["tokenizer_class"].is_null()) return std::nullopt;
+  const auto& c = cfg["tokenizer_class"];
+  QLORA_CHECK(c.is_string(), file.string(), ": tokenizer_class: expected a string, got ", c.type_name());
+  if (c != "LlamaTokenizer" && c != "LlamaTokenizerFast") return std::nullopt;
+  if (!config_flag(cfg, file, "add_prefix_space", true)) return detail::PrependScheme::kNever;
+  return config_flag(cfg, file, "legacy", false) ? detail::PrependScheme::kAlways : detail::PrependScheme::kFirst;
+}
+
 }  // namespace
 
 Tokenizer::Tokenizer() = default;
 Tokenizer::Tokenizer(const std::string& path) {
-  load_file(path);
+  load_file(path, std::nullopt);
   finish_specials();
 }
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-void Tokenizer::load_file(const std::string& path) {
+void Tokenizer::load_file(const std::string& path, std::optional<detail::PrependScheme> llama) {
   is_json_ = is_json_path(path);
-  impl_ = is_json_ ? detail::load_hf_json(path) : detail::load_spm(path);
+  const detail::PrependScheme scheme = llama.value_or(detail::PrependScheme::kAlways);
+  impl_ = is_json_ ? detail::load_hf_json(path, llama) : detail::load_spm(path, scheme);
+  prefix_after_special_ = scheme == detail::PrependScheme::kAlways;
   path_ = path;
   vocab_size_ = impl_->vocab_size();
   const detail::FileSpecials s = impl_->specials();
@@ -97,11 +121,12 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
     dir = file.parent_path();
   }
   QLORA_CHECK(fs::exists(file), file.string(), ": tokenizer model not found");
-  Tokenizer t;
-  t.load_file(file.string());
-
   const fs::path tok_cfg_path = dir / "tokenizer_config.json", gen_cfg_path = dir / "generation_config.json";
   const nlohmann::json tok_cfg = read_json_if_exists(tok_cfg_path);
+  const std::optional<detail::PrependScheme> llama = llama_scheme(tok_cfg, tok_cfg_path);
+  Tokenizer t;
+  t.load_file(file.string(), llama);
+
   const nlohmann::json st_map = read_json_if_exists(dir / "special_tokens_map.json");
   const nlohmann::json gen_cfg = read_json_if_exists(gen_cfg_path);
 
@@ -163,17 +188,13 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
   }
 
   if (!t.is_json_) {
-    // LlamaTokenizer: add_bos_token (default true) / add_eos_token (default false).
-    auto flag = [&](const char* key, bool def) {
-      if (!tok_cfg.is_object() || !tok_cfg.contains(key) || tok_cfg[key].is_null()) return def;
-      QLORA_CHECK(tok_cfg[key].is_boolean(), tok_cfg_path.string(), ": ", key, ": expected true/false, got ",
-                  tok_cfg[key].type_name());
-      return tok_cfg[key].get<bool>();
-    };
+    // add_bos_token / add_eos_token (default false). add_bos_token's default: true as sentencepiece
+    // Llama tokenizers always had it, except under a config naming LlamaTokenizer, whose transformers
+    // 5 conversion of tokenizer.model adds no BOS unless the config says so.
     t.prefix_.clear();
     t.suffix_.clear();
-    if (flag("add_bos_token", true) && t.bos_id_ >= 0) t.prefix_.push_back(t.bos_id_);
-    if (flag("add_eos_token", false) && t.eos_id_ >= 0) t.suffix_.push_back(t.eos_id_);
+    if (config_flag(tok_cfg, tok_cfg_path, "add_bos_token", !llama) && t.bos_id_ >= 0) t.prefix_.push_back(t.bos_id_);
+    if (config_flag(tok_cfg, tok_cfg_path, "add_eos_token", false) && t.eos_id_ >= 0) t.suffix_.push_back(t.eos_id_);
   }
   t.finish_specials();
   return t;

@@ -6,10 +6,18 @@
 //      (`Tokenizer.from_file(...).encode(text, add_special_tokens)` / `.decode(ids,
 //      skip_special_tokens)`), see data/tokenizer_json.h and docs/data.md;
 //   2. sentencepiece `tokenizer.model` (Llama 2 family), when there is no tokenizer.json.
+// A dir whose tokenizer_config.json names `LlamaTokenizer` / `LlamaTokenizerFast` (Llama 2,
+// Mistral, TinyLlama, CodeLlama dirs) is read as transformers 5 `AutoTokenizer.from_pretrained`
+// reads it, which is not what its tokenizer.json alone says: that class replaces the file's
+// normalizer, pre-tokenizer and decoder by its own, with the Metaspace prepend scheme from the
+// config's `legacy` (default false: "first", no "▁" after a special token) and `add_prefix_space`
+// (false: "never"); see from_pretrained(). Loading the file itself (the constructor) keeps the
+// `tokenizers` contract. Reference ids: tests/fixtures/make_tokenizer_refs.py (`auto_*` keys).
 //
 // Parity contract of the sentencepiece path (tests/data/test_tokenizer.cpp; reference ids by
 // tests/fixtures/make_data_refs.py): encode() gives the ids of transformers 5.x
-// `LlamaTokenizer(legacy=True)` built from the same tokenizer.model, i.e. HF's BPE, not sentencepiece's:
+// `LlamaTokenizer(legacy=True)` built from the same tokenizer.model, i.e. HF's BPE, not sentencepiece's
+// (under a LlamaTokenizer config, its `legacy` / `add_prefix_space` as above):
 //   - pre-tokenisation = HF Metaspace(prepend_scheme=always, split=False): ' ' -> '▁', and a '▁'
 //     is prepended unless the text already starts with one (so " Hello" -> [▁Hello], where raw
 //     sentencepiece gives [▁, ▁Hello]);
@@ -23,6 +31,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,7 +41,8 @@ namespace qlora::data {
 using TokenIds = std::vector<int32_t>;
 
 namespace detail {
-class TokenizerBackend;  // data/tokenizer_backend.h (internal)
+class TokenizerBackend;      // data/tokenizer_backend.h (internal)
+enum class PrependScheme;    // idem
 }
 
 class Tokenizer {
@@ -44,8 +54,15 @@ class Tokenizer {
   ///     tokenizer_config.json, special_tokens_map.json, then generation_config.json ids (first
   ///     that names a token wins, in that order), then the tokenizer file's own;
   ///   - `add_bos_token` / `add_eos_token` of tokenizer_config.json for the sentencepiece path
-  ///     (defaults true / false as LlamaTokenizer); for tokenizer.json the post-processor decides
-  ///     (what `tokenizers` does), see add_bos_default();
+  ///     (defaults true / false; false / false when the config names LlamaTokenizer, as transformers
+  ///     5 converts tokenizer.model); for tokenizer.json the post-processor decides (what
+  ///     `tokenizers` and transformers 5 do), see add_bos_default();
+  ///   - `tokenizer_class` LlamaTokenizer / LlamaTokenizerFast: transformers 5's pipeline (no
+  ///     normalizer; Metaspace("▁", scheme, split=False); decoder Replace("▁"," ") + ByteFallback +
+  ///     Fuse + Strip(" ",1,0) unless add_prefix_space is false) with scheme = never if
+  ///     `add_prefix_space` (default true) is false, else always if `legacy` (default false), else
+  ///     first; a non-boolean `legacy` / `add_prefix_space` or non-string `tokenizer_class` is an
+  ///     error naming tokenizer_config.json and the key;
   ///   - eos_ids(): generation_config.json `eos_token_id` (int or list) plus eos_id().
   /// A path to a `tokenizer.model` / `tokenizer.json` file is also accepted (then only the sibling
   /// JSON files are read). Throws qlora::Error naming the file (and JSON path) when a file is
@@ -110,6 +127,12 @@ class Tokenizer {
   /// Id of a vocabulary piece (added tokens included), or -1 when the piece is not in the vocabulary.
   int32_t piece_to_id(const std::string& piece) const;
 
+  /// Sentencepiece path: whether a text chunk that follows a special id (a template's BOS / EOS)
+  /// gets the "▁" prefix again, as HF's Metaspace prepend_scheme "always" (legacy=True) does;
+  /// false for "first" and "never". The tokenizer.json path tokenises a rendered example in one
+  /// pass and its pre-tokenizer decides; there it only says which scheme the Llama class chose.
+  bool prefix_after_special() const { return prefix_after_special_; }
+
   /// Number of ids: 1 + the largest id of the vocabulary, added tokens and declared special ids.
   int32_t vocab_size() const { return vocab_size_; }
   int32_t bos_id() const { return bos_id_; }
@@ -141,12 +164,12 @@ class Tokenizer {
 
  private:
   Tokenizer();
-  void load_file(const std::string& path);
+  void load_file(const std::string& path, std::optional<detail::PrependScheme> llama_scheme);
   void finish_specials();
 
   std::unique_ptr<detail::TokenizerBackend> impl_;
   std::string path_;
-  bool is_json_ = false;
+  bool is_json_ = false, prefix_after_special_ = true;
   int32_t vocab_size_ = 0, bos_id_ = -1, eos_id_ = -1, pad_id_ = -1, unk_id_ = -1;
   std::vector<int32_t> eos_ids_;
   TokenIds prefix_, suffix_;

@@ -731,8 +731,6 @@ struct DigitsPre : PreTokenizer {
   }
 };
 
-enum class PrependScheme { kAlways, kFirst, kNever };
-
 struct MetaspacePre : PreTokenizer {
   int32_t replacement = 0x2581;
   std::string rep;  // UTF-8 of replacement
@@ -1416,7 +1414,7 @@ void parse_post(const Ctx& c, const json& j, const std::string& path, TokenIds* 
 
 class JsonBackend final : public TokenizerBackend {
  public:
-  explicit JsonBackend(const std::string& path);
+  JsonBackend(const std::string& path, std::optional<PrependScheme> llama_scheme);
   TokenIds encode(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const override;
   std::string decode(const TokenIds& ids, bool skip_special_tokens, const Tokenizer& facade) const override;
   std::string id_to_piece(int32_t id) const override {
@@ -1465,7 +1463,7 @@ std::string read_all(const std::string& path) {
   return ss.str();
 }
 
-JsonBackend::JsonBackend(const std::string& path) {
+JsonBackend::JsonBackend(const std::string& path, std::optional<PrependScheme> llama_scheme) {
   ctx_.file = path;
   const Ctx& c = ctx_;
   QLORA_CHECK(std::filesystem::is_regular_file(path), path, ": tokenizer.json not found");
@@ -1484,6 +1482,28 @@ JsonBackend::JsonBackend(const std::string& path) {
   if (j.contains("normalizer") && !j["normalizer"].is_null()) normalizer_ = parse_normalizer(c, j["normalizer"], "normalizer");
   if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) pre_ = parse_pre(c, j["pre_tokenizer"], "pre_tokenizer");
   if (j.contains("decoder") && !j["decoder"].is_null()) decoder_ = parse_decoder(c, j["decoder"], "decoder");
+  if (llama_scheme) {
+    // transformers 5 LlamaTokenizer.__init__ (models/llama/tokenization_llama.py) rebuilds these
+    // three whatever the file says: no normalizer; Metaspace("▁", prepend_scheme, split=False)
+    // (_get_prepend_scheme in tokenization_utils_base.py); decoder Replace("▁", " ") + ByteFallback
+    // + Fuse, + Strip(" ", 1, 0) when add_prefix_space (scheme not never). The file's own ones are
+    // still parsed above, so a malformed one is an error either way.
+    const PrependScheme s = *llama_scheme;
+    normalizer_.reset();
+    pre_ = parse_pre(c,
+                     {{"type", "Metaspace"},
+                      {"replacement", "\xe2\x96\x81"},
+                      {"prepend_scheme", s == PrependScheme::kAlways ? "always" : s == PrependScheme::kFirst ? "first" : "never"},
+                      {"split", false}},
+                     "pre_tokenizer");
+    json dec = {{"type", "Sequence"},
+                {"decoders",
+                 {{{"type", "Replace"}, {"pattern", {{"String", "\xe2\x96\x81"}}}, {"content", " "}},
+                  {{"type", "ByteFallback"}},
+                  {{"type", "Fuse"}}}}};
+    if (s != PrependScheme::kNever) dec["decoders"].push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+    decoder_ = parse_decoder(c, dec, "decoder");
+  }
   if (j.contains("post_processor") && !j["post_processor"].is_null()) {
     parse_post(c, j["post_processor"], "post_processor", &specials_.prefix, &specials_.suffix);
   }
@@ -1691,6 +1711,8 @@ std::string JsonBackend::decode(const TokenIds& ids, bool skip_special_tokens, c
 
 }  // namespace
 
-std::unique_ptr<TokenizerBackend> load_hf_json(const std::string& path) { return std::make_unique<JsonBackend>(path); }
+std::unique_ptr<TokenizerBackend> load_hf_json(const std::string& path, std::optional<PrependScheme> llama_scheme) {
+  return std::make_unique<JsonBackend>(path, llama_scheme);
+}
 
 }  // namespace qlora::data::detail

@@ -1,5 +1,5 @@
 // sentencepiece tokenizer.model backend of qlora::data::Tokenizer. See tokenizer.h for the parity
-// contract (HF LlamaTokenizer(legacy=True) ids: HF merge ranks + Metaspace, not spm scores).
+// contract (transformers 5 LlamaTokenizer ids: HF merge ranks + Metaspace, not spm scores).
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
@@ -34,7 +34,7 @@ int utf8_seq_len(unsigned char c) {
 
 class SpmBackend final : public TokenizerBackend {
  public:
-  explicit SpmBackend(const std::string& path);
+  SpmBackend(const std::string& path, PrependScheme scheme);
   TokenIds encode(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const override;
   std::string decode(const TokenIds& ids, bool skip_special_tokens, const Tokenizer& facade) const override;
   std::string id_to_piece(int32_t id) const override {
@@ -65,9 +65,10 @@ class SpmBackend final : public TokenizerBackend {
   int32_t byte_ids_[256];                                        // <0xXX> piece per byte, -1 if absent
   int32_t space_id_ = -1;                                        // "▁"
   int32_t unk_id_ = -1;
+  PrependScheme scheme_;  // kNever: no "▁" prefix at all; else one when encode() is asked for it
 };
 
-SpmBackend::SpmBackend(const std::string& path) {
+SpmBackend::SpmBackend(const std::string& path, PrependScheme scheme) : scheme_(scheme) {
   QLORA_CHECK(fs::is_regular_file(path), path, ": tokenizer model not found");
   const std::string bytes = read_file(path);
   sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
@@ -128,7 +129,7 @@ TokenIds SpmBackend::encode(const std::string& text, std::vector<int64_t>* offse
   };
   const std::string kSpace("\xe2\x96\x81");
   const bool starts_with_space = text[0] == ' ' || text.compare(0, 3, kSpace) == 0;
-  if (prefix && !starts_with_space) push(space_id_ >= 0 ? space_id_ : unk_id_, 0);
+  if (prefix && scheme_ != PrependScheme::kNever && !starts_with_space) push(space_id_ >= 0 ? space_id_ : unk_id_, 0);
   for (size_t i = 0; i < text.size();) {
     const int n = std::min<int>(utf8_seq_len(static_cast<unsigned char>(text[i])), int(text.size() - i));
     auto it = text[i] == ' ' ? piece_ids_.find(kSpace) : piece_ids_.find(text.substr(i, n));
@@ -241,7 +242,9 @@ std::unordered_map<std::string, std::string> llama_like_args(int vocab_size, con
 
 }  // namespace
 
-std::unique_ptr<TokenizerBackend> load_spm(const std::string& path) { return std::make_unique<SpmBackend>(path); }
+std::unique_ptr<TokenizerBackend> load_spm(const std::string& path, PrependScheme scheme) {
+  return std::make_unique<SpmBackend>(path, scheme);
+}
 
 }  // namespace qlora::data::detail
 

@@ -1,11 +1,14 @@
 // Encode throughput of qlora::data::Tokenizer on a JSONL corpus ({"text": ...} per line), one
 // thread: every document is encoded with encode(text) (no special tokens), `reps` times after one
 // warm-up pass. Prints `RESULT <name> <best MB/s> <median MB/s> <cpu MB/s> <tokens> <bytes>`.
-//   bench_tokenizer NAME MODEL_DIR CORPUS.jsonl [reps=5]
+//   bench_tokenizer NAME MODEL_DIR|TOKENIZER_FILE CORPUS.jsonl [reps=5]
+// A dir is loaded with Tokenizer::from_pretrained, a tokenizer.json / tokenizer.model file alone
+// (the constructor: the `tokenizers` contract, what run.py compares with).
 // Driver: bench/tokenizer/run.py (adds the Rust `tokenizers` numbers and the ratio).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -25,14 +28,16 @@ double cpu_seconds() {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s NAME MODEL_DIR CORPUS.jsonl [reps=5]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s NAME MODEL_DIR|TOKENIZER_FILE CORPUS.jsonl [reps=5]\n", argv[0]);
     return 2;
   }
   try {
     const std::string name = argv[1];
     const int reps = argc > 4 ? std::max(1, std::atoi(argv[4])) : 5;
     const auto t0 = std::chrono::steady_clock::now();
-    const qlora::data::Tokenizer tok = qlora::data::Tokenizer::from_pretrained(argv[2]);
+    const qlora::data::Tokenizer tok = std::filesystem::is_directory(argv[2])
+                                           ? qlora::data::Tokenizer::from_pretrained(argv[2])
+                                           : qlora::data::Tokenizer(argv[2]);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::vector<std::string> docs;
     size_t bytes = 0;

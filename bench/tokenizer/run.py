@@ -57,7 +57,10 @@ def main():
     try:
         for name in a.names.split(","):
             d = os.path.join(a.fixtures, "tokenizers", name)
-            out = subprocess.run([a.bin, name, d, path, str(a.reps)], check=True, capture_output=True, text=True).stdout
+            # the file, not the dir: like for like with Tokenizer.from_file (a LlamaTokenizer dir is read
+            # as transformers reads it, data/tokenizer.h)
+            tj = os.path.join(d, "tokenizer.json")
+            out = subprocess.run([a.bin, name, tj, path, str(a.reps)], check=True, capture_output=True, text=True).stdout
             print(out.strip())
             res = [l.split() for l in out.splitlines() if l.startswith("RESULT")][0]
             c_best, c_med, c_cpu, c_tok = float(res[2]), float(res[3]), float(res[4]), int(res[5])

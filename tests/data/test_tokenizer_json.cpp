@@ -41,91 +41,141 @@ std::vector<Case> load_corpus(const fs::path& p) {
 
 std::string show(const std::string& s) { return s.size() > 80 ? s.substr(0, 80) + "..." : s; }
 
-// Returns the number of strings checked; every mismatch is reported (first 5 in detail).
-void check_parity(const std::string& name, size_t* checked) {
-  const fs::path dir = qlora::test::fixtures_dir() / "tokenizers" / name;
-  const fs::path refs_path = qlora::test::fixtures_dir() / "tokenizers" / (name + "_refs.json");
-  const fs::path corpus_path = qlora::test::fixtures_dir() / "tokenizers" / "corpus.json";
-  ASSERT_TRUE(fs::exists(refs_path) && fs::exists(corpus_path) && fs::exists(dir / "tokenizer.json"))
-      << "missing fixture " << refs_path << " (made by tests/fixtures/make_tokenizer_refs.py; run scripts/test.sh)";
-  const Tokenizer tok = Tokenizer::from_pretrained(dir.string());
-  EXPECT_TRUE(tok.is_hf_json());
-  const auto corpus = load_corpus(corpus_path);
-  const auto refs = nlohmann::json::parse(std::ifstream(refs_path));
-  ASSERT_EQ(refs["cases"].size(), corpus.size());
-  EXPECT_EQ(tok.vocab_size(), refs["vocab_size"].get<int>());
+struct Side {
+  const char* what;    // "tokenizers" (the file) / "AutoTokenizer" (the dir)
+  const char* prefix;  // refs key prefix whose values override the plain ones ("" / "auto_")
+};
+
+// Encodes and decodes every corpus string with `tok` and compares with the refs of one side: the
+// plain keys, overridden by `side.prefix` keys where the fixture script wrote them. Every mismatch
+// is counted (first 5 in detail).
+void compare(const std::string& name, const Tokenizer& tok, const nlohmann::json& refs,
+             const std::vector<Case>& corpus, const Side& side, bool decode) {
   int bad_enc = 0, bad_sp = 0, bad_dec = 0, bad_skip = 0, shown = 0;
   for (size_t i = 0; i < corpus.size(); ++i) {
     const auto& r = refs["cases"][i];
+    auto ref = [&](const std::string& key) { return r.value(side.prefix + key, r[key]); };
     const std::string& text = corpus[i].text;
-    const TokenIds want = r["ids"].get<TokenIds>(), want_sp = r["ids_special"].get<TokenIds>();
+    const TokenIds want = ref("ids").get<TokenIds>(), want_sp = ref("ids_special").get<TokenIds>();
     const TokenIds got = tok.encode(text), got_sp = tok.encode_with_special_tokens(text);
-    const std::string dec = tok.decode(want_sp, false), dec_skip = tok.decode(want_sp, true);
-    const bool e1 = got != want, e2 = got_sp != want_sp, e3 = dec != r["decode"].get<std::string>(),
-               e4 = dec_skip != r["decode_skip"].get<std::string>();
+    const std::string dec = decode ? tok.decode(want_sp, false) : "", dec_skip = decode ? tok.decode(want_sp, true) : "";
+    const bool e1 = got != want, e2 = got_sp != want_sp, e3 = decode && dec != ref("decode").get<std::string>(),
+               e4 = decode && dec_skip != ref("decode_skip").get<std::string>();
     bad_enc += e1;
     bad_sp += e2;
     bad_dec += e3;
     bad_skip += e4;
     if ((e1 || e2 || e3 || e4) && shown++ < 5) {
-      ADD_FAILURE() << name << " case " << i << " (" << corpus[i].kind << ") '" << show(text) << "': encode "
-                    << (e1 ? "DIFFERS" : "ok") << ", encode+special " << (e2 ? "DIFFERS" : "ok") << ", decode "
-                    << (e3 ? "DIFFERS got '" + show(dec) + "'" : "ok") << ", decode skip "
+      ADD_FAILURE() << name << " vs " << side.what << ", case " << i << " (" << corpus[i].kind << ") '" << show(text)
+                    << "': encode " << (e1 ? "DIFFERS" : "ok") << ", encode+special " << (e2 ? "DIFFERS" : "ok")
+                    << ", decode " << (e3 ? "DIFFERS got '" + show(dec) + "'" : "ok") << ", decode skip "
                     << (e4 ? "DIFFERS got '" + show(dec_skip) + "'" : "ok");
     }
   }
-  EXPECT_EQ(bad_enc, 0) << name;
-  EXPECT_EQ(bad_sp, 0) << name;
-  EXPECT_EQ(bad_dec, 0) << name;
-  EXPECT_EQ(bad_skip, 0) << name;
+  EXPECT_EQ(bad_enc, 0) << name << " vs " << side.what;
+  EXPECT_EQ(bad_sp, 0) << name << " vs " << side.what;
+  EXPECT_EQ(bad_dec, 0) << name << " vs " << side.what;
+  EXPECT_EQ(bad_skip, 0) << name << " vs " << side.what;
+}
+
+// Two contracts per fixture dir: Tokenizer(<dir>/tokenizer.json) = the Rust `tokenizers` library on
+// the file; Tokenizer::from_pretrained(<dir>) = transformers 5 AutoTokenizer.from_pretrained(<dir>)
+// (which differs for a LlamaTokenizer config, tokenizer.h). Returns the number of strings checked
+// and the number where the two references differ.
+void check_parity(const std::string& name, size_t* checked, int* auto_differs) {
+  const fs::path dir = qlora::test::fixtures_dir() / "tokenizers" / name;
+  const fs::path refs_path = qlora::test::fixtures_dir() / "tokenizers" / (name + "_refs.json");
+  const fs::path corpus_path = qlora::test::fixtures_dir() / "tokenizers" / "corpus.json";
+  ASSERT_TRUE(fs::exists(refs_path) && fs::exists(corpus_path) && fs::exists(dir / "tokenizer.json"))
+      << "missing fixture " << refs_path << " (made by tests/fixtures/make_tokenizer_refs.py; run scripts/test.sh)";
+  const auto corpus = load_corpus(corpus_path);
+  const auto refs = nlohmann::json::parse(std::ifstream(refs_path));
+  ASSERT_EQ(refs["cases"].size(), corpus.size());
+  const Tokenizer file((dir / "tokenizer.json").string()), auto_tok = Tokenizer::from_pretrained(dir.string());
+  EXPECT_TRUE(file.is_hf_json());
+  EXPECT_TRUE(auto_tok.is_hf_json());
+  EXPECT_EQ(file.vocab_size(), refs["vocab_size"].get<int>());
+  EXPECT_EQ(auto_tok.vocab_size(), refs["vocab_size"].get<int>());
+  compare(name, file, refs, corpus, {"tokenizers", ""}, true);
+  compare(name, auto_tok, refs, corpus, {"AutoTokenizer", "auto_"}, true);
   *checked = corpus.size();
+  *auto_differs = refs["auto_differs"].get<int>();
 }
 
 }  // namespace
 
-TEST(TokenizerJson, SmolLM2MatchesTokenizers) {
+// `auto_differs`: corpus strings where transformers 5 AutoTokenizer and `tokenizers` give
+// different results (docs/data.md); 0 for every class but LlamaTokenizer.
+void expect_parity(const std::string& name, int auto_differs) {
   size_t n = 0;
-  check_parity("smollm2", &n);
-  EXPECT_EQ(n, 2173u);  // the corpus of make_tokenizer_refs.py (docs/data.md)
+  int differs = -1;
+  check_parity(name, &n, &differs);
+  EXPECT_EQ(n, 2173u) << name;  // the corpus of make_tokenizer_refs.py (docs/data.md)
+  EXPECT_EQ(differs, auto_differs) << name;
 }
 
-TEST(TokenizerJson, Llama3StyleBpeMatchesTokenizers) {
-  size_t n = 0;
-  check_parity("llama3_bpe", &n);
-  EXPECT_EQ(n, 2173u);  // the corpus of make_tokenizer_refs.py (docs/data.md)
-}
+TEST(TokenizerJson, SmolLM2MatchesTokenizers) { expect_parity("smollm2", 0); }
+TEST(TokenizerJson, Llama3StyleBpeMatchesTokenizers) { expect_parity("llama3_bpe", 0); }
+TEST(TokenizerJson, Qwen2StyleBpeMatchesTokenizers) { expect_parity("qwen2_bpe", 0); }
 
-TEST(TokenizerJson, Qwen2StyleBpeMatchesTokenizers) {
-  size_t n = 0;
-  check_parity("qwen2_bpe", &n);
-  EXPECT_EQ(n, 2173u);  // the corpus of make_tokenizer_refs.py (docs/data.md)
-}
-
-TEST(TokenizerJson, Llama2ConvertedMatchesTokenizers) {
-  size_t n = 0;
-  check_parity("llama2_hf", &n);
-  EXPECT_EQ(n, 2173u);  // the corpus of make_tokenizer_refs.py (docs/data.md)
-}
-
-TEST(TokenizerJson, Llama2OlderConversionFormMatchesTokenizers) {  // Prepend + Replace normalizer
-  size_t n = 0;
-  check_parity("llama2_legacy_norm", &n);
-  EXPECT_EQ(n, 2173u);
-}
-
-TEST(TokenizerJson, MetaspaceFirstSplitMatchesTokenizers) {  // Mistral-style prepend_scheme "first"
-  size_t n = 0;
-  check_parity("llama2_first", &n);
-  EXPECT_EQ(n, 2173u);
-}
+// LlamaTokenizer configs (transformers 5 rebuilds the pipeline): legacy absent = false, so the
+// prepend scheme is "first" whatever the file says.
+TEST(TokenizerJson, Llama2ConvertedMatchesTokenizers) { expect_parity("llama2_hf", 42); }
+// The Llama 2 hub file's form: Prepend + Replace normalizer, no pre-tokenizer.
+TEST(TokenizerJson, Llama2OlderConversionFormMatchesTokenizers) { expect_parity("llama2_legacy_norm", 151); }
+// Mistral-style file: Metaspace prepend_scheme "first", split true (transformers: split false).
+TEST(TokenizerJson, MetaspaceFirstSplitMatchesTokenizers) { expect_parity("llama2_first", 283); }
+// The hub form under `"legacy": true` (scheme "always"): still differs from the file where its
+// Prepend normalizer adds a second "▁" in front of text that starts with a space.
+TEST(TokenizerJson, LegacyTrueConfigMatchesTransformers) { expect_parity("llama2_legacy_true", 129); }
+// `"add_prefix_space": false` (scheme "never", no Strip decoder): nearly every string differs.
+TEST(TokenizerJson, NoPrefixSpaceConfigMatchesTransformers) { expect_parity("llama2_no_prefix", 2171); }
 
 // NFC + Replace normalizers, Split behaviours (Contiguous, MergedWithNext, MergedWithPrevious,
 // Removed + invert), Digits, Metaspace split, unk / fuse_unk / subword prefix / word suffix /
 // byte_fallback, decoders ByteFallback / Replace / Metaspace / Strip / Fuse, BOS+EOS template.
-TEST(TokenizerJson, ComponentsBpeMatchesTokenizers) {
-  size_t n = 0;
-  check_parity("components_bpe", &n);
-  EXPECT_EQ(n, 2173u);
+TEST(TokenizerJson, ComponentsBpeMatchesTokenizers) { expect_parity("components_bpe", 0); }
+
+// tokenizer.model alone under a LlamaTokenizer config: from_pretrained = AutoTokenizer (transformers
+// 5 converts the model: scheme from legacy, add_bos_token default false) on every corpus string the
+// sentencepiece path takes as HF does (valid UTF-8, no "<s>" / "</s>" / "<unk>" typed in the text).
+void expect_spm_parity(const std::string& name, int want_checked) {
+  const fs::path dir = qlora::test::fixtures_dir() / "tokenizers" / name;
+  QLORA_REQUIRE_FIXTURE(refs_path, "tokenizers/" + name + "_refs.json");
+  QLORA_REQUIRE_FIXTURE(corpus_path, "tokenizers/corpus.json");
+  const Tokenizer tok = Tokenizer::from_pretrained(dir.string());
+  ASSERT_FALSE(tok.is_hf_json());
+  const auto refs = nlohmann::json::parse(std::ifstream(refs_path));
+  const auto corpus = load_corpus(corpus_path);
+  ASSERT_EQ(refs["cases"].size(), corpus.size());
+  int n = 0, bad = 0;
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    const Case& c = corpus[i];
+    if (c.kind == "invalid_utf8" || c.text.find("<s>") != std::string::npos ||
+        c.text.find("</s>") != std::string::npos || c.text.find("<unk>") != std::string::npos)
+      continue;
+    ++n;
+    const auto& r = refs["cases"][i];
+    const bool e1 = tok.encode(c.text) != r["ids"].get<TokenIds>(),
+               e2 = tok.encode_with_special_tokens(c.text) != r["ids_special"].get<TokenIds>();
+    if ((e1 || e2) && bad++ < 5) ADD_FAILURE() << name << ": differs: '" << show(c.text) << "'";
+  }
+  EXPECT_EQ(bad, 0) << name;
+  EXPECT_EQ(n, want_checked) << name;
+}
+
+TEST(TokenizerSpm, LlamaTokenizerConfigMatchesTransformers) {
+  expect_spm_parity("llama2_spm", 2083);
+  expect_spm_parity("llama2_spm_legacy", 2083);
+  // the two configs differ where it shows: BOS by default, and "▁" after a special id
+  const Tokenizer first = Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers/llama2_spm").string());
+  const Tokenizer legacy =
+      Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers/llama2_spm_legacy").string());
+  EXPECT_FALSE(first.add_bos_default());
+  EXPECT_TRUE(legacy.add_bos_default());
+  EXPECT_TRUE(legacy.add_eos_default());
+  EXPECT_FALSE(first.prefix_after_special());
+  EXPECT_TRUE(legacy.prefix_after_special());
 }
 
 // (c): the Llama 2 tokenizer.json transformers converts from tokenizer.model gives the ids of our
