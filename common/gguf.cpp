@@ -298,6 +298,12 @@ const std::vector<int64_t>& GgufFile::get_int_array(const std::string& key) cons
   return v.ints;
 }
 
+const std::vector<double>& GgufFile::get_float_array(const std::string& key) const {
+  const Value& v = must(*this, key);
+  if (v.type != ValueType::ARRAY || !is_float(static_cast<uint32_t>(v.elem))) wrong(*this, key, "ARRAY of floats", v);
+  return v.floats;
+}
+
 const TensorInfo* GgufFile::find_tensor(const std::string& name) const {
   auto it = index_.find(name);
   return it == index_.end() ? nullptr : &tensors_[it->second];

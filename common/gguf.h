@@ -95,6 +95,8 @@ class GgufFile {
   const std::string& get_string(const std::string& key) const;
   const std::vector<std::string>& get_string_array(const std::string& key) const;
   const std::vector<int64_t>& get_int_array(const std::string& key) const;
+  /// ARRAY of FLOAT32/FLOAT64 (e.g. tokenizer.ggml.scores), as doubles holding the stored values exactly.
+  const std::vector<double>& get_float_array(const std::string& key) const;
 
   /// Tensors in file (info) order.
   const std::vector<TensorInfo>& tensors() const { return tensors_; }

@@ -46,8 +46,8 @@ class TokenizerBackend {
 /// follows). Throws qlora::Error naming `path`.
 std::unique_ptr<TokenizerBackend> load_spm(const std::string& path, PrependScheme scheme = PrependScheme::kAlways);
 /// HF tokenizer.json (data/tokenizer_json.cpp). `llama_scheme` set: the file's normalizer,
-/// pre-tokenizer and decoder are replaced by transformers 5 LlamaTokenizer's (llama_pipeline()),
-/// with that prepend scheme. Throws qlora::Error naming `path` and the JSON path.
+/// pre-tokenizer and decoder are replaced by transformers 5 LlamaTokenizer's (see the JsonBackend
+/// constructor), with that prepend scheme. Throws qlora::Error naming `path` and the JSON path.
 std::unique_ptr<TokenizerBackend> load_hf_json(const std::string& path,
                                                std::optional<PrependScheme> llama_scheme = std::nullopt);
 

@@ -6,7 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <map>
 #include <set>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 #include <sstream>
 #include <vector>
 
@@ -220,13 +225,63 @@ json added_token(int64_t id, const std::string& content, bool special) {
           {"rstrip", false}, {"normalized", false}, {"special", special}};
 }
 
+constexpr size_t kMaxSpmTokenBytes = 4096;
+
+// Byte length of the UTF-8 sequence a lead byte starts (1 for a stray byte).
+size_t utf8_len(unsigned char c) { return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
+
+// The merges a sentencepiece vocabulary implies, as transformers' generate_merges(vocab,
+// vocab_scores) builds them for a GGUF without tokenizer.ggml.merges (tokenization_utils_base.py):
+// every split (l, r) of every token whose halves are both tokens; per token ordered by (id(l),
+// id(r)); then all stably sorted by (token score, length of l, length of r), descending, lengths in
+// code points. A token listed twice counts at its first place with its last id and score (Python
+// dicts).
+json sentencepiece_merges(const std::vector<std::string>& tokens, const std::vector<double>& scores) {
+  std::unordered_map<std::string, size_t> id, last;
+  for (size_t i = 0; i < tokens.size(); ++i) id[tokens[i]] = last[tokens[i]] = i;
+  struct Merge {
+    double score;
+    size_t llen, rlen, lid, rid;
+    std::string l, r;
+  };
+  std::vector<Merge> all, local;
+  std::unordered_set<std::string> seen;
+  for (const std::string& t : tokens) {
+    if (t.empty() || !seen.insert(t).second) continue;
+    size_t total = 0;
+    for (size_t k = 0; k < t.size(); k += utf8_len(static_cast<unsigned char>(t[k]))) ++total;
+    local.clear();
+    size_t left = 0;
+    for (size_t k = utf8_len(static_cast<unsigned char>(t[0])); k < t.size(); k += utf8_len(static_cast<unsigned char>(t[k]))) {
+      ++left;
+      auto l = id.find(t.substr(0, k)), r = id.find(t.substr(k));
+      if (l != id.end() && r != id.end()) local.push_back({scores[last[t]], left, total - left, l->second, r->second, l->first, r->first});
+    }
+    std::stable_sort(local.begin(), local.end(),
+                     [](const Merge& a, const Merge& b) { return std::tie(a.lid, a.rid) < std::tie(b.lid, b.rid); });
+    all.insert(all.end(), local.begin(), local.end());
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Merge& a, const Merge& b) {
+    return std::tie(a.score, a.llen, a.rlen) > std::tie(b.score, b.llen, b.rlen);
+  });
+  json out = json::array();
+  for (const Merge& m : all) out.push_back({m.l, m.r});
+  return out;
+}
+
 TokenizerFiles build_tokenizer(const GgufFile& f) {
+  // transformers' builders by tokenizer.ggml.model (gguf_tokenizer_mapping.py GGUF_TOKENIZER_TYPES):
+  // "gpt2" -> GPT2Tokenizer (byte-level BPE), "llama" -> LlamaTokenizer (sentencepiece BPE with byte
+  // fallback: Llama 2, Mistral, TinyLlama files).
   const std::string model = f.get_string("tokenizer.ggml.model");
-  QLORA_CHECK(model == "gpt2", f.path(), ": metadata key 'tokenizer.ggml.model': tokenizer '", model,
-              "' is not supported (only \"gpt2\", byte-level BPE)");
+  QLORA_CHECK(model == "gpt2" || model == "llama", f.path(), ": metadata key 'tokenizer.ggml.model': tokenizer '",
+              model, "' is not supported (\"gpt2\": byte-level BPE; \"llama\": sentencepiece BPE)");
+  const bool spm = model == "llama";
   const std::vector<std::string>& tokens = f.get_string_array("tokenizer.ggml.tokens");
-  const std::vector<std::string>& merges = f.get_string_array("tokenizer.ggml.merges");
   QLORA_CHECK(!tokens.empty(), f.path(), ": metadata key 'tokenizer.ggml.tokens': empty");
+  const std::vector<std::string> no_merges;
+  const std::vector<std::string>& merges =
+      spm && !f.has("tokenizer.ggml.merges") ? no_merges : f.get_string_array("tokenizer.ggml.merges");
   std::vector<int64_t> types;
   if (f.has("tokenizer.ggml.token_type")) {
     types = f.get_int_array("tokenizer.ggml.token_type");
@@ -237,7 +292,7 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
   json vocab = json::object();
   for (size_t i = 0; i < tokens.size(); ++i) {
     const std::string& t = tokens[i];
-    if (in_byte_alphabet(t)) {
+    if (spm || in_byte_alphabet(t)) {  // sentencepiece tokens are stored as they are spelled
       vocab[t] = i;
     } else {
       std::string s;
@@ -253,10 +308,25 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
                 ": metadata key 'tokenizer.ggml.merges': entry ", i, " is not two tokens separated by one space");
     jmerges.push_back({m.substr(0, sp), m.substr(sp + 1)});
   }
-  json added = json::array();
+  if (spm && merges.empty()) {
+    // Every split of every token is looked up: quadratic in a token's length, so an absurd token in
+    // an untrusted file is refused (real vocabularies stay under ~100 bytes a token).
+    for (size_t i = 0; i < tokens.size(); ++i)
+      QLORA_CHECK(tokens[i].size() <= kMaxSpmTokenBytes, f.path(), ": metadata key 'tokenizer.ggml.tokens': token ", i,
+                  " is ", tokens[i].size(), " bytes; a sentencepiece vocabulary's tokens are refused above ",
+                  kMaxSpmTokenBytes, " bytes");
+    const std::vector<double>& scores = f.get_float_array("tokenizer.ggml.scores");
+    QLORA_CHECK(scores.size() == tokens.size(), f.path(), ": metadata key 'tokenizer.ggml.scores': ", scores.size(),
+                " entries for ", tokens.size(), " tokens");
+    jmerges = sentencepiece_merges(tokens, scores);
+  }
+  // Added tokens (add_gguf_special_tokens): CONTROL (3) ones special (byte-level: only those spelled
+  // in the byte alphabet), USER_DEFINED (4) ones not; LlamaTokenizer also registers its named
+  // special tokens (bos/eos/unk/pad below) as special added tokens. Written in id order.
+  std::map<int64_t, bool> added_ids;  // id -> special
   for (size_t i = 0; i < types.size(); ++i) {
-    if (types[i] == 3 && in_byte_alphabet(tokens[i])) added.push_back(added_token(i, tokens[i], true));
-    else if (types[i] == 4 && vocab.contains(tokens[i])) added.push_back(added_token(i, tokens[i], false));
+    if (types[i] == 3 && (spm || in_byte_alphabet(tokens[i]))) added_ids[int64_t(i)] = true;
+    else if (types[i] == 4 && vocab.contains(tokens[i])) added_ids.emplace(int64_t(i), false);
   }
 
   // Special tokens (names as in tokenizer_config.json).
@@ -272,7 +342,8 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
   TokenizerFiles r;
   r.special_ids = json::object();
   json tc = json::object();
-  const bool add_bos = f.has("tokenizer.ggml.add_bos_token") && f.get_bool("tokenizer.ggml.add_bos_token");
+  // add_bos_token absent: true for a sentencepiece vocabulary (get_gguf_tokenizer: llama.cpp's default)
+  const bool add_bos = f.has("tokenizer.ggml.add_bos_token") ? f.get_bool("tokenizer.ggml.add_bos_token") : spm;
   const bool add_eos = f.has("tokenizer.ggml.add_eos_token") && f.get_bool("tokenizer.ggml.add_eos_token");
   tc["add_bos_token"] = add_bos;
   tc["add_eos_token"] = add_eos;
@@ -286,6 +357,7 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
       tc[name + "_token"] = tok;
       r.special_ids[name == "unk" ? "unk_token_id" : name == "pad" ? "pad_token_id" : name + "_token_id"] = id;
       if (name == "bos") bos = tok, bos_id = id;
+      if (spm) added_ids[id] = true;
     } else {
       tc[name + "_token"] = nullptr;
     }
@@ -294,8 +366,11 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
               ": metadata key 'tokenizer.ggml.bos_token_id': missing, but add_bos_token is true");
   if (f.has("tokenizer.chat_template")) tc["chat_template"] = f.get_string("tokenizer.chat_template");
   tc["clean_up_tokenization_spaces"] = false;
-  tc["tokenizer_class"] = "PreTrainedTokenizerFast";
+  tc["tokenizer_class"] = spm ? "LlamaTokenizer" : "PreTrainedTokenizerFast";
+  if (spm) tc["legacy"] = false;  // what transformers built: Metaspace prepend_scheme "first"
   r.tokenizer_config = tc;
+  json added = json::array();
+  for (const auto& [id, special] : added_ids) added.push_back(added_token(id, tokens[size_t(id)], special));
 
   json pre;
   const std::string pre_name = f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "";
@@ -304,6 +379,8 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
            {"pretokenizers",
             {{{"type", "Split"}, {"pattern", {{"Regex", rx}}}, {"behavior", "Isolated"}, {"invert", false}},
              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
+  } else if (spm) {  // LlamaTokenizer's own (legacy=False, add_prefix_space=True)
+    pre = {{"type", "Metaspace"}, {"replacement", "\xe2\x96\x81"}, {"prepend_scheme", "first"}, {"split", false}};
   } else {  // GPT2Tokenizer's own: byte-level with the GPT-2 regex
     pre = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   }
@@ -326,10 +403,17 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
       {"normalizer", nullptr},
       {"pre_tokenizer", pre},
       {"post_processor", {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair}, {"special_tokens", specials}}},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"decoder", spm ? json{{"type", "Sequence"},
+                             {"decoders",
+                              {{{"type", "Replace"}, {"pattern", {{"String", "\xe2\x96\x81"}}}, {"content", " "}},
+                               {{"type", "ByteFallback"}},
+                               {{"type", "Fuse"}},
+                               {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}
+                      : json{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
-        {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+        {"continuing_subword_prefix", spm ? json() : json("")}, {"end_of_word_suffix", spm ? json() : json("")},
+        {"fuse_unk", spm}, {"byte_fallback", spm}, {"ignore_merges", false},
         {"vocab", std::move(vocab)}, {"merges", std::move(jmerges)}}}};
   return r;
 }

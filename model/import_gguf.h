@@ -12,8 +12,12 @@
 //                          mapped to HF names (docs/gguf.md); written one tensor at a time.
 //   config.json            LlamaForCausalLM / Qwen2ForCausalLM from `<arch>.*` metadata;
 //                          tie_word_embeddings when there is no `output.weight`.
-//   tokenizer.json         byte-level BPE from tokenizer.ggml.{tokens,merges,token_type,pre}.
-//   tokenizer_config.json  bos/eos/unk/pad tokens, add_bos_token, chat_template.
+//   tokenizer.json         tokenizer.ggml.model "gpt2": byte-level BPE from tokenizer.ggml.{tokens,
+//                          merges,token_type,pre}; "llama" (Llama 2 / Mistral files): sentencepiece
+//                          BPE with byte fallback, LlamaTokenizer's pipeline, merges from the file or
+//                          derived from tokenizer.ggml.scores (transformers' generate_merges).
+//   tokenizer_config.json  bos/eos/unk/pad tokens, add_bos_token (absent: true for "llama"),
+//                          chat_template; tokenizer_class (LlamaTokenizer with legacy false for "llama").
 //   generation_config.json bos/eos (pad) ids.
 #pragma once
 #include <cstdint>
@@ -40,7 +44,9 @@ struct ImportGgufResult {
 /// the end, so on any error `out_dir` is left as it was (absent or empty) and no temporary remains.
 /// Throws qlora::Error naming the file and the metadata key or tensor: an unreadable/malformed
 /// GGUF (gguf::GgufFile's checks), an architecture other than llama/qwen2, a tokenizer other than
-/// "gpt2" (byte-level BPE), a missing or mistyped metadata key, a missing or unexpected tensor, a
+/// "gpt2" (byte-level BPE) or "llama" (sentencepiece BPE; without merges it needs
+/// tokenizer.ggml.scores, one per token, and tokens of at most 4096 bytes), a missing or mistyped
+/// metadata key, a missing or unexpected tensor, a
 /// tensor whose shape disagrees with the metadata, a quantization type not in kernels/gguf_dequant.h,
 /// a bad --dtype, a non-empty out_dir, or an I/O error.
 ImportGgufResult import_gguf(const ImportGgufOptions& o);

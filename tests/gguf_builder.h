@@ -39,6 +39,11 @@ class GgufBuilder {
     for (int32_t x : v) b += pod(x);
     kv(k, 9, b);
   }
+  void f32_array(const std::string& k, const std::vector<float>& v) {
+    std::string b = pod<uint32_t>(6) + pod<uint64_t>(v.size());
+    for (float x : v) b += pod(x);
+    kv(k, 9, b);
+  }
   /// A raw key/value with any type id and payload (for malformed cases).
   void kv(const std::string& k, uint32_t type, const std::string& payload) {
     if (omit.count(k)) return;

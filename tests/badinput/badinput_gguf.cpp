@@ -134,8 +134,31 @@ std::vector<Case> corpus() {
                "metadata key 'llama.attention.layer_norm_rms_epsilon': missing"});
   {
     GgufBuilder b = tiny({"tokenizer.ggml.model"});
+    b.str("tokenizer.ggml.model", "t5");
+    c.push_back({"unsupported_tokenizer", b.bytes(), "metadata key 'tokenizer.ggml.model': tokenizer 't5' is not supported"});
+  }
+  {  // a sentencepiece vocabulary without merges needs the scores they are derived from
+    GgufBuilder b = tiny({"tokenizer.ggml.model", "tokenizer.ggml.merges"});
     b.str("tokenizer.ggml.model", "llama");
-    c.push_back({"unsupported_tokenizer", b.bytes(), "metadata key 'tokenizer.ggml.model': tokenizer 'llama' is not supported"});
+    c.push_back({"spm_without_scores", b.bytes(), "metadata key 'tokenizer.ggml.scores': missing"});
+  }
+  {
+    GgufBuilder b = tiny({"tokenizer.ggml.model", "tokenizer.ggml.merges"});
+    b.str("tokenizer.ggml.model", "llama");
+    b.f32_array("tokenizer.ggml.scores", {0.f, -1.f});
+    c.push_back({"spm_scores_count", b.bytes(), "metadata key 'tokenizer.ggml.scores': 2 entries for"});
+  }
+  {
+    GgufBuilder b = tiny({"tokenizer.ggml.model", "tokenizer.ggml.merges", "tokenizer.ggml.tokens"});
+    b.str("tokenizer.ggml.model", "llama");
+    b.str_array("tokenizer.ggml.tokens", {"<unk>", "a", "b", "c", std::string(5000, 'x'), "ab", "e", "f", "g", "h", "i", "j"});
+    c.push_back({"spm_token_too_long", b.bytes(), "metadata key 'tokenizer.ggml.tokens': token 4 is 5000 bytes"});
+  }
+  {
+    GgufBuilder b = tiny({"tokenizer.ggml.model", "tokenizer.ggml.merges"});
+    b.str("tokenizer.ggml.model", "llama");
+    b.str("tokenizer.ggml.scores", "x");
+    c.push_back({"spm_scores_not_floats", b.bytes(), "metadata key 'tokenizer.ggml.scores': expected ARRAY of floats, got STRING"});
   }
   {
     GgufBuilder b = tiny({"tokenizer.ggml.tokens"});

@@ -154,5 +154,15 @@ TEST(BadInputTokenizer, GenerationAndTokenizerConfigErrors) {
                        ":1: special token '<nope>' is neither in tokenizer.json nor in added_tokens_decoder");
   std::ofstream(dir / "tokenizer_config.json", std::ios::trunc) << "{not json";
   EXPECT_EQ(err(), (dir / "tokenizer_config.json").string() + ":1: not a JSON object");
+  // the keys that choose transformers' LlamaTokenizer pipeline (data/tokenizer.h)
+  std::ofstream(dir / "tokenizer_config.json", std::ios::trunc) << R"({"tokenizer_class": 7})";
+  EXPECT_EQ(err(), (dir / "tokenizer_config.json").string() + ": tokenizer_class: expected a string, got number");
+  std::ofstream(dir / "tokenizer_config.json", std::ios::trunc) << R"({"tokenizer_class": "LlamaTokenizer", "legacy": "no"})";
+  EXPECT_EQ(err(), (dir / "tokenizer_config.json").string() + ": legacy: expected true/false, got string");
+  std::ofstream(dir / "tokenizer_config.json", std::ios::trunc)
+      << R"({"tokenizer_class": "LlamaTokenizerFast", "add_prefix_space": 1})";
+  EXPECT_EQ(err(), (dir / "tokenizer_config.json").string() + ": add_prefix_space: expected true/false, got number");
+  std::ofstream(dir / "tokenizer_config.json", std::ios::trunc) << R"({"tokenizer_class": "LlamaTokenizer", "legacy": null})";
+  EXPECT_EQ(err(), "");
   fs::remove_all(dir);
 }

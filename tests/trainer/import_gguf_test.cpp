@@ -17,6 +17,7 @@
 #include "common/gguf.h"
 #include "common/proc_status.h"
 #include "common/safetensors.h"
+#include "data/tokenizer.h"
 #include "gguf_builder.h"
 #include "kernels/quant4.h"
 #include "test_util.h"
@@ -189,6 +190,42 @@ TEST(ImportGguf, TinyQwen2EqualsTransformersGgufLoad) {
   EXPECT_EQ(tc["bos_token"], "<|im_start|>");
   EXPECT_EQ(tc["pad_token"], "<|endoftext|>");
   EXPECT_TRUE(tc["unk_token"].is_null());
+  fs::remove_all(dir);
+}
+
+// A tiny random Llama with the Llama 2 sentencepiece vocabulary of ../shared as llama.cpp's
+// converter writes it (tokenizer.ggml.model "llama": tokens, scores, token types; no merges, no
+// add_bos_token key), as Ollama keeps Llama 2 / Mistral files: the merges transformers derives from
+// the scores, LlamaTokenizer's pipeline, BOS by default; our tokenizer on the imported dir gives
+// transformers' ids on the fixture corpus.
+TEST(ImportGguf, TinyLlamaSentencepieceEqualsTransformersGgufLoad) {
+  QLORA_REQUIRE_FIXTURE(gguf, "gguf/llama_spm_tiny/model.gguf");
+  const fs::path dir = qlora::test::fresh_temp_dir("import_llama_spm_fp32");
+  const fs::path out = dir / "llama";
+  const auto r = qlora::import_gguf({gguf.string(), out.string(), "fp32"});
+  EXPECT_EQ(r.architecture, "llama");
+  EXPECT_FALSE(r.tied_embeddings);
+  EXPECT_EQ(expect_matches_transformers(out, gguf.parent_path()), 21u);
+  const json tok = read_json(out / "tokenizer.json");
+  EXPECT_EQ(tok["model"]["merges"].size(), 61249u);  // derived from the scores (the file has none)
+  const json tc = read_json(out / "tokenizer_config.json");
+  EXPECT_EQ(tc["tokenizer_class"], "LlamaTokenizer");
+  EXPECT_EQ(tc["legacy"], false);
+  EXPECT_EQ(tc["add_bos_token"], true);
+  EXPECT_EQ(tc["bos_token"], "<s>");
+  EXPECT_EQ(tc["eos_token"], "</s>");
+  EXPECT_EQ(tc["unk_token"], "<unk>");
+  const json corpus = read_json(gguf.parent_path() / "corpus.json");
+  const qlora::data::Tokenizer t = qlora::data::Tokenizer::from_pretrained(out.string());
+  ASSERT_EQ(corpus["texts"].size(), corpus["ids"].size());
+  ASSERT_GE(corpus["texts"].size(), 20u);
+  size_t bad = 0;
+  for (size_t i = 0; i < corpus["texts"].size(); ++i) {
+    const std::string text = corpus["texts"][i];
+    const auto want = corpus["ids"][i].get<std::vector<int32_t>>();
+    if (t.encode_with_special_tokens(text) != want && bad++ < 3) ADD_FAILURE() << "ids differ for '" << text << "'";
+  }
+  EXPECT_EQ(bad, 0u);
   fs::remove_all(dir);
 }
 
