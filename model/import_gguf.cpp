@@ -2,17 +2,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <nlohmann/json.hpp>
-#include <algorithm>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
-#include <sstream>
 #include <vector>
 
 #include "common/error.h"
