@@ -195,9 +195,11 @@ TEST(ImportGguf, TinyQwen2EqualsTransformersGgufLoad) {
 
 // A tiny random Llama with the Llama 2 sentencepiece vocabulary of ../shared as llama.cpp's
 // converter writes it (tokenizer.ggml.model "llama": tokens, scores, token types; no merges, no
-// add_bos_token key), as Ollama keeps Llama 2 / Mistral files: the merges transformers derives from
-// the scores, LlamaTokenizer's pipeline, BOS by default; our tokenizer on the imported dir gives
-// transformers' ids on the fixture corpus.
+// add_bos_token key; "model" and "▁token" retyped as control tokens and "ada" as user-defined, as
+// Mistral v0.3's [INST] are control tokens inside the vocabulary), as Ollama keeps Llama 2 /
+// Mistral files: the merges transformers derives from the scores, LlamaTokenizer's pipeline, BOS by
+// default; our tokenizer on the imported dir gives transformers' ids on the fixture corpus (120 of
+// its 300 strings contain a retyped token, so the added-token split is exercised).
 TEST(ImportGguf, TinyLlamaSentencepieceEqualsTransformersGgufLoad) {
   QLORA_REQUIRE_FIXTURE(gguf, "gguf/llama_spm_tiny/model.gguf");
   const fs::path dir = qlora::test::fresh_temp_dir("import_llama_spm_fp32");
