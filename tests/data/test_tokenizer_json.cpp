@@ -136,6 +136,17 @@ TEST(TokenizerJson, NoPrefixSpaceConfigMatchesTransformers) { expect_parity("lla
 // byte_fallback, decoders ByteFallback / Replace / Metaspace / Strip / Fuse, BOS+EOS template.
 TEST(TokenizerJson, ComponentsBpeMatchesTokenizers) { expect_parity("components_bpe", 0); }
 
+// The docs' example (docs/data.md, "Llama 2 / Mistral dirs"): the Llama 2 hub file's form after
+// "<s>": "▁Hello" read alone, "Hello" as transformers 5 reads the dir (legacy absent = false).
+TEST(TokenizerJson, LlamaDirDropsThePrefixAfterASpecialToken) {
+  QLORA_REQUIRE_FIXTURE(dir, "tokenizers/llama2_legacy_norm/tokenizer.json");
+  const Tokenizer file(dir.string()), auto_tok = Tokenizer::from_pretrained(dir.parent_path().string());
+  EXPECT_EQ(file.encode("<s>Hello"), (TokenIds{1, 15043}));
+  EXPECT_EQ(auto_tok.encode("<s>Hello"), (TokenIds{1, 10994}));
+  EXPECT_EQ(auto_tok.id_to_piece(10994), "Hello");
+  EXPECT_EQ(auto_tok.id_to_piece(15043), "\xe2\x96\x81Hello");
+}
+
 // tokenizer.model alone under a LlamaTokenizer config: from_pretrained = AutoTokenizer (transformers
 // 5 converts the model: scheme from legacy, add_bos_token default false) on every corpus string the
 // sentencepiece path takes as HF does (valid UTF-8, no "<s>" / "</s>" / "<unk>" typed in the text).
