@@ -57,13 +57,13 @@ bool config_flag(const nlohmann::json& cfg, const fs::path& file, const char* ke
 // scheme from the config (_get_prepend_scheme, tokenization_utils_base.py): add_prefix_space
 // (default true) false -> never; else legacy (default false) true -> always, false -> first.
 // nullopt for any other class or none: the file is read as `tokenizers` reads it.
-std::optional<detail::PrependScheme> llama_scheme(const nlohmann::json& cfg, const fs::path& file) {
+std::optional<PrependScheme> llama_scheme(const nlohmann::json& cfg, const fs::path& file) {
   if (!cfg.is_object() || !cfg.contains("tokenizer_class") || cfg["tokenizer_class"].is_null()) return std::nullopt;
   const auto& c = cfg["tokenizer_class"];
   QLORA_CHECK(c.is_string(), file.string(), ": tokenizer_class: expected a string, got ", c.type_name());
   if (c != "LlamaTokenizer" && c != "LlamaTokenizerFast") return std::nullopt;
-  if (!config_flag(cfg, file, "add_prefix_space", true)) return detail::PrependScheme::kNever;
-  return config_flag(cfg, file, "legacy", false) ? detail::PrependScheme::kAlways : detail::PrependScheme::kFirst;
+  if (!config_flag(cfg, file, "add_prefix_space", true)) return PrependScheme::kNever;
+  return config_flag(cfg, file, "legacy", false) ? PrependScheme::kAlways : PrependScheme::kFirst;
 }
 
 }  // namespace
@@ -77,11 +77,11 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-void Tokenizer::load_file(const std::string& path, std::optional<detail::PrependScheme> llama) {
+void Tokenizer::load_file(const std::string& path, std::optional<PrependScheme> llama) {
   is_json_ = is_json_path(path);
-  const detail::PrependScheme scheme = llama.value_or(detail::PrependScheme::kAlways);
+  const PrependScheme scheme = llama.value_or(PrependScheme::kAlways);
   impl_ = is_json_ ? detail::load_hf_json(path, llama) : detail::load_spm(path, scheme);
-  prefix_after_special_ = scheme == detail::PrependScheme::kAlways;
+  prefix_after_special_ = scheme == PrependScheme::kAlways;
   path_ = path;
   vocab_size_ = impl_->vocab_size();
   const detail::FileSpecials s = impl_->specials();
@@ -123,7 +123,7 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
   QLORA_CHECK(fs::exists(file), file.string(), ": tokenizer model not found");
   const fs::path tok_cfg_path = dir / "tokenizer_config.json", gen_cfg_path = dir / "generation_config.json";
   const nlohmann::json tok_cfg = read_json_if_exists(tok_cfg_path);
-  const std::optional<detail::PrependScheme> llama = llama_scheme(tok_cfg, tok_cfg_path);
+  const std::optional<PrependScheme> llama = llama_scheme(tok_cfg, tok_cfg_path);
   Tokenizer t;
   t.load_file(file.string(), llama);
 

@@ -40,9 +40,9 @@ namespace qlora::data {
 /// Token ids: int32, the vocabulary index (sentencepiece piece id / HF token id).
 using TokenIds = std::vector<int32_t>;
 
+enum class PrependScheme;  // data/llama_tokenizer.h
 namespace detail {
-class TokenizerBackend;      // data/tokenizer_backend.h (internal)
-enum class PrependScheme;    // idem
+class TokenizerBackend;  // data/tokenizer_backend.h (internal)
 }
 
 class Tokenizer {
@@ -164,7 +164,7 @@ class Tokenizer {
 
  private:
   Tokenizer();
-  void load_file(const std::string& path, std::optional<detail::PrependScheme> llama_scheme);
+  void load_file(const std::string& path, std::optional<PrependScheme> llama_scheme);
   void finish_specials();
 
   std::unique_ptr<detail::TokenizerBackend> impl_;

@@ -7,13 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "data/llama_tokenizer.h"
 #include "data/tokenizer.h"
 
 namespace qlora::data::detail {
-
-/// When a Metaspace pre-tokenizer prepends its "▁" (tokenizers' `PrependScheme`): to every text
-/// split (`always`), only to the split at offset 0 of the input (`first`), or never.
-enum class PrependScheme { kAlways, kFirst, kNever };
 
 /// Special tokens a tokenizer file itself declares (-1 = none); the facade overrides them from
 /// tokenizer_config.json and friends.
@@ -46,8 +43,7 @@ class TokenizerBackend {
 /// follows). Throws qlora::Error naming `path`.
 std::unique_ptr<TokenizerBackend> load_spm(const std::string& path, PrependScheme scheme = PrependScheme::kAlways);
 /// HF tokenizer.json (data/tokenizer_json.cpp). `llama_scheme` set: the file's normalizer,
-/// pre-tokenizer and decoder are replaced by transformers 5 LlamaTokenizer's (see the JsonBackend
-/// constructor), with that prepend scheme. Throws qlora::Error naming `path` and the JSON path.
+/// pre-tokenizer and decoder are replaced by transformers 5 LlamaTokenizer's, llama_pipeline(). Throws qlora::Error naming `path` and the JSON path.
 std::unique_ptr<TokenizerBackend> load_hf_json(const std::string& path,
                                                std::optional<PrependScheme> llama_scheme = std::nullopt);
 

@@ -1483,26 +1483,13 @@ JsonBackend::JsonBackend(const std::string& path, std::optional<PrependScheme> l
   if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) pre_ = parse_pre(c, j["pre_tokenizer"], "pre_tokenizer");
   if (j.contains("decoder") && !j["decoder"].is_null()) decoder_ = parse_decoder(c, j["decoder"], "decoder");
   if (llama_scheme) {
-    // transformers 5 LlamaTokenizer.__init__ (models/llama/tokenization_llama.py) rebuilds these
-    // three whatever the file says: no normalizer; Metaspace("▁", prepend_scheme, split=False)
-    // (_get_prepend_scheme in tokenization_utils_base.py); decoder Replace("▁", " ") + ByteFallback
-    // + Fuse, + Strip(" ", 1, 0) when add_prefix_space (scheme not never). The file's own ones are
-    // still parsed above, so a malformed one is an error either way.
-    const PrependScheme s = *llama_scheme;
+    // transformers 5 LlamaTokenizer rebuilds these three whatever the file says (llama_pipeline;
+    // it has no normalizer). The file's own ones were still parsed above, so a malformed one is an
+    // error either way.
+    const json p = llama_pipeline(*llama_scheme);
     normalizer_.reset();
-    pre_ = parse_pre(c,
-                     {{"type", "Metaspace"},
-                      {"replacement", "\xe2\x96\x81"},
-                      {"prepend_scheme", s == PrependScheme::kAlways ? "always" : s == PrependScheme::kFirst ? "first" : "never"},
-                      {"split", false}},
-                     "pre_tokenizer");
-    json dec = {{"type", "Sequence"},
-                {"decoders",
-                 {{{"type", "Replace"}, {"pattern", {{"String", "\xe2\x96\x81"}}}, {"content", " "}},
-                  {{"type", "ByteFallback"}},
-                  {{"type", "Fuse"}}}}};
-    if (s != PrependScheme::kNever) dec["decoders"].push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
-    decoder_ = parse_decoder(c, dec, "decoder");
+    pre_ = parse_pre(c, p["pre_tokenizer"], "pre_tokenizer");
+    decoder_ = parse_decoder(c, p["decoder"], "decoder");
   }
   if (j.contains("post_processor") && !j["post_processor"].is_null()) {
     parse_post(c, j["post_processor"], "post_processor", &specials_.prefix, &specials_.suffix);

@@ -77,11 +77,12 @@ SpmBackend::SpmBackend(const std::string& path, PrependScheme scheme) : scheme_(
   unk_id_ = sp_->unk_id();
 
   // Vocabulary and merges exactly as transformers' SentencePieceExtractor/generate_merges build
-  // them: every split of every piece whose two halves are pieces is a merge; rank order is
-  // (merged id, left length in code points). Control/unknown/unused pieces take no part, so
-  // plain text can never produce <s>, </s> or <unk> by merging.
+  // them (data/llama_tokenizer.h, by piece id): every split of every piece whose two halves are
+  // pieces is a merge. Control/unknown/unused (and byte) pieces take no part, so plain text can
+  // never produce <s>, </s> or <unk> by merging.
   std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
   std::vector<std::string> pieces(n);
+  std::vector<bool> usable(n, false);
   for (int32_t i = 0; i < n; ++i) {
     pieces[i] = sp_->IdToPiece(i);
     if (sp_->IsByte(i)) {
@@ -90,27 +91,13 @@ SpmBackend::SpmBackend(const std::string& path, PrependScheme scheme) : scheme_(
       continue;
     }
     if (sp_->IsControl(i) || sp_->IsUnknown(i) || sp_->IsUnused(i)) continue;
+    usable[i] = true;
     piece_ids_.emplace(pieces[i], i);
   }
-  struct M { int32_t merged; size_t left_len; int32_t l, r; };
-  std::vector<M> ms;
-  for (int32_t i = 0; i < n; ++i) {
-    const std::string& p = pieces[i];
-    if (!piece_ids_.count(p) || piece_ids_.at(p) != i) continue;
-    size_t cps = 0;
-    for (size_t k = utf8_seq_len(p[0]); k < p.size(); k += utf8_seq_len(p[k])) {
-      ++cps;
-      auto l = piece_ids_.find(p.substr(0, k));
-      auto r = piece_ids_.find(p.substr(k));
-      if (l != piece_ids_.end() && r != piece_ids_.end()) ms.push_back({i, cps, l->second, r->second});
-    }
-  }
-  std::stable_sort(ms.begin(), ms.end(), [](const M& a, const M& b) {
-    return a.merged != b.merged ? a.merged < b.merged : a.left_len < b.left_len;
-  });
-  for (size_t k = 0; k < ms.size(); ++k) {
-    const uint64_t key = (uint64_t(uint32_t(ms[k].l)) << 32) | uint32_t(ms[k].r);
-    merges_.emplace(key, std::pair<int32_t, int32_t>(int32_t(k), ms[k].merged));
+  const std::vector<MergeRule> rules = generate_merges(pieces, nullptr, &usable);
+  for (size_t k = 0; k < rules.size(); ++k) {
+    const uint64_t key = (uint64_t(uint32_t(rules[k].left)) << 32) | uint32_t(rules[k].right);
+    merges_.emplace(key, std::pair<int32_t, int32_t>(int32_t(k), rules[k].merged));
   }
   auto sp = piece_ids_.find("\xe2\x96\x81");  // "▁"
   space_id_ = sp == piece_ids_.end() ? -1 : sp->second;

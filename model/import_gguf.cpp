@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -10,9 +9,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-#include <tuple>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "common/error.h"
@@ -20,6 +16,7 @@
 #include "common/gguf.h"
 #include "common/log.h"
 #include "common/safetensors_stream.h"
+#include "data/llama_tokenizer.h"
 #include "kernels/gguf_dequant.h"
 #include "kernels/quant4.h"  // float_to_bf16
 #include "model/options.h"
@@ -227,48 +224,6 @@ json added_token(int64_t id, const std::string& content, bool special) {
 
 constexpr size_t kMaxSpmTokenBytes = 4096;
 
-// Byte length of the UTF-8 sequence a lead byte starts (1 for a stray byte).
-size_t utf8_len(unsigned char c) { return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
-
-// The merges a sentencepiece vocabulary implies, as transformers' generate_merges(vocab,
-// vocab_scores) builds them for a GGUF without tokenizer.ggml.merges (tokenization_utils_base.py):
-// every split (l, r) of every token whose halves are both tokens; per token ordered by (id(l),
-// id(r)); then all stably sorted by (token score, length of l, length of r), descending, lengths in
-// code points. A token listed twice counts at its first place with its last id and score (Python
-// dicts).
-json sentencepiece_merges(const std::vector<std::string>& tokens, const std::vector<double>& scores) {
-  std::unordered_map<std::string, size_t> id, last;
-  for (size_t i = 0; i < tokens.size(); ++i) id[tokens[i]] = last[tokens[i]] = i;
-  struct Merge {
-    double score;
-    size_t llen, rlen, lid, rid;
-    std::string l, r;
-  };
-  std::vector<Merge> all, local;
-  std::unordered_set<std::string> seen;
-  for (const std::string& t : tokens) {
-    if (t.empty() || !seen.insert(t).second) continue;
-    size_t total = 0;
-    for (size_t k = 0; k < t.size(); k += utf8_len(static_cast<unsigned char>(t[k]))) ++total;
-    local.clear();
-    size_t left = 0;
-    for (size_t k = utf8_len(static_cast<unsigned char>(t[0])); k < t.size(); k += utf8_len(static_cast<unsigned char>(t[k]))) {
-      ++left;
-      auto l = id.find(t.substr(0, k)), r = id.find(t.substr(k));
-      if (l != id.end() && r != id.end()) local.push_back({scores[last[t]], left, total - left, l->second, r->second, l->first, r->first});
-    }
-    std::stable_sort(local.begin(), local.end(),
-                     [](const Merge& a, const Merge& b) { return std::tie(a.lid, a.rid) < std::tie(b.lid, b.rid); });
-    all.insert(all.end(), local.begin(), local.end());
-  }
-  std::stable_sort(all.begin(), all.end(), [](const Merge& a, const Merge& b) {
-    return std::tie(a.score, a.llen, a.rlen) > std::tie(b.score, b.llen, b.rlen);
-  });
-  json out = json::array();
-  for (const Merge& m : all) out.push_back({m.l, m.r});
-  return out;
-}
-
 TokenizerFiles build_tokenizer(const GgufFile& f) {
   // transformers' builders by tokenizer.ggml.model (gguf_tokenizer_mapping.py GGUF_TOKENIZER_TYPES):
   // "gpt2" -> GPT2Tokenizer (byte-level BPE), "llama" -> LlamaTokenizer (sentencepiece BPE with byte
@@ -318,7 +273,9 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
     const std::vector<double>& scores = f.get_float_array("tokenizer.ggml.scores");
     QLORA_CHECK(scores.size() == tokens.size(), f.path(), ": metadata key 'tokenizer.ggml.scores': ", scores.size(),
                 " entries for ", tokens.size(), " tokens");
-    jmerges = sentencepiece_merges(tokens, scores);
+    // transformers' generate_merges with the scores, over every token (data/llama_tokenizer.h)
+    for (const data::MergeRule& m : data::generate_merges(tokens, &scores, nullptr))
+      jmerges.push_back({tokens[size_t(m.left)], tokens[size_t(m.right)]});
   }
   // Added tokens (add_gguf_special_tokens): CONTROL (3) ones special (byte-level: only those spelled
   // in the byte alphabet), USER_DEFINED (4) ones not; LlamaTokenizer also registers its named
@@ -372,6 +329,7 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
   json added = json::array();
   for (const auto& [id, special] : added_ids) added.push_back(added_token(id, tokens[size_t(id)], special));
 
+  const json llama = spm ? data::llama_pipeline(data::PrependScheme::kFirst) : json();
   json pre;
   const std::string pre_name = f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "";
   if (const char* rx = split_regex(pre_name)) {
@@ -380,7 +338,7 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
             {{{"type", "Split"}, {"pattern", {{"Regex", rx}}}, {"behavior", "Isolated"}, {"invert", false}},
              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
   } else if (spm) {  // LlamaTokenizer's own (legacy=False, add_prefix_space=True)
-    pre = {{"type", "Metaspace"}, {"replacement", "\xe2\x96\x81"}, {"prepend_scheme", "first"}, {"split", false}};
+    pre = llama["pre_tokenizer"];
   } else {  // GPT2Tokenizer's own: byte-level with the GPT-2 regex
     pre = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   }
@@ -403,12 +361,7 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
       {"normalizer", nullptr},
       {"pre_tokenizer", pre},
       {"post_processor", {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair}, {"special_tokens", specials}}},
-      {"decoder", spm ? json{{"type", "Sequence"},
-                             {"decoders",
-                              {{{"type", "Replace"}, {"pattern", {{"String", "\xe2\x96\x81"}}}, {"content", " "}},
-                               {{"type", "ByteFallback"}},
-                               {{"type", "Fuse"}},
-                               {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}
+      {"decoder", spm ? llama["decoder"]
                       : json{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
       {"model",
        {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
