@@ -52,18 +52,50 @@ bool config_flag(const nlohmann::json& cfg, const fs::path& file, const char* ke
   return cfg[key].get<bool>();
 }
 
-// transformers 5 loads a dir whose tokenizer_config.json names `LlamaTokenizer` (or its alias
-// `LlamaTokenizerFast`) with models/llama/tokenization_llama.py, which sets the Metaspace prepend
-// scheme from the config (_get_prepend_scheme, tokenization_utils_base.py): add_prefix_space
-// (default true) false -> never; else legacy (default false) true -> always, false -> first.
-// nullopt for any other class or none: the file is read as `tokenizers` reads it.
-std::optional<PrependScheme> llama_scheme(const nlohmann::json& cfg, const fs::path& file) {
-  if (!cfg.is_object() || !cfg.contains("tokenizer_class") || cfg["tokenizer_class"].is_null()) return std::nullopt;
-  const auto& c = cfg["tokenizer_class"];
-  QLORA_CHECK(c.is_string(), file.string(), ": tokenizer_class: expected a string, got ", c.type_name());
-  if (c != "LlamaTokenizer" && c != "LlamaTokenizerFast") return std::nullopt;
-  if (!config_flag(cfg, file, "add_prefix_space", true)) return PrependScheme::kNever;
-  return config_flag(cfg, file, "legacy", false) ? PrependScheme::kAlways : PrependScheme::kFirst;
+// A string key of a config JSON; "" when absent or null, an error naming the file and key otherwise.
+std::string config_string(const nlohmann::json& cfg, const fs::path& file, const char* key) {
+  if (!cfg.is_object() || !cfg.contains(key) || cfg[key].is_null()) return "";
+  QLORA_CHECK(cfg[key].is_string(), file.string(), ": ", key, ": expected a string, got ", cfg[key].type_name());
+  return cfg[key].get<std::string>();
+}
+
+// Model types whose tokenizer transformers 5.23 registers as TokenizersBackend (or
+// MistralCommonBackend, which needs the mistral-common package and Mistral's own files): the
+// Mistral family (TOKENIZER_MAPPING_NAMES, models/auto/tokenization_auto.py).
+bool is_mistral_model_type(const std::string& t) {
+  static const char* const kTypes[] = {"mistral",  "mixtral",  "ministral", "ministral3",
+                                       "mistral3", "pixtral", "voxtral",   "mistral_large4"};
+  return std::any_of(std::begin(kTypes), std::end(kTypes), [&](const char* k) { return t == k; });
+}
+
+// How transformers 5.23 `AutoTokenizer.from_pretrained(dir)` reads a dir that names
+// `LlamaTokenizer` / `LlamaTokenizerFast` (models/auto/tokenization_auto.py; tokenizer_config.json's
+// `tokenizer_class`, else config.json's). Returns the Metaspace prepend scheme of the pipeline it
+// builds, or nullopt where the tokenizer file is read as `tokenizers` reads it:
+//   - another class or none: nullopt;
+//   - config.json `model_type` of the Mistral family: TokenizersBackend, i.e. tokenizer.json as
+//     written (nullopt); tokenizer.model alone is converted with no "▁" prepended (kNever) and a
+//     BOS only when `add_bos_token` says so (`legacy` / `add_prefix_space` are not read);
+//   - a tokenizer.json whose text contains "ByteLevel" (a Llama 3-style file under a Llama class,
+//     `_tokenizer_json_has_byte_level`): TokenizersBackend, nullopt;
+//   - otherwise LlamaTokenizer (models/llama/tokenization_llama.py) with _get_prepend_scheme
+//     (tokenization_utils_base.py): add_prefix_space (default true) false -> never; else legacy
+//     (default false) true -> always, false -> first.
+std::optional<PrependScheme> hf_llama_scheme(const nlohmann::json& tok_cfg, const fs::path& tok_cfg_path,
+                                             const nlohmann::json& model_cfg, const fs::path& model_cfg_path,
+                                             const fs::path& tokenizer_file) {
+  std::string cls = config_string(tok_cfg, tok_cfg_path, "tokenizer_class");
+  if (cls.empty()) cls = config_string(model_cfg, model_cfg_path, "tokenizer_class");
+  if (cls != "LlamaTokenizer" && cls != "LlamaTokenizerFast") return std::nullopt;
+  const bool add_prefix_space = config_flag(tok_cfg, tok_cfg_path, "add_prefix_space", true),
+             legacy = config_flag(tok_cfg, tok_cfg_path, "legacy", false);  // type-checked whatever the branch
+  const bool json_file = is_json_path(tokenizer_file);
+  if (is_mistral_model_type(config_string(model_cfg, model_cfg_path, "model_type")))
+    return json_file ? std::nullopt : std::optional<PrependScheme>(PrependScheme::kNever);
+  if (json_file && read_file(tokenizer_file.string()).find("\"ByteLevel\"") != std::string::npos)
+    return std::nullopt;
+  if (!add_prefix_space) return PrependScheme::kNever;
+  return legacy ? PrependScheme::kAlways : PrependScheme::kFirst;
 }
 
 }  // namespace
@@ -121,9 +153,11 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
     dir = file.parent_path();
   }
   QLORA_CHECK(fs::exists(file), file.string(), ": tokenizer model not found");
-  const fs::path tok_cfg_path = dir / "tokenizer_config.json", gen_cfg_path = dir / "generation_config.json";
+  const fs::path tok_cfg_path = dir / "tokenizer_config.json", gen_cfg_path = dir / "generation_config.json",
+                 model_cfg_path = dir / "config.json";
   const nlohmann::json tok_cfg = read_json_if_exists(tok_cfg_path);
-  const std::optional<PrependScheme> llama = llama_scheme(tok_cfg, tok_cfg_path);
+  const std::optional<PrependScheme> llama =
+      hf_llama_scheme(tok_cfg, tok_cfg_path, read_json_if_exists(model_cfg_path), model_cfg_path, file);
   Tokenizer t;
   t.load_file(file.string(), llama);
 

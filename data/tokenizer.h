@@ -6,13 +6,15 @@
 //      (`Tokenizer.from_file(...).encode(text, add_special_tokens)` / `.decode(ids,
 //      skip_special_tokens)`), see data/tokenizer_json.h and docs/data.md;
 //   2. sentencepiece `tokenizer.model` (Llama 2 family), when there is no tokenizer.json.
-// A dir whose tokenizer_config.json names `LlamaTokenizer` / `LlamaTokenizerFast` (Llama 2,
-// Mistral, TinyLlama, CodeLlama dirs) is read as transformers 5 `AutoTokenizer.from_pretrained`
+// A dir whose tokenizer_config.json (or config.json) names `LlamaTokenizer` / `LlamaTokenizerFast`
+// (Llama 2, TinyLlama, CodeLlama dirs) is read as transformers 5 `AutoTokenizer.from_pretrained`
 // reads it, which is not what its tokenizer.json alone says: that class replaces the file's
 // normalizer, pre-tokenizer and decoder by its own, with the Metaspace prepend scheme from the
 // config's `legacy` (default false: "first", no "▁" after a special token) and `add_prefix_space`
-// (false: "never"); see from_pretrained(). Loading the file itself (the constructor) keeps the
-// `tokenizers` contract. Reference ids: tests/fixtures/make_tokenizer_refs.py (`auto_*` keys).
+// (false: "never"); except under a Mistral-family config.json `model_type` and for a byte-level
+// tokenizer.json, which transformers reads as written; see from_pretrained(). Loading the file
+// itself (the constructor) keeps the `tokenizers` contract. Reference ids:
+// tests/fixtures/make_tokenizer_refs.py (`auto_*` keys).
 //
 // Parity contract of the sentencepiece path (tests/data/test_tokenizer.cpp; reference ids by
 // tests/fixtures/make_data_refs.py): encode() gives the ids of transformers 5.x
@@ -57,12 +59,18 @@ class Tokenizer {
   ///     (defaults true / false; false / false when the config names LlamaTokenizer, as transformers
   ///     5 converts tokenizer.model); for tokenizer.json the post-processor decides (what
   ///     `tokenizers` and transformers 5 do), see add_bos_default();
-  ///   - `tokenizer_class` LlamaTokenizer / LlamaTokenizerFast: transformers 5's pipeline (no
-  ///     normalizer; Metaspace("▁", scheme, split=False); decoder Replace("▁"," ") + ByteFallback +
-  ///     Fuse + Strip(" ",1,0) unless add_prefix_space is false) with scheme = never if
-  ///     `add_prefix_space` (default true) is false, else always if `legacy` (default false), else
-  ///     first; a non-boolean `legacy` / `add_prefix_space` or non-string `tokenizer_class` is an
-  ///     error naming tokenizer_config.json and the key;
+  ///   - `tokenizer_class` LlamaTokenizer / LlamaTokenizerFast (tokenizer_config.json, else
+  ///     config.json), as transformers 5.23 AutoTokenizer picks the class
+  ///     (models/auto/tokenization_auto.py):
+  ///       * config.json `model_type` mistral / mixtral (the Mistral family): tokenizer.json as
+  ///         written; tokenizer.model with no "▁" prepended and no BOS unless `add_bos_token`;
+  ///       * a tokenizer.json whose text contains "ByteLevel" (Llama 3-style): as written;
+  ///       * otherwise LlamaTokenizer's pipeline (no normalizer; Metaspace("▁", scheme,
+  ///         split=False); decoder Replace("▁"," ") + ByteFallback + Fuse + Strip(" ",1,0) unless
+  ///         add_prefix_space is false) with scheme = never if `add_prefix_space` (default true)
+  ///         is false, else always if `legacy` (default false), else first;
+  ///     a non-boolean `legacy` / `add_prefix_space` or non-string `tokenizer_class` /
+  ///     `model_type` is an error naming the file and the key;
   ///   - eos_ids(): generation_config.json `eos_token_id` (int or list) plus eos_id().
   /// A path to a `tokenizer.model` / `tokenizer.json` file is also accepted (then only the sibling
   /// JSON files are read). Throws qlora::Error naming the file (and JSON path) when a file is

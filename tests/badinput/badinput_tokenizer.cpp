@@ -164,5 +164,15 @@ TEST(BadInputTokenizer, GenerationAndTokenizerConfigErrors) {
   EXPECT_EQ(err(), (dir / "tokenizer_config.json").string() + ": add_prefix_space: expected true/false, got number");
   std::ofstream(dir / "tokenizer_config.json", std::ios::trunc) << R"({"tokenizer_class": "LlamaTokenizer", "legacy": null})";
   EXPECT_EQ(err(), "");
+  // ... and config.json's, which transformers reads too (class fallback, model_type)
+  std::ofstream(dir / "config.json") << R"({"model_type": ["mistral"]})";
+  EXPECT_EQ(err(), (dir / "config.json").string() + ": model_type: expected a string, got array");
+  std::ofstream(dir / "tokenizer_config.json", std::ios::trunc) << "{}";
+  std::ofstream(dir / "config.json", std::ios::trunc) << R"({"tokenizer_class": false})";
+  EXPECT_EQ(err(), (dir / "config.json").string() + ": tokenizer_class: expected a string, got boolean");
+  std::ofstream(dir / "config.json", std::ios::trunc) << "[1]";
+  EXPECT_EQ(err(), (dir / "config.json").string() + ":1: not a JSON object");
+  std::ofstream(dir / "config.json", std::ios::trunc) << R"({"model_type": "mistral", "tokenizer_class": "LlamaTokenizer"})";
+  EXPECT_EQ(err(), "");
   fs::remove_all(dir);
 }

@@ -61,7 +61,7 @@ TEST(FamilyTemplates, RenderedStringsMatchTransformers) {
     EXPECT_GE(checked[name], 50) << name;
     EXPECT_EQ(checked[name], j["counts"][name].get<int>()) << name;
   }
-  EXPECT_EQ(checked["smollm2"] + checked["qwen2.5"] + checked["qwen3"] + checked["llama3"] + checked["mistral"], 456);  // mistral twice: tokenizer.json and tokenizer.model
+  EXPECT_EQ(checked["smollm2"] + checked["qwen2.5"] + checked["qwen3"] + checked["llama3"] + checked["mistral"], 576);  // mistral 4 times: tokenizer.json and tokenizer.model, Llama and Mistral config
 }
 
 // Ids equal apply_chat_template(tokenize=True) with each family's tokenizer fixture; only

@@ -131,6 +131,14 @@ TEST(TokenizerJson, LegacyTrueConfigMatchesTransformers) { expect_parity("llama2
 // `"add_prefix_space": false` (scheme "never", no Strip decoder): nearly every string differs.
 TEST(TokenizerJson, NoPrefixSpaceConfigMatchesTransformers) { expect_parity("llama2_no_prefix", 2171); }
 
+// transformers 5 also reads config.json to pick the class: `tokenizer_class` there when
+// tokenizer_config.json has none (the LlamaTokenizer pipeline, as llama2_legacy_norm) ...
+TEST(TokenizerJson, LlamaClassInConfigJsonMatchesTransformers) { expect_parity("llama2_class_in_config", 151); }
+// ... a Mistral `model_type` (TokenizersBackend: the file as written, whatever the class) ...
+TEST(TokenizerJson, MistralDirReadsTheFileAsWritten) { expect_parity("mistral_hf", 0); }
+// ... and a byte-level tokenizer.json under LlamaTokenizerFast (Llama 3-style dirs) as written too.
+TEST(TokenizerJson, ByteLevelFileUnderLlamaClassReadsTheFileAsWritten) { expect_parity("llama3_llama_class", 0); }
+
 // NFC + Replace normalizers, Split behaviours (Contiguous, MergedWithNext, MergedWithPrevious,
 // Removed + invert), Digits, Metaspace split, unk / fuse_unk / subword prefix / word suffix /
 // byte_fallback, decoders ByteFallback / Replace / Metaspace / Strip / Fuse, BOS+EOS template.
@@ -145,6 +153,12 @@ TEST(TokenizerJson, LlamaDirDropsThePrefixAfterASpecialToken) {
   EXPECT_EQ(auto_tok.encode("<s>Hello"), (TokenIds{1, 10994}));
   EXPECT_EQ(auto_tok.id_to_piece(10994), "Hello");
   EXPECT_EQ(auto_tok.id_to_piece(15043), "\xe2\x96\x81Hello");
+}
+
+// The same file in a Mistral dir: "<s>Hello" keeps its "▁Hello" (docs/data.md).
+TEST(TokenizerJson, MistralDirKeepsThePrefixAfterASpecialToken) {
+  QLORA_REQUIRE_FIXTURE(dir, "tokenizers/mistral_hf/config.json");
+  EXPECT_EQ(Tokenizer::from_pretrained(dir.parent_path().string()).encode("<s>Hello"), (TokenIds{1, 15043}));
 }
 
 // tokenizer.model alone under a LlamaTokenizer config: from_pretrained = AutoTokenizer (transformers
@@ -187,6 +201,17 @@ TEST(TokenizerSpm, LlamaTokenizerConfigMatchesTransformers) {
   EXPECT_TRUE(legacy.add_eos_default());
   EXPECT_FALSE(first.prefix_after_special());
   EXPECT_TRUE(legacy.prefix_after_special());
+}
+
+// tokenizer.model alone in a Mistral dir (config.json model_type "mistral"): transformers 5 makes a
+// TokenizersBackend from it, which prepends no "▁" (" lead" -> [▁lead], "Hello" -> [Hello]) and adds
+// BOS by add_bos_token (true here); `legacy: true` in the config is not read.
+TEST(TokenizerSpm, MistralDirMatchesTransformers) {
+  expect_spm_parity("mistral_spm", 2083);
+  const Tokenizer t = Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers/mistral_spm").string());
+  EXPECT_TRUE(t.add_bos_default());
+  EXPECT_FALSE(t.prefix_after_special());
+  EXPECT_EQ(t.encode_with_special_tokens("Hello world"), (TokenIds{1, 10994, 3186}));
 }
 
 // (c): the Llama 2 tokenizer.json transformers converts from tokenizer.model gives the ids of our
