@@ -14,9 +14,7 @@ namespace qlora {
 
 std::string cmd_data_preview(const DataPreviewOptions& o) {
   const Config cfg = load_config(o.config_path, o.overrides);
-  const std::string tok_src = !cfg.model.tokenizer.empty() ? cfg.model.tokenizer : cfg.model.path;
-  QLORA_CHECK(!tok_src.empty(), o.config_path,
-              ": model.tokenizer: a preset model needs a tokenizer (a tokenizer.model file or a model dir)");
+  const std::string tok_src = tokenizer_source(cfg.model);
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   QLORA_CHECK(o.n >= 0, "data preview: --n must be >= 0, got ", o.n);
   data::DataOptions dopts = cfg.data;

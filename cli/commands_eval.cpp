@@ -55,6 +55,20 @@ Config eval_config(const EvalOptions& o) {
   base.model.path = o.model_dir;
   base.model.dtype = DType::kAuto;
   base.data.train = o.data;
+  // An adapter trained here says how its examples were rendered: its run's template and length
+  // (config.resolved.yaml beside it), so a loss compares with its training eval_loss; --set wins.
+  const fs::path trained = o.adapter.empty() ? fs::path() : fs::path(o.adapter) / "config.resolved.yaml";
+  if (!trained.empty() && fs::exists(trained)) {
+    try {
+      const Config t = load_config(trained.string());
+      base.data.template_name = t.data.template_name;
+      base.data.sequence_len = t.data.sequence_len;
+      log::info("eval: data.template ", t.data.template_name, ", data.sequence_len ", t.data.sequence_len, " from ",
+                trained.string(), " (the adapter's training run)");
+    } catch (const Error& e) {
+      log::warn("eval: ", trained.string(), " not used (", e.what(), "); data.* at their defaults");
+    }
+  }
   return config_with_overrides(base, o.overrides, "eval (no config)");
 }
 
@@ -118,8 +132,7 @@ std::string cmd_eval(const EvalOptions& o) {
   const torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
 
   // Data first: every bad-input error comes before the (slow) model load.
-  const std::string tok_src = !cfg.model.tokenizer.empty() ? cfg.model.tokenizer : cfg.model.path;
-  QLORA_CHECK(!tok_src.empty(), "model.tokenizer: a preset model needs a tokenizer (tokenizer.model or a model dir)");
+  const std::string tok_src = tokenizer_source(cfg.model);
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   data::DataOptions dopts = cfg.data;
   dopts.template_name = data::resolve_template(dopts.template_name, tok_src);  // "auto" -> a name
@@ -129,6 +142,9 @@ std::string cmd_eval(const EvalOptions& o) {
     dopts.val_set_size = 0;
   }
   data::Datasets ds = data::load_datasets(dopts, tok);
+  const bool eval_file = o.data.empty() && !dopts.eval.empty();
+  if (const std::string note = data::unused_records_note(eval_file ? ds.eval_stats : ds.stats); !note.empty())
+    log::warn("data: ", eval_file ? dopts.eval : dopts.train, ": ", note);
   std::vector<data::Example> exs = o.data.empty() ? std::move(ds.eval) : std::move(ds.train);
   QLORA_CHECK(!exs.empty(), o.config_path.empty() ? o.data : o.config_path, ": no eval data (set data.eval or data.val_set_size, or pass --data FILE)");
   if (o.max_examples > 0 && static_cast<int64_t>(exs.size()) > o.max_examples) exs.resize(static_cast<size_t>(o.max_examples));
@@ -165,12 +181,15 @@ std::string cmd_eval(const EvalOptions& o) {
             {"adapter", o.adapter},
             {"data", !o.data.empty() ? o.data : !dopts.eval.empty() ? dopts.eval : dopts.train + " (val_set_size hold-out)"},
             {"examples", static_cast<int64_t>(exs.size())},
+            {"template", dopts.template_name},
+            {"sequence_len", dopts.sequence_len},
             {"targets", targets},
             {"loss", loss},
             {"perplexity", std::exp(loss)}};
   std::ostringstream os;
-  os << std::fixed << std::setprecision(4) << "eval: " << exs.size() << " examples, " << targets
-     << " target tokens: loss " << loss << "  perplexity " << std::exp(loss) << "\n";
+  os << std::fixed << std::setprecision(4) << "eval: " << exs.size() << " examples (template " << dopts.template_name
+     << ", sequence_len " << dopts.sequence_len << "), " << targets << " target tokens: loss " << loss
+     << "  perplexity " << std::exp(loss) << "\n";
   if (o.metric == "exact_match") {
     const ExactMatch em = exact_match(model, tok, exs);
     const double acc = em.total ? static_cast<double>(em.correct) / static_cast<double>(em.total) : 0.0;

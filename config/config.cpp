@@ -14,6 +14,7 @@
 #include <yaml-cpp/yaml.h>  // the emitter only (to_yaml); parsing is common/yaml.h (libyaml)
 
 #include <algorithm>
+#include <filesystem>
 #include <cstring>
 #include <cctype>
 #include <cerrno>
@@ -1178,6 +1179,21 @@ std::vector<ConfigKey> config_keys() {
   KeyLister lister{&keys, ""};
   visit_fields(lister, static_cast<Config*>(nullptr));
   return keys;
+}
+
+std::string tokenizer_source(const ModelSource& m) {
+  namespace fs = std::filesystem;
+  if (!m.path.empty()) {
+    std::error_code ec;
+    QLORA_CHECK(fs::exists(m.path, ec), "model.path: ", m.path, ": model directory not found");
+    QLORA_CHECK(fs::is_directory(m.path, ec), "model.path: ", m.path,
+                " is a file, expected a Hugging Face model directory (config.json, *.safetensors, tokenizer)",
+                fs::path(m.path).extension() == ".gguf" ? "; import a GGUF file first: qlora import-gguf FILE --out DIR"
+                                                        : "");
+  }
+  if (!m.tokenizer.empty()) return m.tokenizer;
+  QLORA_CHECK(!m.path.empty(), "model.tokenizer: a preset model needs a tokenizer (a tokenizer.model file or a model dir)");
+  return m.path;
 }
 
 }  // namespace qlora

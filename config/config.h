@@ -115,6 +115,13 @@ Config parse_config_string(const std::string& yaml_text, const std::string& sour
 Config config_with_overrides(const Config& base, const std::vector<std::string>& overrides,
                              const std::string& source_name);
 
+/// Where the tokenizer comes from: `model.tokenizer` when set, else `model.path`. Checks the
+/// files first, so a wrong path is named as what it is: throws qlora::Error
+/// "model.path: <p>: model directory not found" / "model.path: <p> is a file, expected a Hugging
+/// Face model directory ..." (a .gguf file: import it first), or "model.tokenizer: a preset model
+/// needs a tokenizer ..." when neither is set.
+std::string tokenizer_source(const ModelSource& m);
+
 /// The fully resolved config (every key, defaults included) as YAML, for config.resolved.yaml.
 /// parse_config_string(to_yaml(c), ...) == c for every valid c.
 std::string to_yaml(const Config& config);

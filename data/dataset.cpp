@@ -113,6 +113,16 @@ std::string drop_reasons(const DataStats& st) {
   return o.str();
 }
 
+std::string unused_records_note(const DataStats& st) {
+  const int64_t unused = st.dropped_too_long + st.dropped_truncated_away + st.dropped_no_trainable + st.read.skipped_invalid;
+  if (unused == 0) return "";
+  std::ostringstream o;
+  o << unused << " of " << st.read.records_read << " records not used (" << drop_reasons(st)
+    << "); `qlora data preview` lists them";
+  if (st.dropped_too_long > 0) o << "; data.truncation: truncate keeps long ones cut, or raise data.sequence_len";
+  return o.str();
+}
+
 std::string DataStats::summary() const {
   std::ostringstream o;
   o << "format: " << read.format << "\n"

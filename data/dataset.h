@@ -40,6 +40,11 @@ struct Datasets {
 /// reasons of one file, for the "no example" errors.
 std::string drop_reasons(const DataStats& st);
 
+/// "" when every record of the file became an example; else "N of M records not used (<drop_reasons>);
+/// `qlora data preview` lists them" for the warning `train` and `eval` log (a silent drop of a
+/// third of the data is a wrong run nobody sees).
+std::string unused_records_note(const DataStats& st);
+
 /// Tokenises the records of one file with opts (template, add_eos, train_on_inputs, length).
 /// Examples get ids 0..n-1 in file order. Stats are accumulated into `stats`.
 std::vector<Example> build_examples(const std::vector<Record>& records, const DataOptions& opts,

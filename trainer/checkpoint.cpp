@@ -50,6 +50,8 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"nonfinite_in_a_row", s.nonfinite_in_a_row},
           {"tokens_trained", s.tokens_trained},
           {"train_seconds", s.train_seconds},
+          {"interruptions", s.interruptions},
+          {"time_lost_s", s.time_lost_s},
           {"optimizer_steps", o.steps},
           {"config", s.config_yaml},
           {"run_id", s.run_id},
@@ -263,6 +265,8 @@ LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
     c.state.nonfinite_in_a_row = j.at("nonfinite_in_a_row").get<int64_t>();
     c.state.tokens_trained = j.at("tokens_trained").get<int64_t>();
     c.state.train_seconds = j.at("train_seconds").get<double>();
+    c.state.interruptions = j.value("interruptions", int64_t{0});
+    c.state.time_lost_s = j.value("time_lost_s", 0.0);
     c.state.config_yaml = j.at("config").get<std::string>();
     c.opt.steps = j.at("optimizer_steps").get<std::vector<int64_t>>();
     c.state.run_id = j.value("run_id", std::string());

@@ -30,7 +30,9 @@ struct TrainerState {
   int64_t skipped_steps = 0;        ///< non-finite steps skipped so far
   int64_t nonfinite_in_a_row = 0;
   int64_t tokens_trained = 0;
-  double train_seconds = 0;         ///< wall time spent training before this checkpoint
+  double train_seconds = 0;         ///< wall time spent training up to this checkpoint, all invocations
+  int64_t interruptions = 0;        ///< resumes before this checkpoint (absent in older files: 0)
+  double time_lost_s = 0;           ///< step time those resumes redid (absent: 0)
   std::string config_yaml;          ///< the resolved config of the run that wrote it
   std::string run_id;               ///< the run that wrote it (output_dir/run.json); "" = older format
   std::string fingerprint;          ///< run_fingerprint() of that run's config and data

@@ -182,6 +182,11 @@ class MemoryTracker {
   void add_ranks(const std::vector<nlohmann::json>& reports);
   /// Records a phase; rewrites OUTPUT_DIR/memory_report.json when the directory exists.
   void record(const std::string& phase);
+  /// Turns writing on or off from now on (begin's `writes`); on: writes what was recorded so far.
+  void set_writes(bool writes) {
+    writes_ = writes;
+    write();
+  }
   /// Records "after_first_step" the first time it is called; later calls do nothing.
   void after_step() {
     if (!first_step_done_) record("after_first_step");

@@ -168,13 +168,15 @@ void Trainer::setup() {
   dist_ = std::make_unique<Distributed>(run_.dist, device_);  // WORLD_SIZE > 1: rendezvous (docs/distributed.md)
 
   // Everything that can fail on bad input happens before output_dir is touched.
-  const std::string tok_src = !cfg_.model.tokenizer.empty() ? cfg_.model.tokenizer : cfg_.model.path;
-  QLORA_CHECK(!tok_src.empty(), "model.tokenizer: a preset model needs a tokenizer (tokenizer.model or a model dir)");
+  const std::string tok_src = tokenizer_source(cfg_.model);
   tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::from_pretrained(tok_src));
   cfg_.data.template_name = data::resolve_template(cfg_.data.template_name, tok_src);  // "auto" -> a name
   data_ = data::load_datasets(cfg_.data, *tok_);
   log::info("data: ", data_.stats.train_examples, " train / ", data_.stats.eval_examples, " eval examples, ",
             data_.stats.tokens_trainable, " trainable tokens");
+  for (const auto& [file, st] : {std::pair{cfg_.data.train, &data_.stats}, std::pair{cfg_.data.eval, &data_.eval_stats}})
+    if (const std::string note = data::unused_records_note(*st); !file.empty() && !note.empty())
+      log::warn("data: ", file, ": ", note);
 
   // The run's identity: its run-meaning settings and the content (not only the paths) of its data;
   // which run owns output_dir and what to resume is decided before anything is written.
@@ -193,7 +195,9 @@ void Trainer::setup() {
 
   // memory_report.json: every rank measures; rank 0 alone writes, with the others' reports
   // gathered at the end ("ranks"). Warns if it will not fit.
-  memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(), dist_->is_main());
+  // A resume writes it only once it is known not to be a finished run's (whose report stays).
+  memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(),
+                dist_->is_main() && ckpt.empty());
   const torch::Dtype dtype = torch_dtype(cfg_.model.dtype, device_);
   const QuantOptions& q = cfg_.quantization;
   if (!cfg_.model.path.empty()) {
@@ -233,7 +237,14 @@ void Trainer::setup() {
   fault_ = FaultHooks::from_env();  // the QLORA_FAULT_* test hooks (trainer/fault.h); unset: none
   preemption_ = {{"interruptions", 0}, {"time_lost_s", 0.0}, {"checkpoints", json::array()}};
   if (!ckpt.empty()) resume_from(ckpt);         // may refuse (changed settings, data, shapes)
+  already_complete_ = !ckpt.empty() && step_ >= total_steps_ && outputs_written();
+  if (!ckpt.empty()) memory_.set_writes(dist_->is_main() && !already_complete_);
   dist_->barrier();  // every rank has read the checkpoint before rank 0 writes into output_dir
+  if (already_complete_) {  // the same command again after the run ended: nothing to do, nothing rewritten
+    log::info("train: run ", run_id_, " in ", cfg_.output_dir, " is already complete (", step_, " of ", total_steps_,
+              " steps); its adapter and summary.json are left as they are (--overwrite-output-dir starts a new run)");
+    return;
+  }
   if (!dist_->is_main()) {
     log::info("train: rank ", dist_->rank(), " ready; rank 0 writes ", cfg_.output_dir);
     return;
@@ -342,7 +353,16 @@ struct StopSignals {
 };
 }  // namespace
 
+// summary.json of this run at step_ and the adapter beside it: what save_outputs() writes last.
+bool Trainer::outputs_written() const {
+  const fs::path out(cfg_.output_dir), summary = out / "summary.json";
+  if (!fs::exists(summary) || !fs::exists(out / "adapter_model.safetensors")) return false;
+  const json s = json::parse(read_file(summary.string()), nullptr, /*allow_exceptions=*/false);
+  return s.is_object() && s.value("run_id", std::string()) == run_id_ && s.value("steps", int64_t{-1}) == step_;
+}
+
 void Trainer::train() {
+  if (already_complete_) return;
   const TrainingConfig& t = cfg_.training;
   const CheckpointConfig& c = cfg_.checkpoint;
   StopSignals signals;
@@ -426,7 +446,7 @@ void Trainer::train() {
                             (c.save_steps > 0 && step_ % c.save_steps == 0) || loader_->state().epoch != epoch_before))
       check_replicas_agree();
     if (!why.empty() && dist_->is_main()) {
-      save_checkpoint(why);
+      save_checkpoint(why, train_seconds_before_ + elapsed());
       last_save = elapsed();
     }
     if (sig || (out_of_time && !last)) {
@@ -589,7 +609,7 @@ std::string Trainer::checkpoint_dir() const {
   return (fs::path(cfg_.output_dir) / "checkpoints").string();
 }
 
-void Trainer::save_checkpoint(const std::string& why) {
+void Trainer::save_checkpoint(const std::string& why, double train_seconds) {
   const auto t0 = std::chrono::steady_clock::now();
   TrainerState st;
   st.step = step_;
@@ -597,6 +617,9 @@ void Trainer::save_checkpoint(const std::string& why) {
   st.skipped_steps = skipped_steps_;
   st.nonfinite_in_a_row = nonfinite_in_a_row_;
   st.tokens_trained = tokens_trained_;
+  st.train_seconds = train_seconds;
+  st.interruptions = preemption_["interruptions"].get<int64_t>();
+  st.time_lost_s = preemption_["time_lost_s"].get<double>();
   st.config_yaml = to_yaml(cfg_);
   st.run_id = run_id_;
   st.fingerprint = fingerprint_;
@@ -669,13 +692,16 @@ std::string Trainer::claim_output_dir() {
   const CheckpointConfig& c = cfg_.checkpoint;
   const fs::path out(cfg_.output_dir);
   QLORA_CHECK(!fs::exists(out) || fs::is_directory(out), "output_dir: ", out.string(), " exists and is not a directory");
+  // What makes the directory used: anything but memory_report.json (what a run that failed while
+  // loading, before it owned the directory, leaves behind), eval.json (what `qlora eval CONFIG`
+  // writes there by default: a baseline before training) and interrupted atomic writes.
   std::vector<std::string> entries;
   if (fs::is_directory(out))
-    for (const auto& e : fs::directory_iterator(out))
-      if (!is_temp_leftover(e.path().filename().string())) entries.push_back(e.path().filename().string());
-  // memory_report.json alone is what a run that failed while loading (before it owned the
-  // directory) leaves behind: the directory is still unused.
-  const bool used = !entries.empty() && !(entries.size() == 1 && entries[0] == "memory_report.json");
+    for (const auto& e : fs::directory_iterator(out)) {
+      const std::string name = e.path().filename().string();
+      if (!is_temp_leftover(name) && name != "memory_report.json" && name != "eval.json") entries.push_back(name);
+    }
+  const bool used = !entries.empty();
   if (used && run_.overwrite_output_dir) {
     const std::string stamp = new_run_id().substr(0, 16);
     aside_ = out.string() + ".old-" + stamp;
@@ -855,8 +881,8 @@ void Trainer::resume_from(const std::string& ckpt) {
   if (static_cast<int64_t>(steps_kept.size()) < step_)
     log::warn("resume: metrics.jsonl has lines for ", steps_kept.size(), " of the ", step_,
               " steps before the checkpoint; summary.json records the gap (metrics_complete: false)");
-  preemption_["interruptions"] = 1;
-  preemption_["time_lost_s"] = lost;
+  preemption_["interruptions"] = lc.state.interruptions + 1;
+  preemption_["time_lost_s"] = lc.state.time_lost_s + lost;
   log::info("resume: from ", ckpt, " at step ", step_, " (epoch ", lc.state.sampler.epoch, ", cursor ",
             lc.state.sampler.cursor, "); ", lost, " s of work past it redone");
 }

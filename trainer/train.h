@@ -119,7 +119,10 @@ class Trainer {
   /// before anything is written to output_dir.
   void setup();
   /// Runs to max_steps / num_epochs; writes metrics.jsonl as it goes, then the PEFT adapter,
-  /// config.resolved.yaml and summary.json into output_dir.
+  /// config.resolved.yaml and summary.json into output_dir. summary.json's wall_seconds and
+  /// tokens_per_s cover every invocation of the run (interrupted ones included, from the
+  /// checkpoint's train_seconds). A run resumed at its last step whose summary.json is written
+  /// already does nothing (setup() says so).
   void train();
 
   const LlamaModel& model() const { return *model_; }
@@ -151,7 +154,8 @@ class Trainer {
   /// The message of the Interrupted thrown after the checkpoint `ckpt`: how to resume.
   std::string resume_advice(const std::string& ckpt) const;
   /// Writes checkpoint-<step_> under checkpoint_dir(), prunes, starts the sync command.
-  void save_checkpoint(const std::string& why);
+  /// `train_seconds`: training wall time of all invocations so far (TrainerState::train_seconds).
+  void save_checkpoint(const std::string& why, double train_seconds);
   std::string checkpoint_dir() const;
   /// Micro-batches per optimizer step over all ranks: gradient_accumulation_steps × world size.
   int64_t global_group_size() const;
@@ -181,6 +185,8 @@ class Trainer {
   int64_t step_ = 0;  ///< optimizer steps completed
   int64_t nonfinite_in_a_row_ = 0;
   double train_seconds_before_ = 0;  ///< training time of earlier (interrupted) invocations
+  bool already_complete_ = false;    ///< resumed at the last step with summary.json written: train() is a no-op
+  bool outputs_written() const;
   nlohmann::json preemption_;        ///< interruptions, time lost, checkpoint writes
   /// Data parallel: throws qlora::Error naming the step and the ranks when any rank's
   /// parameter_checksum differs from rank 0's (every rank throws; nothing more is written).

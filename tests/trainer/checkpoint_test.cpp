@@ -137,6 +137,39 @@ TEST_F(Resume, CorruptNewestIsSkippedAndChangedSettingsRefused) {
   EXPECT_NE(o.out.find("at step 4"), std::string::npos) << o.out;
 }
 
+// summary.json covers every invocation of a run (wall time from the checkpoints' train_seconds,
+// interruptions counted across resumes); the same command after the run ended changes nothing.
+// A baseline `qlora eval` output (eval.json) does not make output_dir "used".
+TEST_F(Resume, SummaryCountsEveryInvocationAndAFinishedRunIsLeftAlone) {
+  const fs::path out = root / "summary";
+  fs::create_directories(out);
+  std::ofstream(out / "eval.json") << "{\"loss\": 2.5}\n";
+  Out o = train(out, "", "QLORA_FAULT_SIGTERM_AT=3:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  o = train(out, "", "QLORA_FAULT_SIGTERM_AT=8:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  const auto ckpts = qlora::list_checkpoints((out / "checkpoints").string());
+  ASSERT_FALSE(ckpts.empty());
+  const json state = json::parse(qlora::read_file((fs::path(ckpts[0]) / "trainer_state.json").string()));
+  EXPECT_EQ(state["step"], 8);
+  EXPECT_EQ(state["interruptions"], 1);
+  EXPECT_GT(state["train_seconds"].get<double>(), 0.0);
+  o = train(out);
+  ASSERT_EQ(o.status, 0) << o.out;
+  const json s = json::parse(qlora::read_file((out / "summary.json").string()));
+  EXPECT_EQ(s["preemption"]["interruptions"], 2);
+  EXPECT_GT(s["wall_seconds"].get<double>(), state["train_seconds"].get<double>());
+  EXPECT_DOUBLE_EQ(s["tokens_per_s"].get<double>(), s["tokens_trained"].get<double>() / s["wall_seconds"].get<double>());
+  // once more: nothing to do, nothing rewritten
+  std::map<std::string, std::string> before;
+  for (const char* f : {"summary.json", "memory_report.json", "metrics.jsonl", "adapter_model.safetensors", "eval.json"})
+    before[f] = qlora::read_file((out / f).string());
+  o = train(out);
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("is already complete (18 of 18 steps)"), std::string::npos) << o.out;
+  for (const auto& [f, bytes] : before) EXPECT_EQ(qlora::read_file((out / f).string()), bytes) << f << " was rewritten";
+}
+
 TEST(CheckpointFiles, IncompleteTemporaryDirectoriesAreIgnored) {
   const qlora::test::TempDir tmp("ckpt_incomplete");
   const fs::path& d = tmp.path;

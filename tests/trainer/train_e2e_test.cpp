@@ -92,6 +92,10 @@ TEST(TrainE2E, TinyNf4OnAlpacaDemoLearnsAndLoadsInPeft) {
 
   r = run("train " + q(cfg));
   ASSERT_EQ(r.status, 0) << r.out;
+  // sequence_len 256 drops the demo's longer records: said, not silent
+  EXPECT_NE(r.out.find("data: " + data.string() + ": "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" records not used (999 records read, "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("longer than sequence_len 256 (dropped)"), std::string::npos) << r.out;
   for (const char* f : {"adapter_config.json", "adapter_model.safetensors", "metrics.jsonl", "summary.json",
                         "config.resolved.yaml"})
     EXPECT_TRUE(fs::exists(d / "run" / f)) << f;
@@ -109,6 +113,18 @@ TEST(TrainE2E, TinyNf4OnAlpacaDemoLearnsAndLoadsInPeft) {
   r = run("eval " + q(cfg) + " --adapter " + q(d / "run") + " --out " + q(d / "eval_after.json"));
   ASSERT_EQ(r.status, 0) << r.out;
   const double after = read_json(d / "eval_after.json")["loss"].get<double>();
+  // Without a config, an adapter trained here brings its run's template and sequence_len; --set wins.
+  r = run("eval --model " + q(d / "model") + " --data " + q(data) + " --adapter " + q(d / "run") +
+          " --max-examples 4 --out " + q(d / "eval_nocfg.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("data.template alpaca, data.sequence_len 256 from " + (d / "run" / "config.resolved.yaml").string()),
+            std::string::npos) << r.out;
+  EXPECT_EQ(read_json(d / "eval_nocfg.json")["template"], "alpaca");
+  EXPECT_EQ(read_json(d / "eval_nocfg.json")["sequence_len"], 256);
+  r = run("eval --model " + q(d / "model") + " --data " + q(data) + " --adapter " + q(d / "run") +
+          " --max-examples 4 --set data.template=chatml --out " + q(d / "eval_nocfg.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(read_json(d / "eval_nocfg.json")["template"], "chatml");
 
   std::ostringstream table;
   table << std::fixed << std::setprecision(4) << "step   train_loss   eval_loss\n";
@@ -239,6 +255,20 @@ TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
                                     common);
   expect_one_line_error(run("train " + q(d / "model_notok.yaml")), "model dir without tokenizer", "model_notok");
   EXPECT_FALSE(fs::exists(d / "out3"));
+
+  // model.path that does not exist, or names a file: said as such (not "tokenizer model not found").
+  const std::string set_out = " --set output_dir=" + q(d / "out4");
+  expect_one_line_error(run("train " + q(d / "model_notok.yaml") + set_out + " --set model.path=" + q(d / "nowhere")),
+                        "model.path missing", "model.path: " + (d / "nowhere").string() + ": model directory not found");
+  expect_one_line_error(run("train " + q(d / "model_notok.yaml") + set_out + " --set model.path=" +
+                            q(d / "model" / "model.safetensors")),
+                        "model.path a file", "model.safetensors is a file, expected a Hugging Face model directory");
+  write(d / "m.gguf", "GGUF");
+  expect_one_line_error(run("train " + q(d / "model_notok.yaml") + set_out + " --set model.path=" + q(d / "m.gguf")),
+                        "model.path a gguf", "import a GGUF file first: qlora import-gguf");
+  expect_one_line_error(run("eval --model " + q(d / "nowhere") + " --data " + q(d / "train.json")),
+                        "eval --model missing", "model directory not found");
+  EXPECT_FALSE(fs::exists(d / "out4"));
 
   // The same bad inputs through `qlora eval`: one line, exit 1.
   expect_one_line_error(run("eval " + q(d / "missing_data.yaml")), "eval missing data", "nope.json");
