@@ -139,7 +139,8 @@ struct EstimateCliOptions {
   std::string method = "qlora";                ///< inference | lora | qlora | full
   int bits = 4;                                ///< 16 | 8 | 4
   int64_t blocksize = 64;
-  bool double_quant = false;                   ///< --double-quant
+  bool double_quant = true;                    ///< --double-quant / --no-double-quant (training's default: on)
+  std::string device = "cuda";                 ///< cuda | cpu: the device the run will use
   int64_t lora_r = 16;
   std::vector<std::string> lora_targets = {kAllLinear};
   int64_t micro_batch_size = 1;

@@ -1,5 +1,7 @@
 // `qlora data preview CONFIG` (rendered examples, masked spans, statistics) and `qlora train CONFIG`.
 #include <filesystem>
+#include <iomanip>
+#include <sstream>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -33,7 +35,11 @@ void cmd_train(const TrainCliOptions& o) {
   run.command = "qlora train " + shell_quote(o.config_path);
   for (const std::string& ov : o.overrides) run.command += " --set " + shell_quote(ov);
   if (o.force) run.command += " --force";
-  if (o.max_time_s > 0) run.command += " --max-time " + shell_quote(std::to_string(o.max_time_s));
+  if (o.max_time_s > 0) {
+    std::ostringstream t;
+    t << std::setprecision(15) << o.max_time_s;  // "15", not std::to_string's "15.000000"
+    run.command += " --max-time " + shell_quote(t.str());
+  }
   Trainer trainer(load_config(o.config_path, o.overrides), run);
   trainer.setup();
   trainer.train();

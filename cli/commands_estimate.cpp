@@ -16,11 +16,11 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
   QLORA_CHECK(sources == 1, "estimate: give exactly one of --preset NAME, --model DIR, --config YAML");
   ModelConfig model;
   EstimateOptions e;
+  const bool cuda = o.device == "cuda";
   if (!o.config_path.empty()) {
     const Config cfg = load_config(o.config_path);
     model = model_config_for(cfg);
-    e = estimate_options_for(cfg, torch::Device(torch::kCUDA));  // planning is for a GPU
-    if (cfg.model.dtype == DType::kFP32) e.compute_bytes = 4;
+    e = estimate_options_for(cfg, torch::Device(cuda ? torch::kCUDA : torch::kCPU));  // as `train` on that device
   } else {
     model = !o.preset.empty() ? preset_config(o.preset) : load_model_config(o.model_dir);
     e.method = parse_estimate_method(o.method);
@@ -35,6 +35,8 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
     QLORA_CHECK(o.dtype == "bf16" || o.dtype == "fp16" || o.dtype == "fp32", "estimate: --dtype must be bf16, fp16 "
                 "or fp32, got '", o.dtype, "'");
     e.compute_bytes = dtype_bytes(parse_dtype(o.dtype));
+    e.cuda = cuda;
+    e.overhead_bytes = cuda ? kCudaOverheadBytes : 0;
   }
   e.world_size = o.world_size;
   const MemoryEstimate est = estimate_memory(model, e);
@@ -68,7 +70,10 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
     return j.dump(2) + "\n";
   }
   std::ostringstream os;
-  os << format_estimate(est);
+  os << "device: " << (cuda ? "cuda (with the CUDA context, cuBLAS workspaces and allocator rounding; --device cpu "
+                              "for a CPU run)"
+                            : "cpu (no CUDA context, cuBLAS or allocator terms)")
+     << "\n" << format_estimate(est);
   if (!cost.is_null()) {
     os << std::fixed << std::setprecision(2) << "\ncost of " << o.tokens << " tokens at " << o.tokens_per_s
        << " tokens/s";

@@ -41,12 +41,14 @@ std::string cmd_tokenize(const TokenizeOptions& o) {
   data::TokenIds ids;
   std::vector<int32_t> labels;
   std::string masked_view;
+  std::string template_used;  // --chat: the template rendered with ("auto" resolved)
   if (!o.chat.empty()) {
     data::DataOptions dopts;  // training's defaults: add_eos, train_on_inputs = false
     dopts.format = "auto";
     const data::Record r = data::record_from_json(read_bytes(o.chat), o.chat, dopts);
     QLORA_CHECK(!r.is_text, o.chat, ":1: expected a conversation ({\"messages\": [...]}), got a text record");
-    const std::string name = data::resolve_template(o.template_name, o.model_dir);
+    template_used = data::resolve_template(o.template_name, o.model_dir);
+    const std::string& name = template_used;
     const data::Example ex = data::tokenize(data::render(r, name, tok, dopts.add_eos), tok, dopts.train_on_inputs);
     ids = ex.input_ids;
     labels = ex.labels;
@@ -62,6 +64,7 @@ std::string cmd_tokenize(const TokenizeOptions& o) {
     std::vector<std::string> pieces;
     for (int32_t id : ids) pieces.push_back(tok.id_to_piece(id));
     j["pieces"] = pieces;
+    if (!template_used.empty()) j["template"] = template_used;
     if (!labels.empty()) {
       j["labels"] = labels;
       std::vector<bool> trained;
@@ -71,6 +74,7 @@ std::string cmd_tokenize(const TokenizeOptions& o) {
     os << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return os.str();
   }
+  if (!template_used.empty()) os << "template: " << template_used << "\n";
   os << ids.size() << " tokens";
   if (!labels.empty()) {
     const auto n = std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l != data::kIgnoreIndex; });

@@ -122,7 +122,10 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"inference", "lora", "qlora", "full"}));
   estimate->add_option("--bits", est.bits, "16|8|4 (base weights)")->capture_default_str();
   estimate->add_option("--blocksize", est.blocksize, "4-bit blocksize")->capture_default_str();
-  estimate->add_flag("--double-quant", est.double_quant, "quantize the absmax constants too");
+  estimate->add_flag("--double-quant,!--no-double-quant", est.double_quant,
+                     "quantize the absmax constants too (default on, as quantization.double_quant)");
+  estimate->add_option("--device", est.device, "cuda|cpu: a CPU run has no CUDA context, cuBLAS workspaces or "
+                       "allocator rounding")->capture_default_str()->check(CLI::IsMember({"cuda", "cpu"}));
   estimate->add_option("--lora-r", est.lora_r, "LoRA rank")->capture_default_str();
   estimate->add_option("--lora-targets", est.lora_targets, "LoRA targets (all-linear, q_proj, ...)");
   estimate->add_option("--micro-batch-size", est.micro_batch_size, "rows per step")->capture_default_str();
@@ -168,7 +171,9 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help / --version: 0; a usage error (unknown option, missing or malformed argument): CLI11's
+    // message and exit 2, the usual code for a command-line usage error (README).
+    return app.exit(e) == 0 ? 0 : qlora::kExitUsage;
   }
   qlora::log::setup(verbose ? qlora::log::Level::debug : qlora::log::Level::info);
 

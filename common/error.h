@@ -23,6 +23,9 @@ class Interrupted : public Error {
 };
 /// Exit code after Interrupted (EX_TEMPFAIL from sysexits.h: run the same command again to resume).
 constexpr int kExitInterrupted = 75;
+/// Exit code of a command-line usage error (unknown option, missing or malformed argument), as
+/// getopt-style tools and Python's argparse use; bad input files and values exit 1.
+constexpr int kExitUsage = 2;
 
 namespace detail {
 inline void cat(std::ostringstream&) {}

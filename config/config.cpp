@@ -511,6 +511,27 @@ class Section {
   }
 
   std::string unknown_key_message(const std::string& name) const {
+    // Axolotl / PEFT / transformers names a user brings along, with ours.
+    static const std::map<std::string, std::string> kPeerNames = {
+        {"base_model", "model.path"},
+        {"lora_r", "lora.r"},
+        {"lora_alpha", "lora.alpha"},
+        {"lora_dropout", "lora.dropout"},
+        {"lora_target_modules", "lora.target_modules"},
+        {"lora_target_linear", "lora.target_modules: all-linear"},
+        {"load_in_4bit", "quantization.method: nf4"},
+        {"bnb_4bit_quant_type", "quantization.method"},
+        {"bnb_4bit_use_double_quant", "quantization.double_quant"},
+        {"datasets", "data.train"},
+        {"chat_template", "data.template"},
+        {"per_device_train_batch_size", "training.micro_batch_size"},
+        {"num_train_epochs", "training.num_epochs"},
+        {"lr_scheduler_type", "training.lr_scheduler"},
+        {"resume_from_checkpoint", "checkpoint.resume"},
+        {"bf16", "model.dtype: bf16"},
+    };
+    if (auto it = kPeerNames.find(name); it != kPeerNames.end())
+      return "unknown key; Axolotl / Hugging Face's \"" + name + "\" is \"" + it->second + "\" here (docs/config.md)";
     const std::string near = closest(name, keys_);
     if (!near.empty()) return "unknown key; did you mean \"" + near + "\"?";
     // A key of another section written in the wrong place (e.g. top-level `learning_rate`).
@@ -532,6 +553,12 @@ class Section {
 
 /// Shortest decimal text that reads back as exactly `v`.
 std::string format_double(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {  // integral: "20", not the shorter "2e+01"
+    std::ostringstream os;
+    os.imbue(std::locale::classic());
+    os << std::fixed << std::setprecision(0) << v;
+    return os.str();
+  }
   std::string s;
   for (int p = 1; p <= 17; ++p) {
     std::ostringstream os;

@@ -28,7 +28,7 @@ struct DataOptions {
   uint64_t seed = 42;                ///< shuffle seed (per-epoch permutation derives from it)
   bool shuffle = true;               ///< shuffle each epoch
   bool skip_invalid = false;         ///< skip and count malformed records instead of failing
-  std::map<std::string, std::string> field_map;  ///< rename input fields, e.g. {instruction: prompt}
+  std::map<std::string, std::string> field_map;  ///< canonical field -> the file's name for it, e.g. {instruction: prompt}
   std::map<std::string, std::string> role_map;   ///< sharegpt role names, e.g. {human: user}
 };
 

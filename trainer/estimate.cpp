@@ -211,7 +211,7 @@ MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o)
                                       : "nblocks·4 per linear")
                     : "out·4 per linear (row absmax)");
   }
-  add("16-bit modules (unquantized)", plain,
+  add("unquantized modules", plain,
       o.bits == 16 ? "all parameters · b" : "embed_tokens, lm_head, norms, biases · b");
 
   // --- trainable state ---
@@ -275,7 +275,7 @@ MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o)
   }
   if (o.cuda && o.allocator_rounding) {
     // The persistent tensors in the order they are made: each layer's weights (packed, constants),
-    // the 16-bit modules, then LoRA parameters, gradients and AdamW states.
+    // the unquantized modules, then LoRA parameters, gradients and AdamW states.
     std::vector<int64_t> sizes;
     for (int64_t li = 0; li < L; ++li) {
       for (const LinearShape& l : layer_linears(cfg)) {
@@ -536,7 +536,7 @@ json compare_memory(const MemoryEstimate& e, const json& phases, bool cuda) {
     rows.push_back(r);
   };
   const int64_t model_bytes = e.component("quantized weights (4-bit packed)") + e.component("quantized weights (int8)") +
-                              e.component("quantization constants") + e.component("16-bit modules (unquantized)") +
+                              e.component("quantization constants") + e.component("unquantized modules") +
                               e.component("LoRA parameters (fp32)");
   const int64_t step_state = e.component("LoRA gradients (fp32)") + e.component("AdamW states (exp_avg + exp_avg_sq, fp32)");
   const int64_t tensors = e.total_bytes - e.component("CUDA context + allocator");

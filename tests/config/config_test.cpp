@@ -176,6 +176,12 @@ TEST(Config, ErrorsNameFileLineAndKey) {
   const std::string misplaced = std::string(kMinimal) + "learning_rate: 1e-4\n";
   EXPECT_EQ(error_of(misplaced),
             "t.yaml:5: learning_rate: unknown key; did you mean \"training.learning_rate\" (it belongs under training:)?");
+  // Axolotl / PEFT names get ours, top level or inside a section
+  EXPECT_EQ(error_of(std::string(kMinimal) + "lora_alpha: 32\n"),
+            "t.yaml:5: lora_alpha: unknown key; Axolotl / Hugging Face's \"lora_alpha\" is \"lora.alpha\" here (docs/config.md)");
+  EXPECT_EQ(error_of(kMinimal, {"model.base_model=x"}),
+            "--set model.base_model=x: model.base_model: unknown key; Axolotl / Hugging Face's \"base_model\" is "
+            "\"model.path\" here (docs/config.md)");
 }
 
 TEST(Config, CrossFieldRules) {

@@ -56,7 +56,7 @@ TEST(Estimate, SevenBQLoraWeightsAreAbout4Point127BitsPlus16BitEmbeddings) {
   const MemoryEstimate e = estimate_memory(preset_config("llama2-7b"), qlora_opts());
   const int64_t q = e.component("quantized weights (4-bit packed)") + e.component("quantization constants");
   EXPECT_NEAR(8.0 * q / e.quantizable_parameters, 4.127, 0.001);
-  const int64_t weights = q + e.component("16-bit modules (unquantized)");
+  const int64_t weights = q + e.component("unquantized modules");
   EXPECT_GT(weights, 3.5e9);
   EXPECT_LT(weights, 3.9e9);
   // r=16 all-linear on Llama-2-7B: 39,976,960 trainable parameters (PEFT prints the same).
@@ -109,7 +109,7 @@ TEST(Estimate, WeightConstantLoraAndOptimizerTermsMatchTheInstantiatedModel) {
     const MemoryEstimate e = estimate_memory(cfg, o);
     EXPECT_EQ(e.component("quantized weights (4-bit packed)"), packed);
     EXPECT_EQ(e.component("quantization constants"), qbytes - packed);
-    EXPECT_EQ(e.component("16-bit modules (unquantized)"), plain);
+    EXPECT_EQ(e.component("unquantized modules"), plain);
     EXPECT_EQ(e.component("LoRA parameters (fp32)"), lora);
 
     // One optimizer step creates exactly the gradient and AdamW-state bytes estimated.
@@ -247,6 +247,20 @@ TEST(EstimateCli, TableJsonAndErrors) {
   r = run("estimate --preset llama2-7b --json");
   ASSERT_EQ(r.status, 0) << r.out;
   const int64_t total1 = nlohmann::json::parse(r.out)["total_bytes"].get<int64_t>();
+  // double quant is on by default, as training's quantization.double_quant
+  auto total_of = [](const CliRun& c) { return nlohmann::json::parse(c.out)["total_bytes"].get<int64_t>(); };
+  r = run("estimate --preset llama2-7b --json --double-quant");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(total_of(r), total1);
+  r = run("estimate --preset llama2-7b --json --no-double-quant");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_GT(total_of(r), total1);
+  // --device cpu: no CUDA context, cuBLAS workspaces or allocator rounding
+  r = run("estimate --preset llama2-7b --json --device cpu");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["options"]["cuda"], false);
+  EXPECT_LT(total_of(r), total1 - (int64_t{768} << 20) - (int64_t{64} << 20));
+  EXPECT_EQ(run("estimate --preset llama2-7b --device tpu").status, 2);  // a usage error (README)
   r = run("estimate --preset llama2-7b --json --world-size 4 --tokens 1.44e8 --tokens-per-s 1000 --gpu-hour-price 2");
   ASSERT_EQ(r.status, 0) << r.out;
   const nlohmann::json j4 = nlohmann::json::parse(r.out);

@@ -76,6 +76,11 @@ TEST(TokenizeCli, SmolLM2IdsPiecesAndChatLabelsMatchTransformers) {
   EXPECT_NE(r.out.find("[[<|im_start|>system"), std::string::npos) << r.out;  // the masked view
   EXPECT_NE(r.out.find("Madrid, since 1561.<|im_end|>[["), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("trained  \"Paris\""), std::string::npos) << r.out;
+  // auto: the template found in the model dir is named
+  r = run("tokenize " + tdir.string() + " --json --chat " + chat.string() + " --template auto");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(json::parse(r.out)["template"], "smollm2");
+  EXPECT_EQ(json::parse(r.out)["ids"], refs["chat"]["ids"]);
   // bad input: one line naming the file / template, exit 1
   std::ofstream(tmp / "bad.json") << "{\"messages\": [{\"role\": \"user\", \"content\": 3}]}";
   expect_one_line_error(run("tokenize " + tdir.string() + " --chat " + (tmp / "bad.json").string() + " --template smollm2"),
