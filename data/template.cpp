@@ -52,7 +52,16 @@ bool is_family_template(const std::string& name) {
 std::vector<Segment> render(const Record& r, const std::string& name, const Tokenizer& tok, bool add_eos) {
   if (is_family_template(name) && !r.is_text) {
     const auto piece = [&](int32_t id) { return id >= 0 ? tok.id_to_piece(id) : std::string(); };
-    return render_family(r, name, piece(tok.bos_id()), piece(tok.eos_id()));
+    std::vector<Segment> segs = render_family(r, name, piece(tok.bos_id()), piece(tok.eos_id()));
+    // A family's markers are single tokens of its tokenizer; spelled out as text by another
+    // tokenizer they would train a format the model never saw. (Mistral's [INST] / [/INST] are
+    // text in its v0.1/v0.2 vocabularies, so only the others are checked.)
+    if (name != "mistral")
+      for (const Segment& s : segs)
+        if (s.control && tok.piece_to_id(s.text) < 0)
+          fail("data.template: ", name, " writes ", s.text, " as one token, but the tokenizer ", tok.path(),
+               " has no such token: it is not that family's tokenizer (data.template: auto picks the model's own)");
+    return segs;
   }
   Builder b;
   const int32_t eos = add_eos ? tok.eos_id() : -1;

@@ -89,6 +89,9 @@ TEST(TokenizeCli, SmolLM2IdsPiecesAndChatLabelsMatchTransformers) {
   expect_one_line_error(run("tokenize " + tdir.string() + " --chat " + (tmp / "trunc.json").string() + " --template smollm2"),
                         (tmp / "trunc.json").string() + ":1: invalid JSON");
   expect_one_line_error(run("tokenize " + tdir.string() + " --chat " + chat.string() + " --template nosuch"), "'nosuch'");
+  // another family's template: its markers are not tokens of SmolLM2's tokenizer
+  expect_one_line_error(run("tokenize " + tdir.string() + " --chat " + chat.string() + " --template llama3"),
+                        "data.template: llama3 writes <|start_header_id|> as one token, but the tokenizer ");
   expect_one_line_error(run("tokenize " + tdir.string() + " --chat " + (tmp / "missing.json").string() + " --template smollm2"),
                         (tmp / "missing.json").string());
   fs::remove_all(tmp);
