@@ -334,7 +334,14 @@ void append_line(const std::string& path, const std::string& line) {
 }
 
 std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+std::atomic<bool> g_announce_stop{false};  // rank 0: say at once that the signal was taken
+extern "C" void on_stop_signal(int sig) {
+  const bool first = g_stop_signal.exchange(sig) == 0;
+  if (first && g_announce_stop.load()) {  // write(2) is async-signal-safe; the log is not
+    static const char kMsg[] = "\nqlora: stop requested; finishing this step, then a checkpoint\n";
+    [[maybe_unused]] const ssize_t n = ::write(2, kMsg, sizeof kMsg - 1);
+  }
+}
 
 /// Installs the stop handlers for SIGTERM, SIGINT and SIGUSR1 for its lifetime.
 struct StopSignals {
@@ -366,6 +373,7 @@ void Trainer::train() {
   const TrainingConfig& t = cfg_.training;
   const CheckpointConfig& c = cfg_.checkpoint;
   StopSignals signals;
+  g_announce_stop.store(dist_->is_main());
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   double last_save = 0, slowest_step = 0;
