@@ -32,6 +32,8 @@ struct GenerateCliOptions {
   std::string dtype = "auto";
   bool print_ids = false;  ///< print new token ids instead of text
   std::string adapter;     ///< PEFT adapter directory to apply ("" = base model only)
+  std::string template_name;  ///< --template NAME|auto: --prompt is a user message in that chat template
+  std::string system;         ///< --system TEXT: a system message before it (with --template)
   GenerateOptions gen;
 };
 /// `qlora generate MODEL_DIR --prompt TEXT [...]`: prints the continuation (or its ids). Stops at

@@ -78,15 +78,6 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
 }
 
-/// [start, end) of the last run of trained labels: the last assistant turn (its answer, template
-/// suffix and EOS). {0, 0} when the example has none.
-std::pair<size_t, size_t> last_answer_span(const data::Example& ex) {
-  size_t end = ex.labels.size();
-  while (end > 0 && ex.labels[end - 1] == data::kIgnoreIndex) --end;
-  size_t start = end;
-  while (start > 0 && ex.labels[start - 1] != data::kIgnoreIndex) --start;
-  return {start, end};
-}
 
 struct ExactMatch {
   int64_t correct = 0, total = 0;
@@ -99,7 +90,7 @@ struct ExactMatch {
 ExactMatch exact_match(const LlamaModel& model, const data::Tokenizer& tok, const std::vector<data::Example>& exs) {
   ExactMatch em;
   for (const data::Example& ex : exs) {
-    const auto [start, end] = last_answer_span(ex);
+    const auto [start, end] = data::last_answer_span(ex);
     if (start == 0 || start >= end) continue;  // nothing to condition on, or no answer
     std::vector<int64_t> prompt(ex.input_ids.begin(), ex.input_ids.begin() + static_cast<std::ptrdiff_t>(start));
     data::TokenIds ref;

@@ -18,6 +18,7 @@
 #include "common/proc_status.h"
 #include "common/safetensors.h"
 #include "common/tensor_io.h"
+#include "data/template.h"
 #include "data/tokenizer.h"
 #include "cli/commands.h"
 #include "model/model.h"
@@ -188,11 +189,17 @@ std::string cmd_inspect(const InspectOptions& o) {
 
 std::string cmd_generate(const GenerateCliOptions& o) {
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  load_model_config(o.model_dir);  // a missing dir / config.json is named before the tokenizer's files
+  data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
+  QLORA_CHECK(!o.template_name.empty() || o.system.empty(), "generate: --system needs --template NAME (or auto)");
+  std::vector<int64_t> prompt;
+  const data::TokenIds ids_in =
+      o.template_name.empty()
+          ? tok.encode(o.prompt, /*add_bos=*/true, /*add_eos=*/false)
+          : data::chat_prompt(tok, data::resolve_template(o.template_name, o.model_dir), o.system, o.prompt);
+  for (int32_t id : ids_in) prompt.push_back(id);
   LlamaModel model = LlamaModel::load(o.model_dir, torch_dtype(parse_dtype(o.dtype), device), device);
   if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);  // dropout off
-  data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
-  std::vector<int64_t> prompt;
-  for (int32_t id : tok.encode(o.prompt, /*add_bos=*/true, /*add_eos=*/false)) prompt.push_back(id);
   GenerateOptions g = o.gen;
   if (g.eos_token_ids.empty()) g.eos_token_ids.assign(tok.eos_ids().begin(), tok.eos_ids().end());
   const std::vector<int64_t> ids = generate_tokens(model, prompt, g);

@@ -45,6 +45,10 @@ int run(int argc, char** argv) {
   generate->add_option("--dtype", gen.dtype, "fp32|bf16|fp16|auto")->capture_default_str();
   generate->add_flag("--ids", gen.print_ids, "print the new token ids instead of text");
   generate->add_option("--adapter", gen.adapter, "PEFT LoRA adapter directory to apply");
+  generate->add_option("--template", gen.template_name,
+                       "NAME|auto: --prompt is a user message in that chat template (as training renders it), "
+                       "followed by the assistant header");
+  generate->add_option("--system", gen.system, "with --template: a system message before the user message");
 
   qlora::TokenizeOptions tkz;
   auto* tokenize = app.add_subcommand("tokenize", "ids and pieces of a text, or one chat rendered with labels");

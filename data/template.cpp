@@ -190,6 +190,29 @@ Example tokenize(const std::vector<Segment>& segs, const Tokenizer& tok, bool tr
   return ex;
 }
 
+std::pair<size_t, size_t> last_answer_span(const Example& ex) {
+  size_t end = ex.labels.size();
+  while (end > 0 && ex.labels[end - 1] == kIgnoreIndex) --end;
+  size_t start = end;
+  while (start > 0 && ex.labels[start - 1] != kIgnoreIndex) --start;
+  return {start, end};
+}
+
+TokenIds chat_prompt(const Tokenizer& tok, const std::string& name, const std::string& system, const std::string& user) {
+  Record r;
+  r.file = "--prompt";
+  if (!system.empty()) r.turns.push_back({"system", system});
+  r.turns.push_back({"user", user});
+  // Mistral's jinja has no generation prompt: a user-last conversation (which keeps the system
+  // message, dropped when an assistant turn is last) is the prompt itself.
+  if (name == "mistral") return tokenize(render(r, name, tok, true), tok, false).input_ids;
+  r.turns.push_back({"assistant", ""});
+  const Example ex = tokenize(render(r, name, tok, /*add_eos=*/true), tok, /*train_on_inputs=*/false);
+  const size_t start = last_answer_span(ex).first;
+  QLORA_CHECK(start > 0, "template ", name, ": no prompt before the assistant turn");
+  return TokenIds(ex.input_ids.begin(), ex.input_ids.begin() + static_cast<std::ptrdiff_t>(start));
+}
+
 std::string render_string(const std::vector<Segment>& segs, const Tokenizer& tok) {
   std::string s;
   for (const Segment& seg : segs) s += seg.special_id >= 0 ? tok.id_to_piece(seg.special_id) : seg.text;

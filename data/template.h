@@ -25,6 +25,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/reader.h"
@@ -94,6 +95,19 @@ std::string py_strip(const std::string& s);
 
 /// Tokenises rendered segments (see the file comment). train_on_inputs = true labels every token.
 Example tokenize(const std::vector<Segment>& segs, const Tokenizer& tok, bool train_on_inputs);
+
+/// [start, end) of the last run of trained labels of `ex`: its last assistant turn (answer,
+/// template suffix and closing token). {0, 0} when the example has none.
+std::pair<size_t, size_t> last_answer_span(const Example& ex);
+
+/// The ids a model is prompted with to answer `user` (after `system` when not empty) in template
+/// `name`: the conversation rendered and tokenised as training does, with an empty assistant turn,
+/// cut before that turn's trained span (the prompt `eval --metric exact_match` uses; for the family
+/// templates the string of transformers' apply_chat_template(add_generation_prompt=True), for
+/// qwen3 with enable_thinking=False; mistral: the user-last conversation, its jinja having no
+/// generation prompt). BOS as the template writes it. Throws qlora::Error as
+/// render() does (unknown template, a family template on another family's tokenizer).
+TokenIds chat_prompt(const Tokenizer& tok, const std::string& name, const std::string& system, const std::string& user);
 
 /// The rendered string HF would tokenise: special ids written as their pieces ("<s>", "</s>").
 std::string render_string(const std::vector<Segment>& segs, const Tokenizer& tok);

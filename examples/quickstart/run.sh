@@ -38,10 +38,11 @@ echo "--- before training: SmolLM2-135M-Instruct zero-shot (an untrained adapter
 echo "--- after training ---"
 "$QLORA" eval "$CFG" "${SETS[@]}" --metric exact_match --max-examples "$N" --adapter "$OUT/adapter" \
   --out "$OUT/eval_after.json"
-# SmolLM2's chat format, as `template: smollm2` renders an alpaca record for training.
-PROMPT=$'<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nTriage this support ticket: give its topic and urgency.\n\nHello, my printer 1234 is jammed again, this is an emergency. Thanks.<|im_end|>\n<|im_start|>assistant\n'
+# One user message in SmolLM2's chat format (`--template smollm2`: as training renders an alpaca
+# record, with the template's default system message, up to the assistant header).
+PROMPT=$'Triage this support ticket: give its topic and urgency.\n\nHello, my printer 1234 is jammed again, this is an emergency. Thanks.'
 echo "--- generate with the adapter (expect: topic: hardware, urgency: urgent) ---"
-"$QLORA" generate "$OUT/model" --adapter "$OUT/adapter" --dtype fp32 --max-new-tokens 16 --prompt "$PROMPT"
+"$QLORA" generate "$OUT/model" --adapter "$OUT/adapter" --dtype fp32 --max-new-tokens 16 --template smollm2 --prompt "$PROMPT"
 
 "$QLORA_VENV/bin/python" - "$OUT/eval_before.json" "$OUT/eval_after.json" "$(( $(date +%s) - t0 ))" <<'PY'
 import json, sys

@@ -116,6 +116,24 @@ TEST(FamilyTemplates, IdsMatchTransformersAndOnlyAssistantTurnsAreTrained) {
   for (const auto& [name, file] : kJinja) EXPECT_GE(checked[name], 50) << name;
 }
 
+// The prompt `qlora generate --template` (data::chat_prompt) gives: transformers'
+// apply_chat_template(add_generation_prompt=True) ids, per family and tokenizer fixture, with and
+// without a system message (qwen3: enable_thinking=False).
+TEST(FamilyTemplates, ChatPromptIsTheGenerationPromptOfTransformers) {
+  QLORA_REQUIRE_FIXTURE(refs, "templates/template_refs.json");
+  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  ASSERT_TRUE(j.contains("generation_prompts")) << "old template refs: rerun make_template_refs.py";
+  std::map<std::string, int> checked;
+  for (const auto& c : j["generation_prompts"]) {
+    const std::string name = c["template"], tdir = c["tokenizer"];
+    const Tokenizer tok = Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers" / tdir).string());
+    EXPECT_EQ(qlora::data::chat_prompt(tok, name, c["system"], c["user"]), c["ids"].get<TokenIds>())
+        << name << " on " << tdir << ", system '" << c["system"].get<std::string>() << "'";
+    ++checked[name];
+  }
+  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 2}, {"mistral", 8}, {"qwen2.5", 2}, {"qwen3", 2}, {"smollm2", 2}}));
+}
+
 // template: auto finds each named template from the model's jinja text, in either file.
 TEST(AutoTemplate, MatchesEachKnownJinjaAndRefusesOthers) {
   const fs::path src = qlora::test::source_dir() / "tests" / "fixtures" / "chat_templates";

@@ -121,5 +121,15 @@ TEST(Generate, StopsAtAnyEosIdOfGenerationConfig) {
   r = run(gen);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(parse_ids(r.out), std::vector<int64_t>(full.begin(), full.begin() + k + 1)) << "stop id " << full[k];
+  // --template: the prompt as a user message (ids: FamilyTemplates.ChatPromptIsTheGenerationPromptOfTransformers)
+  r = run(gen + " --template alpaca --system 'Answer briefly.'");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_FALSE(parse_ids(r.out).empty()) << r.out;
+  r = run(gen + " --system 'Answer briefly.'");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("generate: --system needs --template NAME (or auto)"), std::string::npos) << r.out;
+  r = run(gen + " --template llama3");  // another family's markers: not tokens of this tokenizer
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("data.template: llama3 writes"), std::string::npos) << r.out;
   fs::remove_all(d);
 }
