@@ -11,6 +11,16 @@ namespace qlora {
 /// surrogates (U+D800..U+DFFF) and code points above U+10FFFF (Unicode 15, 3.9, table 3-7).
 size_t first_invalid_utf8(const std::string& s);
 
+/// Byte length (1..4) of the UTF-8 sequence whose lead byte is `c`, from the lead byte alone
+/// (RFC 3629 §3); 1 for a byte that cannot start one (ASCII counts 1 too). Callers bound it by
+/// the bytes left.
+inline size_t utf8_sequence_length(unsigned char c) {
+  if ((c >> 5) == 0x6) return 2;
+  if ((c >> 4) == 0xE) return 3;
+  if ((c >> 3) == 0x1E) return 4;
+  return 1;
+}
+
 /// True when `s` is valid UTF-8 (first_invalid_utf8 finds nothing).
 inline bool is_valid_utf8(const std::string& s) { return first_invalid_utf8(s) == std::string::npos; }
 

@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "common/utf8.h"
+
 namespace qlora::data {
 
 nlohmann::json llama_pipeline(PrependScheme scheme) {
@@ -20,17 +22,6 @@ nlohmann::json llama_pipeline(PrependScheme scheme) {
           {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", space}, {"prepend_scheme", name}, {"split", false}}},
           {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}}};
 }
-
-namespace {
-// Byte length of the UTF-8 sequence starting with `c` (1 for a byte that cannot start one).
-size_t utf8_seq_len(unsigned char c) {
-  if (c < 0x80) return 1;
-  if ((c >> 5) == 0x6) return 2;
-  if ((c >> 4) == 0xE) return 3;
-  if ((c >> 3) == 0x1E) return 4;
-  return 1;
-}
-}  // namespace
 
 std::vector<MergeRule> generate_merges(const std::vector<std::string>& pieces, const std::vector<double>* scores,
                                        const std::vector<bool>* usable) {
@@ -50,12 +41,12 @@ std::vector<MergeRule> generate_merges(const std::vector<std::string>& pieces, c
     if (!ok(i) || p.empty() || !seen.insert(p).second) continue;
     const size_t at = index.at(p);
     size_t total = 0;
-    for (size_t k = 0; k < p.size(); k += utf8_seq_len(static_cast<unsigned char>(p[k]))) ++total;
+    for (size_t k = 0; k < p.size(); k += utf8_sequence_length(static_cast<unsigned char>(p[k]))) ++total;
     size_t left = 0;
     // (Python also orders one piece's splits by the halves' ids first; the halves' lengths, part
     // of the rank key, already tell any two splits of one piece apart.)
-    for (size_t k = utf8_seq_len(static_cast<unsigned char>(p[0])); k < p.size();
-         k += utf8_seq_len(static_cast<unsigned char>(p[k]))) {
+    for (size_t k = utf8_sequence_length(static_cast<unsigned char>(p[0])); k < p.size();
+         k += utf8_sequence_length(static_cast<unsigned char>(p[k]))) {
       ++left;
       auto l = index.find(p.substr(0, k)), r = index.find(p.substr(k));
       if (l != index.end() && r != index.end())

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/utf8.h"
 #include "data/tokenizer_backend.h"
 
 namespace qlora::data::detail {
@@ -21,15 +22,6 @@ namespace {
 
 void check_status(const sentencepiece::util::Status& s, const std::string& what) {
   QLORA_CHECK(s.ok(), what, ": ", s.ToString());
-}
-
-// Byte length of the UTF-8 sequence starting with `c` (1 for an invalid lead byte).
-int utf8_seq_len(unsigned char c) {
-  if (c < 0x80) return 1;
-  if ((c >> 5) == 0x6) return 2;
-  if ((c >> 4) == 0xE) return 3;
-  if ((c >> 3) == 0x1E) return 4;
-  return 1;
 }
 
 class SpmBackend final : public TokenizerBackend {
@@ -118,7 +110,8 @@ TokenIds SpmBackend::encode(const std::string& text, std::vector<int64_t>* offse
   const bool starts_with_space = text[0] == ' ' || text.compare(0, 3, kSpace) == 0;
   if (prefix && scheme_ != PrependScheme::kNever && !starts_with_space) push(space_id_ >= 0 ? space_id_ : unk_id_, 0);
   for (size_t i = 0; i < text.size();) {
-    const int n = std::min<int>(utf8_seq_len(static_cast<unsigned char>(text[i])), int(text.size() - i));
+    const int n = static_cast<int>(
+        std::min(utf8_sequence_length(static_cast<unsigned char>(text[i])), text.size() - i));
     auto it = text[i] == ' ' ? piece_ids_.find(kSpace) : piece_ids_.find(text.substr(i, n));
     if (it != piece_ids_.end()) {
       push(it->second, int64_t(i));
