@@ -133,6 +133,9 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv) {
     if (pid == 0) {
       // The child: default signal dispositions (exec resets caught ones), SIGTERM when the
       // launcher dies (a rank then checkpoints and exits 75), then this binary.
+      // Its own session (as torchrun's start_new_session): a terminal's Ctrl-C reaches the
+      // launcher alone, which forwards it once, so a rank counts one interrupt per Ctrl-C.
+      ::setsid();
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != launcher) ::_exit(128 + SIGTERM);  // the launcher died before prctl
       ::execve("/proc/self/exe", cargv.data(), cenv.data());
@@ -150,7 +153,7 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv) {
   }
 
   using clock = std::chrono::steady_clock;
-  int first_failure = -1, interrupted = 0;
+  int first_failure = -1, interrupted = 0, sigints = 0, quit = 0;
   clock::time_point failed_at{}, termed_at{};
   bool termed = false, killed = false;
   while (!live.empty()) {
@@ -160,9 +163,10 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv) {
       auto it = live.find(p);
       if (it == live.end()) continue;
       const int code = status_code(st);
-      if (code == 0 || code == 75) {
+      if (code == 0 || code == 75 || (code == 128 + SIGINT && sigints >= 2)) {
         log::info("launch: rank ", it->second, " ", describe(st));
         interrupted += code == 75;
+        quit += code == 128 + SIGINT;  // a second Ctrl-C: quit without a checkpoint
       } else {
         log::warn("launch: rank ", it->second, " ", describe(st));
         if (first_failure < 0) {
@@ -178,6 +182,7 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv) {
     if (live.empty()) break;
     if (const int sig = g_forward_signal) {
       g_forward_signal = 0;
+      sigints += sig == SIGINT;
       log::info("launch: forwarding signal ", sig, " (", strsignal(sig), ") to ", live.size(), " rank(s)");
       for (const auto& [pid, r] : live) ::kill(pid, sig);
     }
@@ -197,6 +202,7 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (first_failure >= 0) return first_failure;
+  if (quit > 0) return 128 + SIGINT;
   return interrupted > 0 ? kExitInterrupted : 0;
 }
 

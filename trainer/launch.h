@@ -21,10 +21,12 @@ constexpr int kLaunchKillSeconds = 5;
 /// Starts `nproc` ranks of `argv` (argv[0] as the child's argv[0]; the executable is this process's
 /// own, /proc/self/exe) with RANK = LOCAL_RANK = 0..nproc-1, WORLD_SIZE = LOCAL_WORLD_SIZE = nproc,
 /// MASTER_ADDR = 127.0.0.1, MASTER_PORT = $MASTER_PORT or a free TCP port of 127.0.0.1, and
-/// OMP_NUM_THREADS = 1 when unset and nproc > 1. SIGTERM, SIGINT and SIGUSR1 received by the launcher
-/// are forwarded to every live rank. Waits for all ranks and returns: 0 when all exited 0; the first
-/// failure's status (exit code, or 128 + signal for a rank killed by a signal) when any failed; else
-/// 75 (kExitInterrupted: the job stopped with a checkpoint). After the first failure the rest are
+/// OMP_NUM_THREADS = 1 when unset and nproc > 1. Each rank runs in its own session (setsid, as
+/// torchrun's workers), so a terminal's Ctrl-C reaches the launcher only; SIGTERM, SIGINT and SIGUSR1
+/// received by the launcher are forwarded to every live rank, once per signal received. Waits for all
+/// ranks and returns: 0 when all exited 0; the first failure's status (exit code, or 128 + signal
+/// for a rank killed by a signal) when any failed; 130 when ranks quit on a second SIGINT (not a
+/// failure); else 75 (kExitInterrupted: the job stopped with a checkpoint). After the first failure the rest are
 /// stopped as kLaunchGraceSeconds says, so the launcher never hangs on a rank that waits for a dead
 /// peer. Throws qlora::Error (nothing started) when nproc is not in 1..1024, RANK or WORLD_SIZE is
 /// already set (this process is itself a rank), the resulting environment is invalid

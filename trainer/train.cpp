@@ -335,11 +335,27 @@ void append_line(const std::string& path, const std::string& line) {
 
 std::atomic<int> g_stop_signal{0};
 std::atomic<bool> g_announce_stop{false};  // rank 0: say at once that the signal was taken
+/// The first SIGTERM / SIGINT / SIGUSR1 asks for a checkpoint at the end of the step. A SIGINT
+/// after any of them (a second Ctrl-C) quits at once with 130 (128 + SIGINT), as a shell's
+/// interrupted job does: checkpoints are written atomically, so what the next run resumes from is
+/// the last complete one. A repeated SIGTERM / SIGUSR1 (schedulers resend them) changes nothing.
+/// Only write(2) and _exit(2) here: both are async-signal-safe, the log is not.
 extern "C" void on_stop_signal(int sig) {
-  const bool first = g_stop_signal.exchange(sig) == 0;
-  if (first && g_announce_stop.load()) {  // write(2) is async-signal-safe; the log is not
-    static const char kMsg[] = "\nqlora: stop requested; finishing this step, then a checkpoint\n";
+  int none = 0;
+  const bool first = g_stop_signal.compare_exchange_strong(none, sig);
+  if (first && g_announce_stop.load()) {
+    static const char kMsg[] =
+        "\nqlora: stop requested; finishing this step, then a checkpoint (Ctrl-C again: quit now without one)\n";
     [[maybe_unused]] const ssize_t n = ::write(2, kMsg, sizeof kMsg - 1);
+  }
+  if (!first && sig == SIGINT) {
+    if (g_announce_stop.load()) {
+      static const char kMsg[] =
+          "\nqlora: second interrupt: quitting now without a checkpoint; the next run resumes from the "
+          "last saved one\n";
+      [[maybe_unused]] const ssize_t n = ::write(2, kMsg, sizeof kMsg - 1);
+    }
+    ::_exit(128 + SIGINT);
   }
 }
 

@@ -170,6 +170,46 @@ TEST_F(Resume, SummaryCountsEveryInvocationAndAFinishedRunIsLeftAlone) {
   for (const auto& [f, bytes] : before) EXPECT_EQ(qlora::read_file((out / f).string()), bytes) << f << " was rewritten";
 }
 
+// Ctrl-C twice: the first asks for a checkpoint after the step, the second (test hook: while the
+// step sleeps 1.5 s) quits at once with 130 and writes nothing more; the periodic checkpoint stays
+// and the rerun resumes from it and ends byte-identical to the uninterrupted run. A repeated
+// SIGTERM is not a second Ctrl-C: still one checkpoint and 75.
+TEST_F(Resume, SecondCtrlCQuitsAtOnceAndTheRunResumes) {
+  const std::string every2 = "--set checkpoint.save_steps=2";
+  const fs::path ref = root / "ctrlc_ref", out = root / "ctrlc", termed = root / "term_twice";
+  ASSERT_EQ(train(ref, every2).status, 0);
+  auto signal_twice = [&](const fs::path& dir, const char* sig) {
+    const fs::path log = dir.string() + ".log";
+    Out o = sh("QLORA_FAULT_STEP_DELAY_MS=1500 " + std::string(QLORA_BIN) + " train " + (root / "run.yaml").string() +
+               " --set output_dir=" + dir.string() + " " + every2 + " > " + log.string() + " 2>&1 & L=$!; " +
+               "while kill -0 $L 2>/dev/null && [ \"$(cat " + (dir / "metrics.jsonl").string() +
+               " 2>/dev/null | wc -l)\" -lt 3 ]; do sleep 0.05; done; kill -" + sig + " $L; sleep 0.3; kill -" + sig +
+               " $L; wait $L; echo rc=$?");
+    return o.out + (fs::exists(log) ? qlora::read_file(log.string()) : "");
+  };
+  std::string lg = signal_twice(out, "INT");
+  EXPECT_NE(lg.find("rc=130"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("qlora: stop requested; finishing this step, then a checkpoint (Ctrl-C again: quit now without one)"),
+            std::string::npos) << lg;
+  EXPECT_NE(lg.find("qlora: second interrupt: quitting now without a checkpoint"), std::string::npos) << lg;
+  EXPECT_EQ(lg.find("interrupted: stopped at step"), std::string::npos) << lg;
+  EXPECT_FALSE(fs::exists(out / "adapter_model.safetensors"));
+  const auto ckpts = qlora::list_checkpoints((out / "checkpoints").string());
+  ASSERT_FALSE(ckpts.empty()) << lg;
+  EXPECT_EQ(qlora::verify_checkpoint(ckpts[0]), "") << ckpts[0];
+  const int64_t saved = json::parse(qlora::read_file((fs::path(ckpts[0]) / "trainer_state.json").string()))["step"];
+  EXPECT_EQ(saved % 2, 0) << "the newest checkpoint is a periodic one (save_steps 2), not a stop checkpoint";
+  Out o = train(out, every2);
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex("resume: from \\S+ at step " + std::to_string(saved) + " "))) << o.out;
+  EXPECT_EQ(qlora::read_file((out / "adapter_model.safetensors").string()),
+            qlora::read_file((ref / "adapter_model.safetensors").string()));
+
+  lg = signal_twice(termed, "TERM");
+  EXPECT_NE(lg.find("rc=75"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("interrupted: stopped at step"), std::string::npos) << lg;
+}
+
 TEST(CheckpointFiles, IncompleteTemporaryDirectoriesAreIgnored) {
   const qlora::test::TempDir tmp("ckpt_incomplete");
   const fs::path& d = tmp.path;

@@ -310,6 +310,55 @@ TEST_F(DataParallel, NprocPerNodeLaunchesTheRanksAndForwardsSigterm) {
             qlora::read_file((ref / "adapter_model.safetensors").string()));
 }
 
+// Ctrl-C in a terminal signals the whole foreground process group (here: the launcher started in a
+// session of its own, and `kill -INT -PGID`). The ranks run in sessions of their own, so each
+// gets the launcher's one forwarded SIGINT per Ctrl-C: once = one checkpoint, every rank 75, the
+// launcher 75; twice (the rerun resumes, then two Ctrl-C while a step sleeps, test hook) = every
+// rank quits at once, the launcher exits 130, and the first stop's checkpoint is still the newest.
+TEST_F(DataParallel, NprocPerNodeCtrlCOnceCheckpointsTwiceQuits) {
+  const fs::path out = root / "np_ctrlc";
+  // 24 examples, 12 per rank in micro-batches of 2: 6 steps an epoch, 12 in all.
+  const std::string ex = "--set training.micro_batch_size=2 --set training.num_epochs=2 "
+                         "--set training.gradient_accumulation_steps=1 --set checkpoint.save_steps=100";
+  auto ctrl_c = [&](int times, int after_lines) {
+    const fs::path log = out.string() + "." + std::to_string(times) + ".log", metrics = out / "metrics.jsonl";
+    std::string kills = "kill -INT -$L";
+    for (int i = 1; i < times; ++i) kills += "; sleep 0.3; kill -INT -$L";
+    Out o = qlora::test::run_command(
+        "env -u RANK -u WORLD_SIZE -u MASTER_PORT -u OMP_NUM_THREADS QLORA_DIST_TIMEOUT_S=60 "
+        "QLORA_FAULT_STEP_DELAY_MS=1500 setsid " + train_cmd(out, ex + " --nproc-per-node 2") + " > " + log.string() +
+        " 2>&1 & L=$!; while kill -0 $L 2>/dev/null && [ \"$(cat " + metrics.string() + " 2>/dev/null | wc -l)\" -lt " +
+        std::to_string(after_lines) + " ]; do sleep 0.05; done; " + kills + "; wait $L; echo rc=$?");
+    return o.out + (fs::exists(log) ? qlora::read_file(log.string()) : "");
+  };
+  std::string lg = ctrl_c(1, 2);
+  EXPECT_NE(lg.find("rc=75"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("launch: forwarding signal 2"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("launch: rank 0 exited with status 75"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("launch: rank 1 exited with status 75"), std::string::npos) << lg;
+  auto checkpoints = [&] {  // checkpoint-N directories (this binary does not link the trainer)
+    std::vector<std::string> v;
+    for (const auto& e : fs::directory_iterator(out / "checkpoints"))
+      if (e.path().filename().string().rfind("checkpoint-", 0) == 0) v.push_back(e.path().filename().string());
+    return v;
+  };
+  const std::vector<std::string> first = checkpoints();
+  ASSERT_EQ(first.size(), 1u) << lg;
+  const int64_t k = static_cast<int64_t>(steps(out).size());
+  ASSERT_GE(k, 2) << lg;
+  ASSERT_LE(k, 4) << lg;
+
+  lg = ctrl_c(2, static_cast<int>(k) + 1);  // the resumed run is in its first step's sleep
+  EXPECT_NE(lg.find("resume: from"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("rc=130"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("qlora: second interrupt: quitting now without a checkpoint"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("launch: rank 0 exited with status 130"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("launch: rank 1 exited with status 130"), std::string::npos) << lg;
+  EXPECT_EQ(checkpoints(), first) << lg;
+  EXPECT_TRUE(fs::exists(out / "checkpoints" / first[0] / "manifest.json"));
+  EXPECT_FALSE(fs::exists(out / "adapter_model.safetensors"));
+}
+
 // A rank that dies while the other cannot notice (both sleep 60 s between steps, test hook): the
 // launcher does not wait for the sleeper: after kLaunchGraceSeconds (10) + kLaunchKillSeconds (5)
 // it is gone, and the launcher exits with the dead rank's status (137 = SIGKILL).
