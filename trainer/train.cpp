@@ -433,6 +433,7 @@ void Trainer::train() {
     tokens_trained_ += r.tokens;
     double eval_loss = std::nan("");
     const bool last = step_ == total_steps_;
+    const double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (dist_->is_main() && ((t.eval_steps > 0 && step_ % t.eval_steps == 0) || last)) {
       model_->training = false;
       eval_loss = evaluate_loss(*model_, data_.eval, t.micro_batch_size, cfg_.data, pad_id_).first;
@@ -446,6 +447,7 @@ void Trainer::train() {
       sl.result = r;
       sl.lr = lr;
       sl.seconds = step_s;
+      sl.train_seconds = train_s;
       sl.eval_loss = eval_loss;
       log_step(sl);
     }
@@ -525,15 +527,19 @@ void Trainer::log_step(const StepLog& s) {
   const int64_t step = s.step;
   const StepResult& r = s.result;
   const double lr = s.lr, seconds = s.seconds, eval_loss = s.eval_loss;
+  // The rate is the optimizer step's own (the tokens trained over the time training them); the
+  // evaluation that may follow it is step_seconds - train_seconds.
+  const double train_s = s.train_seconds;
   json j = {{"step", step},
             {"step_seconds", seconds},
+            {"train_seconds", train_s},
             {"epoch", loader_->state().epoch + static_cast<double>(loader_->state().cursor) /
                                                     std::max<size_t>(1, data_.train.size())},
             {"loss", r.loss},
             {"lr", lr},
             {"grad_norm", r.grad_norm},
             {"tokens", r.tokens},
-            {"tokens_per_s", seconds > 0 ? r.tokens / seconds : 0.0},
+            {"tokens_per_s", train_s > 0 ? r.tokens / train_s : 0.0},
             {"skipped", r.skipped},
             {"memory", memory_snapshot(device_)}};
   if (!std::isnan(eval_loss)) j["eval_loss"] = eval_loss;
@@ -550,7 +556,7 @@ void Trainer::log_step(const StepLog& s) {
       std::snprintf(buf, sizeof buf, "%02lld:%02lld", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
     return std::string(buf);
   };
-  const int64_t tok_s = static_cast<int64_t>(seconds > 0 ? r.tokens / seconds : 0);
+  const int64_t tok_s = static_cast<int64_t>(train_s > 0 ? r.tokens / train_s : 0);
   if (progress_.tty) {
     const int width = 24;
     const double frac = total_steps_ > 0 ? std::min(1.0, static_cast<double>(step) / total_steps_) : 1.0;

@@ -137,6 +137,7 @@ class Trainer {
     StepResult result;
     double lr = 0;                     ///< learning rate the step used
     double seconds = 0;                ///< wall time of the step (with its eval, if any)
+    double train_seconds = 0;          ///< the optimizer step alone (its rate's denominator)
     double eval_loss = std::nan("");   ///< eval loss after the step; NaN = not evaluated
   };
   /// Appends the step's line to metrics.jsonl and draws the progress line (or logs it).

@@ -264,12 +264,20 @@ TEST_F(Cases, EmptyEvalSetIsAnErrorWithCountsPerReason) {
                                           "sequence_len 32 (truncated away), 0 without an assistant turn)"))
       << err;
   EXPECT_FALSE(fs::exists(out)) << "refused before anything is written";
-  // With a usable eval file the same run logs eval_loss at every step (eval_steps: 1).
+  // With a usable eval file the same run logs eval_loss at every step (eval_steps: 1). The rate
+  // is the optimizer step's own: tokens / train_seconds, the eval time only in step_seconds.
   o = train(cs, out, case_dir(cs) / "train.jsonl", "--set data.eval=" + (case_dir(cs) / "train.jsonl").string());
   ASSERT_EQ(o.status, 0) << o.out;
   std::ifstream m(out / "metrics.jsonl");
   int evals = 0;
-  for (std::string l; std::getline(m, l);) evals += json::parse(l).contains("eval_loss");
+  for (std::string l; std::getline(m, l);) {
+    const json j = json::parse(l);
+    evals += j.contains("eval_loss");
+    const double train_s = j.at("train_seconds").get<double>();
+    EXPECT_GT(train_s, 0.0) << l;
+    EXPECT_LT(train_s, j.at("step_seconds").get<double>()) << l;
+    EXPECT_DOUBLE_EQ(j.at("tokens_per_s").get<double>(), j.at("tokens").get<double>() / train_s) << l;
+  }
   EXPECT_EQ(evals, 3);
 }
 
