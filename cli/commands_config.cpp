@@ -21,7 +21,9 @@ std::string cmd_data_preview(const DataPreviewOptions& o) {
   QLORA_CHECK(o.n >= 0, "data preview: --n must be >= 0, got ", o.n);
   data::DataOptions dopts = cfg.data;
   dopts.template_name = data::resolve_template(dopts.template_name, tok_src);  // "auto" -> a name
-  return data::render_preview(dopts, tok, o.n);
+  const data::BatchPlan plan{cfg.training.micro_batch_size, cfg.training.gradient_accumulation_steps,
+                             cfg.training.num_epochs, cfg.training.max_steps};
+  return data::render_preview(dopts, tok, o.n, &plan);
 }
 
 void cmd_train(const TrainCliOptions& o) {

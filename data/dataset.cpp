@@ -191,7 +191,61 @@ std::string render_masked(const Example& ex, const Tokenizer& tok) {
   return out;
 }
 
-std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n) {
+BatchingStats batching_stats(const std::vector<Example>& train, int64_t micro_batch_size, const DataOptions& opts,
+                             int32_t pad_id, uint64_t epoch) {
+  QLORA_CHECK(micro_batch_size >= 1, "micro_batch_size must be >= 1, got ", micro_batch_size);
+  BatchingStats st;
+  if (train.empty()) return st;
+  DataLoader loader(&train, micro_batch_size, opts, pad_id, SamplerState{epoch, 0, opts.seed});
+  st.micro_batches = loader.batches_in_epoch(epoch);
+  for (int64_t i = 0; i < st.micro_batches; ++i) {
+    const Batch b = loader.next();
+    st.rows += b.batch_size;
+    st.examples += static_cast<int64_t>(b.example_ids.size());
+    st.positions += b.batch_size * b.seq_len;
+    st.tokens += std::count(b.attention_mask.begin(), b.attention_mask.end(), 1);
+    st.trained += std::count_if(b.labels.begin(), b.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+  }
+  return st;
+}
+
+namespace {
+std::string batching_summary(const Datasets& d, const DataOptions& opts, const Tokenizer& tok, const BatchPlan& p) {
+  const int32_t pad_id = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+  const BatchingStats b = batching_stats(d.train, p.micro_batch_size, opts, pad_id);
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(1);
+  const double pos = static_cast<double>(std::max<int64_t>(1, b.positions));
+  o << "batches (epoch 1 as `qlora train` draws it on one rank; micro_batch_size " << p.micro_batch_size
+    << ", sample_packing " << (opts.sample_packing ? "true" : "false") << "): " << b.micro_batches
+    << " micro-batches, " << b.rows << " rows holding " << b.examples << " examples";
+  if (opts.sample_packing) {
+    o.precision(2);
+    o << " (" << static_cast<double>(b.examples) / static_cast<double>(std::max<int64_t>(1, b.rows)) << " a row)";
+    o.precision(1);
+  }
+  o << "\n  " << b.positions << " batch positions: " << b.tokens << " tokens (" << 100.0 * b.tokens / pos << "%), "
+    << b.positions - b.tokens << " padding (" << 100.0 * (b.positions - b.tokens) / pos << "%), " << b.trained
+    << " trained (" << 100.0 * b.trained / pos << "%)\n";
+  const int64_t ga = std::max<int64_t>(1, p.gradient_accumulation_steps);
+  int64_t steps = 0;
+  for (int64_t e = 0; e < std::max<int64_t>(1, p.num_epochs); ++e) {
+    const int64_t mb = e == 0 ? b.micro_batches : DataLoader(&d.train, p.micro_batch_size, opts, pad_id,
+                                                             SamplerState{static_cast<uint64_t>(e), 0, opts.seed})
+                                                      .batches_in_epoch(static_cast<uint64_t>(e));
+    steps += (mb + ga - 1) / ga;
+  }
+  o << "optimizer steps on one rank (gradient_accumulation_steps " << ga << "): "
+    << (b.micro_batches + ga - 1) / ga << " in epoch 1, " << steps << " in " << std::max<int64_t>(1, p.num_epochs)
+    << " epoch" << (p.num_epochs > 1 ? "s" : "");
+  if (p.max_steps > 0) o << "; max_steps " << p.max_steps << " runs " << p.max_steps;
+  o << " (N data-parallel ranks: about 1/N as many)\n";
+  return o.str();
+}
+}  // namespace
+
+std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n, const BatchPlan* plan) {
   const Datasets d = load_datasets(opts, tok);
   std::ostringstream o;
   o << "template: " << opts.template_name << ", sequence_len " << opts.sequence_len
@@ -203,6 +257,7 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n)
       << render_masked(e, tok) << "\n";
   }
   o << "----\n" << d.stats.summary();
+  if (plan) o << batching_summary(d, opts, tok, *plan);
   if (!opts.eval.empty())
     o << "eval " << opts.eval << ": " << d.eval.size() << " examples kept; " << drop_reasons(d.eval_stats) << "\n";
   return o.str();

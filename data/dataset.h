@@ -58,9 +58,29 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
 /// an eval set that silently evaluates nothing is refused).
 Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok);
 
+/// The training run's batch settings that `qlora data preview` reports on (TrainingConfig's names).
+struct BatchPlan {
+  int64_t micro_batch_size = 1, gradient_accumulation_steps = 1, num_epochs = 1, max_steps = 0;
+};
+
+/// What the training loader (DataLoader, sampler seed opts.seed: the order `qlora train` uses on
+/// one rank) makes of `train` in epoch `epoch`. Token counts are positions (tokens).
+struct BatchingStats {
+  int64_t micro_batches = 0, rows = 0, examples = 0;
+  int64_t tokens = 0;     ///< real tokens (attention_mask 1)
+  int64_t positions = 0;  ///< batch positions: rows × the micro-batch's padded length, summed
+  int64_t trained = 0;    ///< positions with a label (!= -100)
+};
+/// Runs the loader over one epoch. Throws qlora::Error when micro_batch_size < 1 or pad_id < 0.
+BatchingStats batching_stats(const std::vector<Example>& train, int64_t micro_batch_size, const DataOptions& opts,
+                             int32_t pad_id, uint64_t epoch = 0);
+
 /// Loads the data as load_datasets does and returns the first `n` training examples rendered
-/// with masked spans in [[double brackets]], their token counts, and stats.summary().
-std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n);
+/// with masked spans in [[double brackets]], their token counts, and stats.summary(); with a
+/// `plan`, also how the first epoch is batched (micro-batches, rows, examples a row, padding) and
+/// the optimizer steps `qlora train` runs on one rank (as Trainer counts them: ceil(micro-batches /
+/// gradient_accumulation_steps) per epoch, or max_steps). `pad_id`: the tokenizer's pad, else eos.
+std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n, const BatchPlan* plan = nullptr);
 
 /// An example's tokens as text, masked runs wrapped in [[ ]] (special ids shown as pieces;
 /// tokenizer.json: each run decoded by the tokenizer's decoder).

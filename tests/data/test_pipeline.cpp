@@ -263,5 +263,52 @@ TEST(Split, ValSetSizeAndPreview) {
   const std::string prev = render_preview(o, tok, 2);
   EXPECT_NE(prev.find("[[<s>"), std::string::npos);
   EXPECT_NE(prev.find("length histogram"), std::string::npos);
+  EXPECT_EQ(prev.find("batches (epoch 1"), std::string::npos) << "no plan, no batching lines";
   std::cout << prev;
+}
+
+// The batching the preview reports is the loader's: every example once per epoch, every token of
+// it in a row, the trained positions exactly the examples' labels; packing puts several examples
+// in a row and the rows in fewer positions than padding them one each.
+TEST(Split, BatchingStatsCountTheLoadersEpoch) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_SHARED(path, "data/alpaca_en_demo.json");
+  const Tokenizer tok = llama(model);
+  DataOptions o;
+  o.train = path.string();
+  o.template_name = "alpaca";
+  o.sequence_len = 512;
+  const Datasets d = load_datasets(o, tok);
+  int64_t tokens = 0, trained = 0;
+  for (const Example& e : d.train) {
+    tokens += static_cast<int64_t>(e.input_ids.size());
+    trained += std::count_if(e.labels.begin(), e.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+  }
+  const int64_t n = static_cast<int64_t>(d.train.size());
+  ASSERT_GT(n, 100);
+  const BatchingStats plain = batching_stats(d.train, 4, o, tok.eos_id());
+  EXPECT_EQ(plain.micro_batches, (n + 3) / 4);
+  EXPECT_EQ(plain.rows, n);
+  EXPECT_EQ(plain.examples, n);
+  EXPECT_EQ(plain.tokens, tokens);
+  EXPECT_EQ(plain.trained, trained);
+  EXPECT_GT(plain.positions, tokens);
+  o.sample_packing = true;
+  const BatchingStats packed = batching_stats(d.train, 4, o, tok.eos_id());
+  EXPECT_EQ(packed.examples, n);
+  EXPECT_EQ(packed.tokens, tokens);
+  EXPECT_LE(packed.trained, trained);  // the target across an example boundary is masked
+  EXPECT_LT(packed.rows, n * 6 / 10);  // 1.9 examples a row at sequence_len 512 (measured)
+  EXPECT_LT(packed.positions, plain.positions);
+  const BatchPlan plan{4, 3, 2, 0};
+  const std::string prev = render_preview(o, tok, 0, &plan);
+  EXPECT_NE(prev.find("batches (epoch 1 as `qlora train` draws it on one rank; micro_batch_size 4, sample_packing true): " +
+                      std::to_string(packed.micro_batches) + " micro-batches, " + std::to_string(packed.rows) +
+                      " rows holding " + std::to_string(n) + " examples"),
+            std::string::npos) << prev;
+  EXPECT_NE(prev.find("optimizer steps on one rank (gradient_accumulation_steps 3): " +
+                      std::to_string((packed.micro_batches + 2) / 3) + " in epoch 1, "),
+            std::string::npos) << prev;
+  std::cout << prev;
+  EXPECT_THROW(batching_stats(d.train, 0, o, tok.eos_id()), qlora::Error);
 }

@@ -16,6 +16,7 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "badinput/config_expectations.h"
@@ -84,6 +85,19 @@ TEST(TrainE2E, TinyNf4OnAlpacaDemoLearnsAndLoadsInPeft) {
                  "\n  learning_rate: 2.0e-3\n  lr_scheduler: cosine\n  warmup_steps: 5\n"
                  "  gradient_checkpointing: false\n  logging_steps: 20\n  eval_steps: 40\n  seed: 0\n"
                  "checkpoint:\n  save_steps: 0\n  save_minutes: 0\n  resume: never\n");
+
+  // The preview reports the run's batching: micro_batch_size 4 without packing, so the micro-batches
+  // are ceil(train examples / 4), and max_steps decides the steps.
+  r = run("data preview " + q(cfg) + " --n 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(examples: (\d+) train, 20 eval)"))) << r.out;
+  const int64_t n_train = std::stoll(m[1]);
+  EXPECT_NE(r.out.find("micro_batch_size 4, sample_packing false): " + std::to_string((n_train + 3) / 4) +
+                       " micro-batches, " + std::to_string(n_train) + " rows holding " + std::to_string(n_train) +
+                       " examples\n"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; max_steps 100 runs 100 "), std::string::npos) << r.out;
 
   // Held-out loss of the base model (no adapter = an untrained adapter, whose B is zero).
   r = run("eval " + q(cfg) + " --out " + q(d / "eval_before.json"));
