@@ -19,14 +19,99 @@ using json = nlohmann::ordered_json;  // keeps key order (tools are rendered in 
 
 namespace {
 
+// A JSON path inside a record: object keys, and array indices as decimal strings.
+using JsonPath = std::vector<std::string>;
+
 // A record-level problem: `reason` groups the skip counters, `message` is the text after file:line.
 struct BadRecord {
   std::string reason, message;
   int64_t line_offset = 0;  // lines after the record's first line (JSON syntax errors)
+  JsonPath at;              // the value at fault (its line is reported), empty = the record
 };
 
-[[noreturn]] void bad(const std::string& reason, const std::string& message) {
-  throw BadRecord{reason, message, 0};
+[[noreturn]] void bad(const std::string& reason, const std::string& message, JsonPath at = {}) {
+  throw BadRecord{reason, message, 0, std::move(at)};
+}
+
+bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// The byte offset of the value at `path` in `t`, the text of a JSON value that parsed (so it is
+// well-formed), or npos when the path is not there. A linear scan, no recursion: the line of an
+// error inside a pretty-printed record (nlohmann::json keeps no positions).
+size_t value_offset(const std::string& t, const JsonPath& path) {
+  size_t p = 0;
+  auto ws = [&] {
+    while (p < t.size() && is_ws(t[p])) ++p;
+  };
+  auto skip_string = [&] {  // at '"': past the closing '"'
+    for (++p; p < t.size(); ++p) {
+      if (t[p] == '\\') ++p;
+      else if (t[p] == '"') {
+        ++p;
+        return;
+      }
+    }
+  };
+  auto skip_value = [&] {
+    ws();
+    if (p >= t.size()) return;
+    if (t[p] == '"') return skip_string();
+    if (t[p] == '{' || t[p] == '[') {
+      for (int depth = 0; p < t.size();) {
+        const char ch = t[p];
+        if (ch == '"') {
+          skip_string();
+          continue;
+        }
+        ++p;
+        if (ch == '{' || ch == '[') ++depth;
+        else if ((ch == '}' || ch == ']') && --depth == 0) return;
+      }
+      return;
+    }
+    while (p < t.size() && t[p] != ',' && t[p] != '}' && t[p] != ']' && !is_ws(t[p])) ++p;
+  };
+  auto next_member = [&] {  // after a value: past the ',' if any
+    ws();
+    if (p < t.size() && t[p] == ',') ++p;
+    ws();
+  };
+  ws();
+  for (const std::string& step : path) {
+    if (p >= t.size()) return std::string::npos;
+    if (t[p] == '{') {
+      ++p;
+      ws();
+      while (true) {
+        if (p >= t.size() || t[p] != '"') return std::string::npos;
+        const size_t k0 = p;
+        skip_string();
+        const json key = json::parse(t.substr(k0, std::min(p, t.size()) - k0), nullptr, false);
+        ws();
+        if (p >= t.size() || t[p] != ':') return std::string::npos;
+        ++p;
+        ws();
+        if (key.is_string() && key.get<std::string>() == step) break;
+        skip_value();
+        next_member();
+      }
+    } else if (t[p] == '[') {
+      if (step.empty() || step.size() > 18 || !std::all_of(step.begin(), step.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return std::string::npos;
+      const uint64_t want = std::stoull(step);
+      ++p;
+      ws();
+      for (uint64_t i = 0; i < want; ++i) {
+        if (p >= t.size() || t[p] == ']') return std::string::npos;
+        skip_value();
+        next_member();
+      }
+      if (p >= t.size() || t[p] == ']') return std::string::npos;
+    } else {
+      return std::string::npos;
+    }
+  }
+  return std::min(p, t.size());
 }
 
 const char* type_name(const json& v) { return v.type_name(); }
@@ -42,20 +127,20 @@ bool get_string(const json& obj, const DataOptions& o, const std::string& canoni
   const std::string name = field_name(o, canonical);
   auto it = obj.find(name);
   if (it == obj.end() || it->is_null()) {
-    if (required) bad("missing field", "missing field '" + name + "'");
+    if (required) bad("missing field", "missing field '" + name + "'", it == obj.end() ? JsonPath{} : JsonPath{name});
     return false;
   }
   if (!it->is_string())
-    bad("wrong type", "field '" + name + "' must be a string, got " + type_name(*it));
+    bad("wrong type", "field '" + name + "' must be a string, got " + type_name(*it), {name});
   *out = it->get<std::string>();
   if (out->empty() && !allow_empty) {
-    if (required) bad("empty field", "field '" + name + "' is an empty string");
+    if (required) bad("empty field", "field '" + name + "' is an empty string", {name});
     return false;
   }
   return true;
 }
 
-std::string map_role(const std::string& role, const DataOptions& o) {
+std::string map_role(const std::string& role, const DataOptions& o, const JsonPath& at) {
   static const std::map<std::string, std::string> kDefault = {
       {"human", "user"},        {"user", "user"},           {"gpt", "assistant"},
       {"assistant", "assistant"}, {"function_call", "assistant"}, {"observation", "tool"},
@@ -63,7 +148,7 @@ std::string map_role(const std::string& role, const DataOptions& o) {
   std::string r = role;
   if (auto it = o.role_map.find(r); it != o.role_map.end()) r = it->second;
   if (auto it = kDefault.find(r); it != kDefault.end()) return it->second;
-  bad("unknown role", "unknown role '" + role + "' (map it with data.role_map to system|user|assistant|tool)");
+  bad("unknown role", "unknown role '" + role + "' (map it with data.role_map to system|user|assistant|tool)", at);
 }
 
 std::string detect(const json& j, const DataOptions& o) {
@@ -101,31 +186,34 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
     const std::string content_key = field_name(o, sg ? "value" : "content");
     auto it = j.find(list);
     if (it == j.end()) bad("missing field", "missing field '" + list + "'");
-    if (!it->is_array()) bad("wrong type", "field '" + list + "' must be an array, got " + type_name(*it));
-    if (it->empty()) bad("empty field", "field '" + list + "' is an empty array");
+    if (!it->is_array()) bad("wrong type", "field '" + list + "' must be an array, got " + type_name(*it), {list});
+    if (it->empty()) bad("empty field", "field '" + list + "' is an empty array", {list});
     append_system(j, o, &r);
     const std::string tools_key = field_name(o, "tools");
     if (auto tl = j.find(tools_key); tl != j.end() && !tl->is_null()) {
       if (tl->is_array()) r.tools = tl->dump();
       else if (tl->is_string()) r.tools = tl->get<std::string>();
-      else bad("wrong type", "field '" + tools_key + "' must be an array or a string, got " + type_name(*tl));
+      else bad("wrong type", "field '" + tools_key + "' must be an array or a string, got " + type_name(*tl), {tools_key});
     }
     for (size_t k = 0; k < it->size(); ++k) {
       const json& t = (*it)[k];
       const std::string where = list + "[" + std::to_string(k) + "]";
-      if (!t.is_object()) bad("wrong type", where + " must be an object, got " + type_name(t));
+      const JsonPath at{list, std::to_string(k)};
+      auto in_turn = [&](const std::string& key) { return JsonPath{list, std::to_string(k), key}; };
+      if (!t.is_object()) bad("wrong type", where + " must be an object, got " + type_name(t), at);
       auto rk = t.find(role_key);
       auto ck = t.find(content_key);
-      if (rk == t.end()) bad("missing field", where + ": missing field '" + role_key + "'");
-      if (ck == t.end()) bad("missing field", where + ": missing field '" + content_key + "'");
-      if (!rk->is_string()) bad("wrong type", where + "." + role_key + " must be a string, got " + type_name(*rk));
+      if (rk == t.end()) bad("missing field", where + ": missing field '" + role_key + "'", at);
+      if (ck == t.end()) bad("missing field", where + ": missing field '" + content_key + "'", at);
+      if (!rk->is_string())
+        bad("wrong type", where + "." + role_key + " must be a string, got " + type_name(*rk), in_turn(role_key));
       if (!ck->is_string())
-        bad("wrong type", where + "." + content_key + " must be a string, got " + type_name(*ck));
+        bad("wrong type", where + "." + content_key + " must be a string, got " + type_name(*ck), in_turn(content_key));
       const std::string raw_role = rk->get<std::string>();
-      Turn turn{map_role(raw_role, o), ck->get<std::string>()};
+      Turn turn{map_role(raw_role, o, in_turn(role_key)), ck->get<std::string>()};
       auto rm = o.role_map.find(raw_role);
       turn.tool_call = (rm == o.role_map.end() ? raw_role : rm->second) == "function_call";
-      if (turn.content.empty()) bad("empty field", where + "." + content_key + " is an empty string");
+      if (turn.content.empty()) bad("empty field", where + "." + content_key + " is an empty string", in_turn(content_key));
       r.turns.push_back(std::move(turn));
     }
   } else if (format == "completion") {
@@ -151,7 +239,7 @@ json parse_value(const std::string& text) {
     const size_t upto = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
     const int64_t off = std::count(text.begin(), text.begin() + upto, '\n');
     const bool utf8 = msg.find("UTF-8") != std::string::npos;
-    throw BadRecord{utf8 ? "invalid UTF-8" : "invalid JSON", "invalid JSON: " + msg, off};
+    throw BadRecord{utf8 ? "invalid UTF-8" : "invalid JSON", "invalid JSON: " + msg, off, {}};
   } catch (const json::exception& e) {
     // e.g. out_of_range 406 "number overflow parsing '1e999'" (found by tests/fuzz/fuzz_dataset.cpp)
     std::string msg = e.what();
@@ -159,7 +247,7 @@ json parse_value(const std::string& text) {
     if (close != std::string::npos) msg = msg.substr(close + 2);
     if (msg.size() > 160) msg = msg.substr(0, 160) + "...";
     std::replace(msg.begin(), msg.end(), '\n', ' ');
-    throw BadRecord{"invalid JSON", "invalid JSON: " + msg, 0};
+    throw BadRecord{"invalid JSON", "invalid JSON: " + msg, 0, {}};
   }
 }
 
@@ -170,8 +258,6 @@ std::string read_all(const std::string& path) {
   ss << f.rdbuf();
   return ss.str();
 }
-
-bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 // Collects records, applying skip_invalid.
 class Collector {
@@ -189,13 +275,17 @@ class Collector {
       r.line = line;
       r.index = index;
       out_.push_back(std::move(r));
-    } catch (const BadRecord& b) {
+    } catch (BadRecord& b) {
+      if (!b.at.empty()) {  // the line of the value at fault, not of the record's start
+        const size_t off = value_offset(text, b.at);
+        if (off != std::string::npos) b.line_offset = std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(off), '\n');
+      }
       handle(b, line);
     }
   }
   void add_text(std::string text, int64_t line) {
     const int64_t index = s_->records_read++;
-    if (!is_valid_utf8(text)) return handle({"invalid UTF-8", "invalid UTF-8 bytes in text", 0}, line);
+    if (!is_valid_utf8(text)) return handle({"invalid UTF-8", "invalid UTF-8 bytes in text", 0, {}}, line);
     Record r;
     r.text = std::move(text);
     r.is_text = true;

@@ -55,6 +55,10 @@ TEST(BadInputData, EachFileNamesFileLineAndProblem) {
   expect_error("empty.json", "1: empty file (no records)");
   expect_error("unterminated.json", "3: unterminated string");
   expect_error("number_overflow.jsonl", "2: invalid JSON: number overflow");  // found by fuzz_dataset
+  // pretty-printed records: the line of the value at fault, not of the record's '{' (decoys in
+  // strings, brackets in strings and an escaped key on the way)
+  expect_error("pretty_sharegpt.json", "15: unknown role 'bot'");
+  expect_error("pretty_alpaca.json", "9: field 'output' must be a string, got number");
   EXPECT_NE(error_of("/nonexistent/x.json").find("/nonexistent/x.json: dataset file not found"), std::string::npos);
 }
 
