@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -246,13 +247,23 @@ TEST(Batch, PaddingAndPacking) {
   EXPECT_EQ(p.example_ids, (std::vector<int64_t>{0, 2, 1}));
 }
 
-TEST(Split, ValSetSizeAndPreview) {
-  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
-  QLORA_REQUIRE_SHARED(path, "data/alpaca_en_demo.json");
-  const Tokenizer tok = llama(model);
+// ../shared's alpaca demo (`o`) with the real Llama 2 tokenizer (`tok`), alpaca template. A
+// missing file fails SetUp, and GoogleTest then does not run the body.
+class AlpacaDemo : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+    QLORA_REQUIRE_SHARED(path, "data/alpaca_en_demo.json");
+    tok_ = std::make_unique<Tokenizer>(model.string());
+    o.train = path.string();
+    o.template_name = "alpaca";
+  }
+  std::unique_ptr<Tokenizer> tok_;
   DataOptions o;
-  o.train = path.string();
-  o.template_name = "alpaca";
+};
+
+TEST_F(AlpacaDemo, ValSetSizeAndPreview) {
+  const Tokenizer& tok = *tok_;
   o.val_set_size = 0.1;
   const Datasets d = load_datasets(o, tok);
   EXPECT_EQ(d.eval.size() + d.train.size(), size_t(d.stats.read.records_read - d.stats.dropped_too_long));
@@ -270,13 +281,8 @@ TEST(Split, ValSetSizeAndPreview) {
 // The batching the preview reports is the loader's: every example once per epoch, every token of
 // it in a row, the trained positions exactly the examples' labels; packing puts several examples
 // in a row and the rows in fewer positions than padding them one each.
-TEST(Split, BatchingStatsCountTheLoadersEpoch) {
-  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
-  QLORA_REQUIRE_SHARED(path, "data/alpaca_en_demo.json");
-  const Tokenizer tok = llama(model);
-  DataOptions o;
-  o.train = path.string();
-  o.template_name = "alpaca";
+TEST_F(AlpacaDemo, BatchingStatsCountTheLoadersEpoch) {
+  const Tokenizer& tok = *tok_;
   o.sequence_len = 512;
   const Datasets d = load_datasets(o, tok);
   int64_t tokens = 0, trained = 0;
