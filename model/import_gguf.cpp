@@ -33,7 +33,7 @@ struct Hparams {
   std::string arch;  // "llama" | "qwen2" | "qwen3"
   int64_t hidden = 0, layers = 0, ffn = 0, heads = 0, kv_heads = 0, head_dim = 0, ctx = 0, vocab = 0;
   double rope_theta = 10000.0, rms_eps = 1e-6;
-  bool has_head_dim_key = false;  // llama rope.dimension_count / qwen3 attention.key_length
+  bool has_head_dim_key = false;
   bool tied = false;
 };
 
@@ -67,7 +67,6 @@ Hparams read_hparams(const GgufFile& f) {
     // llama.cpp's converter writes it as key_length and value_length (llama-model.cpp: n_embd_head_k
     // from key_length, else n_embd / n_head).
     h.head_dim = positive_uint(f, key_len);
-    h.has_head_dim_key = true;
   } else {
     QLORA_CHECK(h.hidden % h.heads == 0, f.path(), ": metadata key '", a, "attention.head_count': ",
                 h.heads, " does not divide the embedding length ", h.hidden);
@@ -85,8 +84,8 @@ Hparams read_hparams(const GgufFile& f) {
                 " differs from the key head size ", h.head_dim, " (qwen3 needs equal key and value head sizes)");
     const std::string rot = a + "rope.dimension_count";
     QLORA_CHECK(!f.has(rot) || positive_uint(f, rot) == h.head_dim, f.path(), ": metadata key '", rot,
-                "': partial RoPE (", f.has(rot) ? f.get_uint(rot) : 0, " of ", h.head_dim,
-                " head dimensions) is not supported for qwen3");
+                "': ", f.has(rot) ? f.get_uint(rot) : 0, " differs from the head size ", h.head_dim,
+                " (partial RoPE is not supported for qwen3)");
   }
   QLORA_CHECK(h.head_dim % 2 == 0, f.path(), ": head dimension ", h.head_dim, " is odd");
   h.ctx = f.has(a + "context_length") ? positive_uint(f, a + "context_length") : 2048;
@@ -396,7 +395,9 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
 
 json config_json(const Hparams& h, const json& special_ids, const std::string& dtype) {
   json c;
-  c["architectures"] = {h.arch == "llama" ? "LlamaForCausalLM" : h.arch == "qwen2" ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM"};
+  c["architectures"] = {h.arch == "llama"   ? "LlamaForCausalLM"
+                        : h.arch == "qwen2" ? "Qwen2ForCausalLM"
+                                            : "Qwen3ForCausalLM"};
   c["model_type"] = h.arch;
   c["vocab_size"] = h.vocab;
   c["hidden_size"] = h.hidden;

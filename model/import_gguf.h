@@ -48,7 +48,7 @@ struct ImportGgufResult {
 /// Throws qlora::Error naming the file and the metadata key or tensor: an unreadable/malformed
 /// GGUF (gguf::GgufFile's checks), an architecture other than llama/qwen2/qwen3 (qwen3moe and
 /// the rest are refused by name), qwen3 value_length differing from key_length or a
-/// rope.dimension_count below it (partial RoPE), a tokenizer other than
+/// rope.dimension_count differing from it (partial RoPE), a tokenizer other than
 /// "gpt2" (byte-level BPE) or "llama" (sentencepiece BPE; without merges it needs
 /// tokenizer.ggml.scores, one per token, and tokens of at most 4096 bytes), a missing or mistyped
 /// metadata key, a missing or unexpected tensor, a

@@ -204,7 +204,7 @@ std::vector<Case> corpus() {
     GgufBuilder b = tiny_llama_gguf(true, "qwen3");
     b.u32("qwen3.rope.dimension_count", 2);
     c.push_back({"qwen3_partial_rope", b.bytes(),
-                 "metadata key 'qwen3.rope.dimension_count': partial RoPE (2 of 4 head dimensions) is not supported"});
+                 "metadata key 'qwen3.rope.dimension_count': 2 differs from the head size 4 (partial RoPE is not"});
   }
   c.push_back({"qwen3_missing_q_norm", tiny_llama_gguf(true, "qwen3", {"blk.1.attn_q_norm.weight"}).bytes(),
                "tensor 'blk.1.attn_q_norm.weight': missing"});
