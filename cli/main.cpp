@@ -167,7 +167,7 @@ int run(int argc, char** argv) {
 
   qlora::ImportGgufOptions imp;
   auto* import_cmd = app.add_subcommand("import-gguf", "GGUF model file (llama.cpp / Ollama) -> Hugging Face model directory");
-  import_cmd->add_option("gguf", imp.gguf_path, "the .gguf file (llama or qwen2 architecture)")->required();
+  import_cmd->add_option("gguf", imp.gguf_path, "the GGUF file (llama, qwen2 or qwen3 architecture; any name, e.g. an Ollama blob sha256-<hex>)")->required();
   import_cmd->add_option("--out", imp.out_dir, "output directory (must not exist or be empty)")->required();
   import_cmd->add_option("--dtype", imp.dtype, "stored dtype of model.safetensors")->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp32"}));

@@ -30,7 +30,7 @@ namespace {
 
 // ---- model hyper-parameters from `<arch>.*` ------------------------------------------------------
 struct Hparams {
-  std::string arch;  // "llama" | "qwen2"
+  std::string arch;  // "llama" | "qwen2" | "qwen3"
   int64_t hidden = 0, layers = 0, ffn = 0, heads = 0, kv_heads = 0, head_dim = 0, ctx = 0, vocab = 0;
   double rope_theta = 10000.0, rms_eps = 1e-6;
   bool has_head_dim_key = false;
@@ -47,9 +47,9 @@ int64_t positive_uint(const GgufFile& f, const std::string& key) {
 Hparams read_hparams(const GgufFile& f) {
   Hparams h;
   h.arch = f.get_string("general.architecture");
-  QLORA_CHECK(h.arch == "llama" || h.arch == "qwen2", f.path(),
+  QLORA_CHECK(h.arch == "llama" || h.arch == "qwen2" || h.arch == "qwen3", f.path(),
               ": metadata key 'general.architecture': architecture '", h.arch,
-              "' is not supported (supported: llama, qwen2)");
+              "' is not supported (supported: llama, qwen2, qwen3)");
   const std::string a = h.arch + ".";
   h.hidden = positive_uint(f, a + "embedding_length");
   h.layers = positive_uint(f, a + "block_count");
@@ -61,12 +61,31 @@ Hparams read_hparams(const GgufFile& f) {
   h.kv_heads = f.has(a + "attention.head_count_kv") ? positive_uint(f, a + "attention.head_count_kv") : h.heads;
   QLORA_CHECK(h.heads % h.kv_heads == 0, f.path(), ": metadata key '", a,
               "attention.head_count_kv': ", h.kv_heads, " does not divide the head count ", h.heads);
-  QLORA_CHECK(h.hidden % h.heads == 0, f.path(), ": metadata key '", a, "attention.head_count': ",
-              h.heads, " does not divide the embedding length ", h.hidden);
-  h.head_dim = h.hidden / h.heads;
+  const std::string key_len = a + "attention.key_length", value_len = a + "attention.value_length";
+  if (h.arch == "qwen3" && f.has(key_len)) {
+    // Qwen3's head_dim is its own hyper-parameter (128 for 0.6B..32B, whatever hidden/heads is);
+    // llama.cpp's converter writes it as key_length and value_length (llama-model.cpp: n_embd_head_k
+    // from key_length, else n_embd / n_head).
+    h.head_dim = positive_uint(f, key_len);
+  } else {
+    QLORA_CHECK(h.hidden % h.heads == 0, f.path(), ": metadata key '", a, "attention.head_count': ",
+                h.heads, " does not divide the embedding length ", h.hidden);
+    h.head_dim = h.hidden / h.heads;
+  }
   if (h.arch == "llama" && f.has(a + "rope.dimension_count")) {  // transformers maps it to head_dim
     h.head_dim = positive_uint(f, a + "rope.dimension_count");
     h.has_head_dim_key = true;
+  }
+  if (h.arch == "qwen3") {
+    // The decoder's value heads are as wide as its query/key heads, and RoPE rotates all of them.
+    const int64_t v = f.has(value_len) ? positive_uint(f, value_len) : h.hidden / h.heads;
+    QLORA_CHECK(v == h.head_dim, f.path(), ": metadata key '", value_len, "': ",
+                f.has(value_len) ? "" : "absent, so embedding_length / head_count = ", v,
+                " differs from the key head size ", h.head_dim, " (qwen3 needs equal key and value head sizes)");
+    const std::string rot = a + "rope.dimension_count";
+    QLORA_CHECK(!f.has(rot) || positive_uint(f, rot) == h.head_dim, f.path(), ": metadata key '", rot,
+                "': ", f.has(rot) ? f.get_uint(rot) : 0, " differs from the head size ", h.head_dim,
+                " (partial RoPE is not supported for qwen3)");
   }
   QLORA_CHECK(h.head_dim % 2 == 0, f.path(), ": head dimension ", h.head_dim, " is odd");
   h.ctx = f.has(a + "context_length") ? positive_uint(f, a + "context_length") : 2048;
@@ -111,10 +130,13 @@ std::vector<Planned> plan_tensors(const GgufFile& f, const Hparams& h) {
     want[g + "ffn_gate.weight"] = {m + "mlp.gate_proj.weight", {h.ffn, h.hidden}};
     want[g + "ffn_up.weight"] = {m + "mlp.up_proj.weight", {h.ffn, h.hidden}};
     want[g + "ffn_down.weight"] = {m + "mlp.down_proj.weight", {h.hidden, h.ffn}};
-    if (!llama) {  // Qwen2: q/k/v biases
+    if (h.arch == "qwen2") {  // q/k/v biases
       want[g + "attn_q.bias"] = {m + "self_attn.q_proj.bias", {q_out}};
       want[g + "attn_k.bias"] = {m + "self_attn.k_proj.bias", {kv_out}};
       want[g + "attn_v.bias"] = {m + "self_attn.v_proj.bias", {kv_out}};
+    } else if (h.arch == "qwen3") {  // RMSNorm of each query / key head, before RoPE
+      want[g + "attn_q_norm.weight"] = {m + "self_attn.q_norm.weight", {h.head_dim}};
+      want[g + "attn_k_norm.weight"] = {m + "self_attn.k_norm.weight", {h.head_dim}};
     }
   }
   std::vector<Planned> plan;
@@ -373,7 +395,9 @@ TokenizerFiles build_tokenizer(const GgufFile& f) {
 
 json config_json(const Hparams& h, const json& special_ids, const std::string& dtype) {
   json c;
-  c["architectures"] = {h.arch == "llama" ? "LlamaForCausalLM" : "Qwen2ForCausalLM"};
+  c["architectures"] = {h.arch == "llama"   ? "LlamaForCausalLM"
+                        : h.arch == "qwen2" ? "Qwen2ForCausalLM"
+                                            : "Qwen3ForCausalLM"};
   c["model_type"] = h.arch;
   c["vocab_size"] = h.vocab;
   c["hidden_size"] = h.hidden;
@@ -396,6 +420,10 @@ json config_json(const Hparams& h, const json& special_ids, const std::string& d
     c["pretraining_tp"] = 1;
   } else {
     c["use_sliding_window"] = false;
+    if (h.arch == "qwen3") {
+      c["head_dim"] = h.head_dim;  // always: Qwen3Config's default is 128, not hidden / heads
+      c["attention_bias"] = false;
+    }
   }
   for (auto it = special_ids.begin(); it != special_ids.end(); ++it) c[it.key()] = it.value();
   c["dtype"] = hf_dtype_name(parse_dtype(dtype));

@@ -10,8 +10,11 @@
 //                          HF row h·2d + s·d + i = GGUF row h·2d + 2i + s, per head h of q (heads)
 //                          or k (kv heads), d = head_dim/2), stored as bf16 (RNE) or fp32; GGUF names
 //                          mapped to HF names (docs/gguf.md); written one tensor at a time.
-//   config.json            LlamaForCausalLM / Qwen2ForCausalLM from `<arch>.*` metadata;
-//                          tie_word_embeddings when there is no `output.weight`.
+//                          qwen3's blk.N.attn_q_norm / attn_k_norm become self_attn.q_norm / k_norm.
+//   config.json            LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM from `<arch>.*`
+//                          metadata; tie_word_embeddings when there is no `output.weight`; qwen3's
+//                          head_dim from `qwen3.attention.key_length` (llama.cpp writes it), else
+//                          embedding_length / head_count (llama.cpp llama-model.cpp's default).
 //   tokenizer.json         tokenizer.ggml.model "gpt2": byte-level BPE from tokenizer.ggml.{tokens,
 //                          merges,token_type,pre}; "llama" (Llama 2 / Mistral files): sentencepiece
 //                          BPE with byte fallback, LlamaTokenizer's pipeline, merges from the file or
@@ -43,7 +46,9 @@ struct ImportGgufResult {
 /// Imports `gguf_path` into `out_dir`. Everything is built in "<out_dir>.tmp-<pid>" and renamed at
 /// the end, so on any error `out_dir` is left as it was (absent or empty) and no temporary remains.
 /// Throws qlora::Error naming the file and the metadata key or tensor: an unreadable/malformed
-/// GGUF (gguf::GgufFile's checks), an architecture other than llama/qwen2, a tokenizer other than
+/// GGUF (gguf::GgufFile's checks), an architecture other than llama/qwen2/qwen3 (qwen3moe and
+/// the rest are refused by name), qwen3 value_length differing from key_length or a
+/// rope.dimension_count differing from it (partial RoPE), a tokenizer other than
 /// "gpt2" (byte-level BPE) or "llama" (sentencepiece BPE; without merges it needs
 /// tokenizer.ggml.scores, one per token, and tokens of at most 4096 bytes), a missing or mistyped
 /// metadata key, a missing or unexpected tensor, a

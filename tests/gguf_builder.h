@@ -100,7 +100,8 @@ class GgufBuilder {
 };
 
 /// A complete tiny llama GGUF (2 layers, hidden 8, 2 heads / 1 kv head, ffn 16, vocab 12, F32/F16/
-/// Q8_0 tensors, gpt2 tokenizer with merges and a control token). `tied`: no output.weight.
+/// Q8_0 tensors, gpt2 tokenizer with merges and a control token). `tied`: no output.weight. `arch`
+/// "qwen2" adds q/k/v biases; "qwen3" adds attention.key_length / value_length (4) and the q/k norms.
 /// Names in `omit` (keys or tensors) are left out, so a test can drop or replace them.
 inline GgufBuilder tiny_llama_gguf(bool tied = true, const std::string& arch = "llama",
                                    std::set<std::string> omit = {}) {
@@ -116,6 +117,10 @@ inline GgufBuilder tiny_llama_gguf(bool tied = true, const std::string& arch = "
   b.f32(arch + ".rope.freq_base", 10000.f);
   b.f32(arch + ".attention.layer_norm_rms_epsilon", 1e-5f);
   b.u32(arch + ".vocab_size", 12);
+  if (arch == "qwen3") {  // llama.cpp writes Qwen3's head_dim (here 8 / 2 heads = 4)
+    b.u32(arch + ".attention.key_length", 4);
+    b.u32(arch + ".attention.value_length", 4);
+  }
   b.str("tokenizer.ggml.model", "gpt2");
   b.str("tokenizer.ggml.pre", "qwen2");
   b.str_array("tokenizer.ggml.tokens", {"<|endoftext|>", "a", "b", "c", "Ġ", "ab", "Ġa", "abc", "d", "e", "<|im_end|>", "f"});
@@ -152,6 +157,9 @@ inline GgufBuilder tiny_llama_gguf(bool tied = true, const std::string& arch = "
       b.tensor_f32(p + "attn_q.bias", {8}, vals(8));
       b.tensor_f32(p + "attn_k.bias", {4}, vals(4));
       b.tensor_f32(p + "attn_v.bias", {4}, vals(4));
+    } else if (arch == "qwen3") {
+      b.tensor_f32(p + "attn_q_norm.weight", {4}, vals(4));
+      b.tensor_f32(p + "attn_k_norm.weight", {4}, vals(4));
     }
   }
   b.omit.clear();

@@ -180,6 +180,40 @@ std::vector<Case> corpus() {
     b.u32("llama.block_count", 1u << 30);
     c.push_back({"absurd_block_count", b.bytes(), "metadata key 'llama.block_count': 1073741824 layers need at least"});
   }
+  {
+    GgufBuilder b = tiny({"general.architecture"});
+    b.str("general.architecture", "qwen3moe");
+    c.push_back({"qwen3moe_architecture", b.bytes(),
+                 "metadata key 'general.architecture': architecture 'qwen3moe' is not supported (supported: llama, qwen2, qwen3)"});
+  }
+  {
+    GgufBuilder b = tiny_llama_gguf(true, "qwen3", {"qwen3.attention.value_length"});
+    b.u32("qwen3.attention.value_length", 8);
+    c.push_back({"qwen3_value_length_differs", b.bytes(),
+                 "metadata key 'qwen3.attention.value_length': 8 differs from the key head size 4"});
+  }
+  {
+    // key_length sets the head size the tensors are checked against
+    GgufBuilder b = tiny_llama_gguf(true, "qwen3", {"qwen3.attention.key_length", "qwen3.attention.value_length"});
+    b.u32("qwen3.attention.key_length", 2);
+    b.u32("qwen3.attention.value_length", 2);
+    c.push_back({"qwen3_key_length_shapes", b.bytes(),
+                 "tensor 'blk.0.attn_q.weight': shape [8, 8] does not match the metadata ([4, 8])"});
+  }
+  {
+    GgufBuilder b = tiny_llama_gguf(true, "qwen3");
+    b.u32("qwen3.rope.dimension_count", 2);
+    c.push_back({"qwen3_partial_rope", b.bytes(),
+                 "metadata key 'qwen3.rope.dimension_count': 2 differs from the head size 4 (partial RoPE is not"});
+  }
+  c.push_back({"qwen3_missing_q_norm", tiny_llama_gguf(true, "qwen3", {"blk.1.attn_q_norm.weight"}).bytes(),
+               "tensor 'blk.1.attn_q_norm.weight': missing"});
+  {
+    GgufBuilder b = tiny_llama_gguf(true, "qwen3", {"blk.0.attn_k_norm.weight"});
+    b.tensor_f32("blk.0.attn_k_norm.weight", {8}, std::vector<float>(8, 1.f));
+    c.push_back({"qwen3_k_norm_shape", b.bytes(),
+                 "tensor 'blk.0.attn_k_norm.weight': shape [8] does not match the metadata ([4])"});
+  }
   c.push_back({"missing_tensor", tiny({"blk.1.ffn_down.weight"}).bytes(), "tensor 'blk.1.ffn_down.weight': missing"});
   {
     GgufBuilder b = tiny({"blk.0.attn_k.weight"});

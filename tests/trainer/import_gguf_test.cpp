@@ -1,8 +1,8 @@
 // `qlora import-gguf`: SmolLM2-135M-Instruct (Q4_1 GGUF) imported and compared with what
 // transformers builds from the same file (tests/fixtures/make_gguf_refs.py): every tensor bit for
 // bit (SHA-256 of float32 bytes), tokenizer.json as JSON, config fields, and transformers loading the
-// result; a tiny Qwen2 the same way; bf16 = RNE of fp32; peak RSS of the streaming import; tiny
-// hand-built llama/qwen2 files; the CLI's exit codes.
+// result; a tiny Qwen2 and a tiny Qwen3 the same way; bf16 = RNE of fp32; peak RSS of the streaming
+// import; tiny hand-built llama/qwen2/qwen3 files; the CLI's exit codes.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -17,6 +17,7 @@
 #include "common/gguf.h"
 #include "common/proc_status.h"
 #include "common/safetensors.h"
+#include "data/template.h"
 #include "data/tokenizer.h"
 #include "gguf_builder.h"
 #include "kernels/quant4.h"
@@ -130,6 +131,23 @@ size_t expect_matches_transformers(const fs::path& out, const fs::path& ref) {
   return equal;
 }
 
+// Our tokenizer (data::Tokenizer) on the imported dir `out` gives transformers' GGUF-tokenizer ids on
+// the fixture corpus of `ref` (corpus.json). Returns the number of strings compared.
+size_t expect_our_tokenizer_matches_corpus(const fs::path& out, const fs::path& ref) {
+  const json corpus = read_json(ref / "corpus.json");
+  const qlora::data::Tokenizer t = qlora::data::Tokenizer::from_pretrained(out.string());
+  EXPECT_EQ(corpus["texts"].size(), corpus["ids"].size());
+  EXPECT_GE(corpus["texts"].size(), 20u);
+  size_t bad = 0;
+  for (size_t i = 0; i < corpus["texts"].size() && i < corpus["ids"].size(); ++i) {
+    const std::string text = corpus["texts"][i];
+    const auto want = corpus["ids"][i].get<std::vector<int32_t>>();
+    if (t.encode_with_special_tokens(text) != want && bad++ < 3) ADD_FAILURE() << "ids differ for '" << text << "'";
+  }
+  EXPECT_EQ(bad, 0u);
+  return corpus["texts"].size();
+}
+
 // ---------------------------------------------------------------------------------------------
 TEST(ImportGguf, SmolLM2EqualsTransformersGgufLoad) {
   REQUIRE_SMOLLM2(gguf);
@@ -217,17 +235,49 @@ TEST(ImportGguf, TinyLlamaSentencepieceEqualsTransformersGgufLoad) {
   EXPECT_EQ(tc["bos_token"], "<s>");
   EXPECT_EQ(tc["eos_token"], "</s>");
   EXPECT_EQ(tc["unk_token"], "<unk>");
-  const json corpus = read_json(gguf.parent_path() / "corpus.json");
-  const qlora::data::Tokenizer t = qlora::data::Tokenizer::from_pretrained(out.string());
-  ASSERT_EQ(corpus["texts"].size(), corpus["ids"].size());
-  ASSERT_GE(corpus["texts"].size(), 20u);
-  size_t bad = 0;
-  for (size_t i = 0; i < corpus["texts"].size(); ++i) {
-    const std::string text = corpus["texts"][i];
-    const auto want = corpus["ids"][i].get<std::vector<int32_t>>();
-    if (t.encode_with_special_tokens(text) != want && bad++ < 3) ADD_FAILURE() << "ids differ for '" << text << "'";
-  }
-  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(expect_our_tokenizer_matches_corpus(out, gguf.parent_path()), 300u);
+  fs::remove_all(dir);
+}
+
+// A tiny random Qwen3 as llama.cpp writes one (Ollama's qwen3:0.6b.. files): head_dim 128 from
+// qwen3.attention.key_length with hidden 256 / 4 heads (q_proj 512 x 256), q/k norms, no biases,
+// tied, K-quants, Qwen's special tokens and Qwen3's chat template. Everything equal to transformers'
+// GGUF load; our tokenizer's ids on the corpus; `data.template: auto` finds qwen3; and the CLI
+// imports it from a path without the .gguf extension, as Ollama keeps its blobs.
+TEST(ImportGguf, TinyQwen3EqualsTransformersGgufLoad) {
+  QLORA_REQUIRE_FIXTURE(gguf, "gguf/qwen3_tiny/model.gguf");
+  const fs::path dir = qlora::test::fresh_temp_dir("import_qwen3_fp32");
+  const fs::path out = dir / "qwen3";
+  const auto r = qlora::import_gguf({gguf.string(), out.string(), "fp32"});
+  EXPECT_EQ(r.architecture, "qwen3");
+  EXPECT_TRUE(r.tied_embeddings);
+  EXPECT_EQ(expect_matches_transformers(out, gguf.parent_path()), 24u);
+  const json cfg = read_json(out / "config.json");
+  EXPECT_EQ(cfg["architectures"], json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(cfg["head_dim"], 128);
+  EXPECT_EQ(cfg["hidden_size"], 256);
+  EXPECT_EQ(cfg["num_attention_heads"], 4);
+  EXPECT_EQ(cfg["tie_word_embeddings"], true);
+  qlora::st::SafetensorsFile st((out / "model.safetensors").string());
+  EXPECT_EQ(st.info("model.layers.1.self_attn.q_proj.weight").shape, (std::vector<int64_t>{512, 256}));
+  EXPECT_EQ(st.info("model.layers.1.self_attn.k_norm.weight").shape, (std::vector<int64_t>{128}));
+  const json tc = read_json(out / "tokenizer_config.json");
+  EXPECT_EQ(tc["add_bos_token"], false);
+  EXPECT_EQ(tc["bos_token"], "<|endoftext|>");
+  EXPECT_EQ(tc["eos_token"], "<|im_end|>");
+  EXPECT_EQ(tc["pad_token"], "<|endoftext|>");
+  EXPECT_EQ(expect_our_tokenizer_matches_corpus(out, gguf.parent_path()), 300u);
+  EXPECT_EQ(qlora::data::resolve_template("auto", out.string()), "qwen3");
+
+  const fs::path blob = dir / ("sha256-" + std::string(64, 'a'));
+  fs::copy_file(gguf, blob);
+  const CliRun cli = run_cli({"import-gguf", blob.string(), "--out", (dir / "from_blob").string()}, dir / "log");
+  EXPECT_EQ(cli.status, 0) << cli.out;
+  EXPECT_NE(cli.out.find("imported " + blob.string() + " (qwen3, 24 tensors, " + std::to_string(r.parameters) +
+                         " parameters, tied embeddings) into"),
+            std::string::npos)
+      << cli.out;
+  EXPECT_TRUE(fs::exists(dir / "from_blob" / "model.safetensors"));
   fs::remove_all(dir);
 }
 
@@ -358,6 +408,34 @@ TEST(ImportGguf, TinyQwen2BiasesNoPermutation) {
   const json cfg = read_json(dir / "out" / "config.json");
   EXPECT_EQ(cfg["architectures"], json::array({"Qwen2ForCausalLM"}));
   EXPECT_EQ(cfg["model_type"], "qwen2");
+  fs::remove_all(dir);
+}
+
+// Tiny qwen3: q/k norms mapped, no biases, no permutation, head_dim from attention.key_length.
+TEST(ImportGguf, TinyQwen3QkNormsNoPermutation) {
+  const fs::path dir = qlora::test::fresh_temp_dir("import_tiny_qwen3");
+  const fs::path p = dir / "tiny.gguf";
+  std::ofstream(p, std::ios::binary) << qlora::test::tiny_llama_gguf(true, "qwen3").bytes();
+  const auto r = qlora::import_gguf({p.string(), (dir / "out").string(), "fp32"});
+  EXPECT_EQ(r.tensors, 2 + 2 * 11);
+  EXPECT_TRUE(r.tied_embeddings);
+  qlora::gguf::GgufFile g(p.string());
+  qlora::st::SafetensorsFile st((dir / "out" / "model.safetensors").string());
+  for (const auto& [gn, hn] : std::vector<std::pair<std::string, std::string>>{
+           {"blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"},
+           {"blk.1.attn_k.weight", "model.layers.1.self_attn.k_proj.weight"},
+           {"blk.0.attn_q_norm.weight", "model.layers.0.self_attn.q_norm.weight"},
+           {"blk.1.attn_k_norm.weight", "model.layers.1.self_attn.k_norm.weight"}}) {
+    const auto* gt = g.find_tensor(gn);
+    ASSERT_TRUE(st.contains(hn)) << hn;
+    EXPECT_EQ(std::memcmp(st.data(st.info(hn)), g.data(*gt), gt->nbytes), 0) << hn;
+  }
+  EXPECT_FALSE(st.contains("model.layers.0.self_attn.q_proj.bias"));
+  const json cfg = read_json(dir / "out" / "config.json");
+  EXPECT_EQ(cfg["architectures"], json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(cfg["model_type"], "qwen3");
+  EXPECT_EQ(cfg["head_dim"], 4);
+  EXPECT_EQ(cfg["attention_bias"], false);
   fs::remove_all(dir);
 }
 
