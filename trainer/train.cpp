@@ -172,6 +172,9 @@ void Trainer::setup() {
   tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::from_pretrained(tok_src));
   cfg_.data.template_name = data::resolve_template(cfg_.data.template_name, tok_src);  // "auto" -> a name
   data_ = data::load_datasets(cfg_.data, *tok_);
+  if (const std::string note = data::template_mismatch_note(cfg_.data.template_name, tok_src);
+      !note.empty() && data_.stats.read.format != "completion")  // raw text is rendered without a template
+    log::warn(note);
   log::info("data: ", data_.stats.train_examples, " train / ", data_.stats.eval_examples, " eval examples, ",
             data_.stats.tokens_trainable, " trainable tokens");
   for (const auto& [file, st] : {std::pair{cfg_.data.train, &data_.stats}, std::pair{cfg_.data.eval, &data_.eval_stats}})
