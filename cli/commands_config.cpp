@@ -1,4 +1,5 @@
 // `qlora data preview CONFIG` (rendered examples, masked spans, statistics) and `qlora train CONFIG`.
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -44,6 +45,10 @@ void cmd_train(const TrainCliOptions& o) {
     std::ostringstream t;
     t << std::setprecision(15) << o.max_time_s;  // "15", not std::to_string's "15.000000"
     run.command += " --max-time " + shell_quote(t.str());
+  }
+  if (const char* n = std::getenv("QLORA_LAUNCHED_NPROC"); n && *n) {  // a rank of `--nproc-per-node N`
+    run.command += " --nproc-per-node " + shell_quote(n);
+    run.launched = true;
   }
   Trainer trainer(load_config(o.config_path, o.overrides), run);
   trainer.setup();
