@@ -66,8 +66,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
         }
         Example piece;
         piece.input_ids.assign(ex.input_ids.begin() + b, ex.input_ids.begin() + e);
-        piece.labels.assign(ex.labels.begin() + b, ex.labels.begin() + e);
-        if (!has_trainable(piece.labels)) continue;  // not reachable for raw text (all but BOS trained)
+        piece.labels.assign(ex.labels.begin() + b, ex.labels.begin() + e);  // raw text: all but a BOS trained
         piece.id = int64_t(out.size());
         out.push_back(std::move(piece));
         ++st->split_pieces;
@@ -91,7 +90,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
         list(st, kTruncatedAway, r, "every trainable token past sequence_len " + Ls + ntok);
       } else {
         ++st->dropped_no_trainable;
-        list(st, kNoTrainable, r, "no trainable token (no assistant turn)" + ntok);
+        list(st, kNoTrainable, r, "no assistant turn" + ntok);
       }
       continue;
     }

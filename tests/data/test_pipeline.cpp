@@ -146,6 +146,26 @@ TEST(Length, DropTruncateAndNoTrainable) {
   EXPECT_EQ(build_examples({longr}, o, tok, &st3).size(), 0u);
   EXPECT_EQ(st3.dropped_truncated_away, 1);  // it had an answer: truncation removed it
   EXPECT_EQ(st3.dropped_no_trainable, 0);
+  // what data preview lists: file:line, the reason, the token count (bytes when not tokenised)
+  longr.file = "d.jsonl";
+  longr.line = 3;
+  noassist.file = "d.jsonl";
+  noassist.line = 4;
+  Record huge;
+  huge.is_text = true;
+  huge.text = std::string(64 * 32 + 1, 'x');
+  huge.file = "d.jsonl";
+  huge.line = 5;
+  o.truncation = "drop";
+  o.sequence_len = 32;
+  DataStats st4;
+  build_examples({longr, noassist, huge}, o, tok, &st4);
+  EXPECT_EQ(listed_records(st4), "  dropped: d.jsonl:3: longer than sequence_len 32 (" +
+                                     std::to_string(tokenize(render(longr, "chatml", tok, true), tok, false).input_ids.size()) +
+                                     " tokens)\n  dropped: d.jsonl:5: longer than sequence_len 32 (2049 bytes, not tokenised)\n"
+                                     "  no trainable token: d.jsonl:4: no assistant turn (" +
+                                     std::to_string(tokenize(render(noassist, "chatml", tok, true), tok, false).input_ids.size()) +
+                                     " tokens)\n");
 }
 
 namespace {
