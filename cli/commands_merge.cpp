@@ -145,6 +145,10 @@ void cmd_merge(const MergeOptions& o) {
   }
   log::info("merge: ", merged, " LoRA modules (r=", pc.r, ", scale ", s, ") merged into ", o.base_dir,
             dequantized ? " (4-bit base dequantized)" : "", " -> ", o.out_dir, " (", hf_dtype_name(out_type), ")");
+  if (out_type != DType::kFP32)
+    log::warn("merge: W + s·B·A is rounded to ", hf_dtype_name(out_type), " (as PEFT's merge_and_unload on a ",
+              hf_dtype_name(out_type), " model), so the merged model only approximates base + adapter; "
+              "--dtype fp32 keeps the sum exact (docs/training.md, \"Merging\")");
 }
 
 }  // namespace qlora

@@ -579,10 +579,20 @@ void Trainer::log_step(const StepLog& s) {
     line += "\033[K";  // clear what a longer previous line left
     if (step >= total_steps_) line += "\n";
     std::cerr << line << std::flush;
-  } else if (step % cfg_.training.logging_steps == 0 || !std::isnan(eval_loss)) {
-    log::info("step ", step, "/", total_steps_, "  loss ", r.loss, "  lr ", lr, "  grad_norm ", r.grad_norm, "  ",
-              tok_s, " tok/s  ETA ", hms(eta_s),
-              std::isnan(eval_loss) ? std::string() : "  eval_loss " + std::to_string(eval_loss));
+  } else {
+    progress_.loss_sum += r.loss;
+    ++progress_.loss_n;
+    if (step % cfg_.training.logging_steps == 0 || !std::isnan(eval_loss) || step >= total_steps_) {
+      // the mean loss of the steps since the last line (HF Trainer's logged "loss"); every step's
+      // own loss is in metrics.jsonl
+      const double loss = progress_.loss_sum / static_cast<double>(progress_.loss_n);
+      log::info("step ", step, "/", total_steps_, "  loss ", loss,
+                progress_.loss_n > 1 ? " (mean of " + std::to_string(progress_.loss_n) + ")" : std::string(), "  lr ",
+                lr, "  grad_norm ", r.grad_norm, "  ", tok_s, " tok/s  ETA ", hms(eta_s),
+                std::isnan(eval_loss) ? std::string() : "  eval_loss " + std::to_string(eval_loss));
+      progress_.loss_sum = 0;
+      progress_.loss_n = 0;
+    }
   }
 }
 

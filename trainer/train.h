@@ -175,6 +175,8 @@ class Trainer {
     int64_t steps = 0;                           ///< steps logged since the (re)start
     double seconds = 0;                          ///< their total time
     double last_eval = std::nan("");             ///< the newest eval loss, shown until the next
+    double loss_sum = 0;                         ///< losses of the steps since the last log line
+    int64_t loss_n = 0;                          ///< how many (the line shows their mean, as HF's Trainer)
     bool tty = false;  ///< stderr is a terminal (set by the Trainer constructor): a redrawn bar, else log lines
     /// Records step `step` (taking `step_seconds`) and returns the ETA in seconds: mean step time
     /// since the (re)start × (total_steps − step), ≥ 0. A step not after the last one restarts

@@ -463,7 +463,11 @@ TEST(LoraMerge, TiedEmbeddingsShardedOutput) {
     EXPECT_LE(max_diff(hf, expect), kLogitTol);
   }
   // bf16: every weight rounded once (relative 2^-9), logits within a loose bound.
+  ::testing::internal::CaptureStdout();  // spdlog's default logger (this binary calls no log::setup)
+  ::testing::internal::CaptureStderr();  // the CLI's (log::setup: stderr)
   cmd_merge(merge_opts(root / "base_tied", tmp.path / "adapter", tmp.path / "merged_bf16", "bf16"));
+  const std::string log_text = ::testing::internal::GetCapturedStderr() + ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(log_text.find("merge: W + s·B·A is rounded to bfloat16"), std::string::npos) << log_text;
   const json cfg = json::parse(read_file((tmp.path / "merged_bf16" / "config.json").string()));
   EXPECT_EQ(cfg.value("torch_dtype", ""), "bfloat16");
   EXPECT_TRUE(cfg.value("tie_word_embeddings", false));  // the merged model stays tied

@@ -123,6 +123,12 @@ TEST(TrainE2E, TinyNf4OnAlpacaDemoLearnsAndLoadsInPeft) {
     if (j.contains("eval_loss")) eval_loss.emplace_back(j["step"].get<int64_t>(), j["eval_loss"].get<double>());
   }
   ASSERT_EQ(static_cast<int64_t>(loss.size()), steps);
+  {  // logging_steps 20: the console shows the mean loss of the 20 steps, as HF's Trainer logs it
+    std::ostringstream want;
+    want << "step 20/100  loss " << mean(loss, 0, 20) << " (mean of 20)  lr ";
+    EXPECT_NE(r.out.find(want.str()), std::string::npos) << want.str() << "\n" << r.out;
+    EXPECT_EQ(r.out.find("step 19/100"), std::string::npos) << r.out;
+  }
 
   r = run("eval " + q(cfg) + " --adapter " + q(d / "run") + " --out " + q(d / "eval_after.json"));
   ASSERT_EQ(r.status, 0) << r.out;
