@@ -204,6 +204,10 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
       auto rk = t.find(role_key);
       auto ck = t.find(content_key);
       if (rk == t.end()) bad("missing field", where + ": missing field '" + role_key + "'", at);
+      if (ck == t.end() && t.contains("tool_calls"))
+        bad("missing field", where + ": an assistant message with 'tool_calls' (the OpenAI / transformers form) is not "
+                                     "read; write each call as the content of a turn with role 'function_call' (the "
+                                     "glaive / sharegpt form, docs/data.md)", at);
       if (ck == t.end()) bad("missing field", where + ": missing field '" + content_key + "'", at);
       if (!rk->is_string())
         bad("wrong type", where + "." + role_key + " must be a string, got " + type_name(*rk), in_turn(role_key));

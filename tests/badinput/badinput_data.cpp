@@ -59,6 +59,8 @@ TEST(BadInputData, EachFileNamesFileLineAndProblem) {
   // strings, brackets in strings and an escaped key on the way)
   expect_error("pretty_sharegpt.json", "15: unknown role 'bot'");
   expect_error("pretty_alpaca.json", "9: field 'output' must be a string, got number");
+  expect_error("tool_calls.json", "5: messages[1]: an assistant message with 'tool_calls' (the OpenAI / transformers "
+                                  "form) is not read; write each call as the content of a turn with role 'function_call'");
   EXPECT_NE(error_of("/nonexistent/x.json").find("/nonexistent/x.json: dataset file not found"), std::string::npos);
 }
 
