@@ -1182,7 +1182,7 @@ const std::vector<std::string>& known_model_presets() {
 
 Config parse_config_string(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides) {
-  Context ctx{source_name, {}};
+  Context ctx{source_name, {}, {}};
   if (const size_t bad = first_invalid_utf8(yaml_text); bad != std::string::npos)
     fail(source_name, ":", 1 + std::count(yaml_text.begin(), yaml_text.begin() + bad, '\n'),
          ": not valid UTF-8 (byte ", bad, "; YAML text must be UTF-8)");  // said here, with the byte, before libyaml
@@ -1233,7 +1233,7 @@ bool operator==(const Config& a, const Config& b) {
 
 Config config_with_overrides(const Config& base, const std::vector<std::string>& overrides,
                              const std::string& source_name) {
-  Context ctx{source_name, {}};
+  Context ctx{source_name, {}, {}};
   yaml::Node root = yaml::Node::map();
   for (const auto& o : overrides) apply_override(root, o, ctx);
   return read_config(root, ctx, base, /*sections_optional=*/true);

@@ -334,7 +334,7 @@ TEST(Config, RangeChecks) {
            Case{"quantization.blocksize=48", "quantization.blocksize: expected a power of two in [32, 4096]"},
            Case{"quantization.blocksize=8192", "a power of two in [32, 4096]"},
            Case{"quantization.method=int8", "quantization.method: expected one of nf4|fp4|none"},
-           Case{"model.dtype=bfloat16", "model.dtype: expected one of bf16|fp16|fp32|auto"},
+           Case{"model.dtype=float64", "model.dtype: expected one of bf16|fp16|fp32|auto"},
            Case{"data.format=jsonl", "data.format: expected one of auto|alpaca|sharegpt|messages|completion"},
            Case{"data.template=chatlm", "did you mean \"chatml\"?"},
            Case{"training.lr_scheduler=cosin", "did you mean \"cosine\"?"},
