@@ -263,6 +263,11 @@ TEST(Config, KeySourcesNameFileLineForLaterErrors) {
   EXPECT_EQ(c.key_sources.at("data.val_set_size"), "t.yaml:6");
   EXPECT_EQ(c.key_sources.at("output_dir"), "t.yaml:1");
   EXPECT_EQ(c.key_sources.count("training.seed"), 0u) << "a default has no source";
+  // docs/config.md's example: the shipped SmolLM2 config run without the imported model.
+  const std::string smol = (test::source_dir() / "configs" / "smollm2" / "135m_qlora.yaml").string();
+  const Config sc = load_config(smol);
+  EXPECT_EQ(sc.model.path, "models/SmolLM2-135M-Instruct");
+  EXPECT_EQ(sc.key_sources.at("model.path"), smol + ":10");
   const std::string msg =
       test::error_of([&] { with_key_sources(c, [] { fail("data.val_set_size: 5000 leaves no training example out of 681"); }); });
   EXPECT_EQ(msg, "t.yaml:6: data.val_set_size: 5000 leaves no training example out of 681");
