@@ -1,4 +1,5 @@
 // `qlora data preview CONFIG` (rendered examples, masked spans, statistics) and `qlora train CONFIG`.
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -20,12 +21,15 @@ std::string cmd_data_preview(const DataPreviewOptions& o) {
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   QLORA_CHECK(o.n >= 0, "data preview: --n must be >= 0, got ", o.n);
   data::DataOptions dopts = cfg.data;
-  return with_key_sources(cfg, [&] {
+  const std::string preview = with_key_sources(cfg, [&] {
     dopts.template_name = data::resolve_template(dopts.template_name, tok_src);  // "auto" -> a name
     const data::BatchPlan plan{cfg.training.micro_batch_size, cfg.training.gradient_accumulation_steps,
                                cfg.training.num_epochs, cfg.training.max_steps};
     return data::render_preview(dopts, tok, o.n, &plan);
   });
+  const std::string note = data::template_mismatch_note(dopts.template_name, tok_src);
+  const bool raw_text = preview.find("\nformat: completion\n") != std::string::npos;  // no template applies
+  return (note.empty() || raw_text ? "" : "warning: " + note + "\n") + preview;
 }
 
 void cmd_train(const TrainCliOptions& o) {
@@ -43,6 +47,10 @@ void cmd_train(const TrainCliOptions& o) {
     std::ostringstream t;
     t << std::setprecision(15) << o.max_time_s;  // "15", not std::to_string's "15.000000"
     run.command += " --max-time " + shell_quote(t.str());
+  }
+  if (const char* n = std::getenv("QLORA_LAUNCHED_NPROC"); n && *n) {  // a rank of `--nproc-per-node N`
+    run.command += " --nproc-per-node " + shell_quote(n);
+    run.launched = true;
   }
   Trainer trainer(load_config(o.config_path, o.overrides), run);
   trainer.setup();

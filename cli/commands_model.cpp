@@ -195,7 +195,7 @@ std::string cmd_generate(const GenerateCliOptions& o) {
   std::vector<int64_t> prompt;
   const data::TokenIds ids_in =
       o.template_name.empty()
-          ? tok.encode(o.prompt, /*add_bos=*/true, /*add_eos=*/false)
+          ? tok.encode_with_special_tokens(o.prompt)  // = transformers' tokenizer(prompt): BOS as the tokenizer adds it
           : data::chat_prompt(tok, data::resolve_template(o.template_name, o.model_dir), o.system, o.prompt);
   for (int32_t id : ids_in) prompt.push_back(id);
   LlamaModel model = LlamaModel::load(o.model_dir, torch_dtype(parse_dtype(o.dtype), device), device);

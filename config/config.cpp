@@ -63,7 +63,7 @@ const std::vector<std::string> kFormats = {"auto", "alpaca", "sharegpt", "messag
 // is loaded: data::resolve_template). Keep in sync (tests/badinput pins this list).
 const std::vector<std::string> kTemplates = {"alpaca", "chatml",  "llama2", "vicuna", "none", "smollm2",
                                              "qwen2.5", "qwen3", "llama3", "mistral", "auto"};
-const std::vector<std::string> kTruncations = {"drop", "truncate"};
+const std::vector<std::string> kTruncations = {"drop", "truncate", "split"};
 const std::vector<std::string> kPaddingSides = {"right", "left"};
 
 // ---- small string helpers ----
@@ -757,8 +757,11 @@ void check_model(const Section& s, Config& c) {
     s.error(s.has("init") ? "init" : "preset", "a preset has no weights; set model.init: random");
 }
 
-void check_data(const Section&, Config& c) {
+void check_data(const Section& s, Config& c) {
   const data::DataOptions& d = c.data;
+  if (d.truncation == "split" && d.format != "auto" && d.format != "completion")
+    s.error("truncation", "split cuts raw text (format completion) into pieces; data.format is " + d.format +
+                              " (a conversation piece would train an answer without its prompt): use drop or truncate");
   if (!d.eval.empty() && d.val_set_size > 0)
     spdlog::warn("config: data.val_set_size ({}) is ignored because data.eval is set", d.val_set_size);
 }

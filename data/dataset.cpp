@@ -10,44 +10,110 @@
 
 namespace qlora::data {
 
+namespace {
+bool has_trainable(const std::vector<int32_t>& labels) {
+  return std::any_of(labels.begin(), labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+}
+
+// Keys of DataStats::listed, in the order listed_records prints them.
+constexpr const char* kDropped = "dropped";
+constexpr const char* kTruncatedAway = "truncated away";
+constexpr const char* kNoTrainable = "no trainable token";
+constexpr const char* kTruncated = "truncated";
+
+void list(DataStats* st, const char* reason, const Record& r, const std::string& what) {
+  auto& v = st->listed[reason];
+  if (v.size() < DataStats::kListedPerReason) v.push_back(r.file + ":" + std::to_string(r.line) + ": " + what);
+}
+}  // namespace
+
 std::vector<Example> build_examples(const std::vector<Record>& records, const DataOptions& opts,
                                     const Tokenizer& tok, DataStats* st) {
   QLORA_CHECK(opts.sequence_len > 0, "data.sequence_len: must be > 0, got ", opts.sequence_len);
-  QLORA_CHECK(opts.truncation == "drop" || opts.truncation == "truncate", "data.truncation: must be drop|truncate, got '",
-              opts.truncation, "'");
-  st->sequence_len = opts.sequence_len;
+  QLORA_CHECK(opts.truncation == "drop" || opts.truncation == "truncate" || opts.truncation == "split",
+              "data.truncation: must be drop|truncate|split, got '", opts.truncation, "'");
+  const int64_t L = opts.sequence_len;
+  const std::string Ls = std::to_string(L);
+  st->sequence_len = L;
   if (st->length_hist.empty()) st->length_hist.assign(8, 0);
   std::vector<Example> out;
   out.reserve(records.size());
   for (const Record& r : records) {
+    QLORA_CHECK(opts.truncation != "split" || r.is_text, r.file, ":", r.line,
+                ": data.truncation: split cuts raw text (format completion) into pieces; this record is a "
+                "conversation (a piece would train an answer without its prompt): use drop or truncate");
     // A token covers at most 16 bytes of Llama-family text: far longer records cannot fit, so
     // they are dropped before paying for their tokenisation (a 10 MB line costs nothing).
     size_t bytes = r.text.size();
     for (const Turn& t : r.turns) bytes += t.content.size();
-    if (opts.truncation == "drop" && bytes > size_t(opts.sequence_len) * 64) {
+    if (opts.truncation == "drop" && bytes > size_t(L) * 64) {
       ++st->dropped_too_long;
+      list(st, kDropped, r, "longer than sequence_len " + Ls + " (" + std::to_string(bytes) + " bytes, not tokenised)");
       continue;
     }
     Example ex = tokenize(render(r, opts.template_name, tok, opts.add_eos), tok, opts.train_on_inputs);
-    const bool had_trainable =
-        std::any_of(ex.labels.begin(), ex.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
-    if (int64_t(ex.input_ids.size()) > opts.sequence_len) {
+    const bool had_trainable = has_trainable(ex.labels);
+    const int64_t n = int64_t(ex.input_ids.size());
+    const std::string ntok = " (" + std::to_string(n) + " tokens)";
+    if (n > L && opts.truncation == "split") {
+      // Consecutive pieces [k·L, min((k+1)·L, n)): their concatenation is the unsplit example.
+      ++st->split_documents;
+      for (int64_t b = 0; b < n; b += L) {
+        const int64_t e = std::min(n, b + L);
+        if (e - b < 2) {  // a 1-token tail: no next token to predict inside it
+          ++st->split_tails_dropped;
+          break;
+        }
+        Example piece;
+        piece.input_ids.assign(ex.input_ids.begin() + b, ex.input_ids.begin() + e);
+        piece.labels.assign(ex.labels.begin() + b, ex.labels.begin() + e);  // raw text: all but a BOS trained
+        piece.id = int64_t(out.size());
+        out.push_back(std::move(piece));
+        ++st->split_pieces;
+      }
+      continue;
+    }
+    if (n > L) {
       if (opts.truncation == "drop") {
         ++st->dropped_too_long;
+        list(st, kDropped, r, "longer than sequence_len " + Ls + ntok);
         continue;
       }
-      ex.input_ids.resize(opts.sequence_len);
-      ex.labels.resize(opts.sequence_len);
+      ex.input_ids.resize(size_t(L));
+      ex.labels.resize(size_t(L));
       ++st->truncated;
+      list(st, kTruncated, r, "cut to its first " + Ls + " tokens" + ntok);
     }
-    if (std::none_of(ex.labels.begin(), ex.labels.end(), [](int32_t l) { return l != kIgnoreIndex; })) {
-      ++(had_trainable ? st->dropped_truncated_away : st->dropped_no_trainable);
+    if (!has_trainable(ex.labels)) {
+      if (had_trainable) {
+        ++st->dropped_truncated_away;
+        list(st, kTruncatedAway, r, "every trainable token past sequence_len " + Ls + ntok);
+      } else {
+        ++st->dropped_no_trainable;
+        list(st, kNoTrainable, r, "no assistant turn" + ntok);
+      }
       continue;
     }
     ex.id = int64_t(out.size());
     out.push_back(std::move(ex));
   }
   return out;
+}
+
+std::string listed_records(const DataStats& st) {
+  const std::pair<const char*, int64_t> reasons[] = {{kDropped, st.dropped_too_long},
+                                                     {kTruncatedAway, st.dropped_truncated_away},
+                                                     {kNoTrainable, st.dropped_no_trainable},
+                                                     {kTruncated, st.truncated}};
+  std::ostringstream o;
+  for (const auto& [reason, total] : reasons) {
+    const auto it = st.listed.find(reason);
+    if (it == st.listed.end()) continue;
+    for (const std::string& line : it->second) o << "  " << reason << ": " << line << "\n";
+    if (total > int64_t(it->second.size()))
+      o << "  " << reason << ": (and " << total - int64_t(it->second.size()) << " more)\n";
+  }
+  return o.str();
 }
 
 namespace {
@@ -115,8 +181,14 @@ std::string unused_records_note(const DataStats& st) {
   if (unused == 0) return "";
   std::ostringstream o;
   o << unused << " of " << st.read.records_read << " records not used (" << drop_reasons(st)
-    << "); `qlora data preview` lists them";
-  if (st.dropped_too_long > 0) o << "; data.truncation: truncate keeps long ones cut, or raise data.sequence_len";
+    << "); `qlora data preview` lists the first " << DataStats::kListedPerReason << " of each kind";
+  if (st.dropped_too_long > 0) {
+    if (st.read.format == "completion")
+      o << "; data.truncation: split trains on all of a long text (in sequence_len pieces), truncate on its start, "
+           "or raise data.sequence_len";
+    else
+      o << "; data.truncation: truncate keeps long ones cut, or raise data.sequence_len";
+  }
   return o.str();
 }
 
@@ -130,6 +202,12 @@ std::string DataStats::summary() const {
   o << "dropped: " << dropped_too_long << " longer than sequence_len " << sequence_len << ", "
     << dropped_no_trainable << " without trainable tokens, " << dropped_truncated_away
     << " whose trainable tokens were all truncated away; truncated: " << truncated << "\n"
+    << listed_records(*this);
+  if (split_documents > 0)
+    o << "split: " << split_documents << " documents longer than sequence_len " << sequence_len << " into "
+      << split_pieces << " pieces of <= " << sequence_len << " tokens (" << split_tails_dropped
+      << " single-token tails dropped)\n";
+  o
     << "examples: " << train_examples << " train, " << eval_examples << " eval\n"
     << "tokens (train): " << tokens_total << " total, " << tokens_trainable << " trainable";
   if (tokens_total > 0) o << " (" << (100.0 * double(tokens_trainable) / double(tokens_total)) << "%)";
@@ -245,8 +323,18 @@ std::string batching_summary(const Datasets& d, const DataOptions& opts, const T
 std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n, const BatchPlan* plan) {
   const Datasets d = load_datasets(opts, tok);
   std::ostringstream o;
-  o << "template: " << opts.template_name << ", sequence_len " << opts.sequence_len
-    << ", train_on_inputs " << (opts.train_on_inputs ? "true" : "false") << "  ([[masked]] = label -100)\n";
+  if (d.stats.read.format == "completion") {
+    // render(): raw text is BOS text [EOS] whatever data.template names; train_on_inputs only
+    // labels the BOS, a position the shifted loss never predicts.
+    o << "format: completion, sequence_len " << opts.sequence_len << ", truncation " << opts.truncation
+      << "  (raw text: data.template does not apply; every text token trained"
+      << (opts.add_eos ? ", EOS last" : "")
+      << "; train_on_inputs only labels the BOS, which no position predicts; [[masked]] = label -100)\n";
+  } else {
+    o << "template: " << opts.template_name << ", sequence_len " << opts.sequence_len << ", truncation "
+      << opts.truncation << ", train_on_inputs " << (opts.train_on_inputs ? "true" : "false")
+      << "  ([[masked]] = label -100)\n";
+  }
   for (int i = 0; i < n && size_t(i) < d.train.size(); ++i) {
     const Example& e = d.train[size_t(i)];
     const auto trainable = std::count_if(e.labels.begin(), e.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
@@ -256,7 +344,8 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
   o << "----\n" << d.stats.summary();
   if (plan) o << batching_summary(d, opts, tok, *plan);
   if (!opts.eval.empty())
-    o << "eval " << opts.eval << ": " << d.eval.size() << " examples kept; " << drop_reasons(d.eval_stats) << "\n";
+    o << "eval " << opts.eval << ": " << d.eval.size() << " examples kept; " << drop_reasons(d.eval_stats) << "\n"
+      << listed_records(d.eval_stats);
   return o.str();
 }
 

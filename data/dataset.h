@@ -20,6 +20,14 @@ struct DataStats {
   int64_t truncated = 0;              ///< truncation = truncate and cut
   int64_t dropped_no_trainable = 0;   ///< no label != -100 even before truncation (no assistant turn)
   int64_t dropped_truncated_away = 0; ///< truncation = truncate cut every trainable token away
+  int64_t split_documents = 0;        ///< truncation = split: raw texts longer than sequence_len, split
+  int64_t split_pieces = 0;           ///< the examples those documents became (tails dropped not counted)
+  int64_t split_tails_dropped = 0;    ///< single-token last pieces dropped (nothing to predict in them)
+  /// The first kListedPerReason records of each reason that were not used ("dropped", "no
+  /// trainable token", "truncated away") or were cut ("truncated"), each
+  /// "file:line: reason (N tokens)"; what `qlora data preview` lists.
+  std::map<std::string, std::vector<std::string>> listed;
+  static constexpr size_t kListedPerReason = 5;
   int64_t train_examples = 0, eval_examples = 0;
   int64_t tokens_total = 0, tokens_trainable = 0;
   int64_t max_len = 0;
@@ -41,12 +49,21 @@ struct Datasets {
 std::string drop_reasons(const DataStats& st);
 
 /// "" when every record of the file became an example; else "N of M records not used (<drop_reasons>);
-/// `qlora data preview` lists them" for the warning `train` and `eval` log (a silent drop of a
-/// third of the data is a wrong run nobody sees).
+/// `qlora data preview` lists the first 5 of each kind" for the warning `train` and `eval` log
+/// (a silent drop of a third of the data is a wrong run nobody sees), plus a hint: for raw text
+/// (format completion) data.truncation: split, else truncate or a larger data.sequence_len.
 std::string unused_records_note(const DataStats& st);
 
 /// Tokenises the records of one file with opts (template, add_eos, train_on_inputs, length).
-/// Examples get ids 0..n-1 in file order. Stats are accumulated into `stats`.
+/// Examples get ids 0..n-1 in file order (a split document's pieces consecutive, in text order).
+/// Stats are accumulated into `stats`.
+/// Length policy (opts.truncation) for an example of n > L = sequence_len tokens:
+///   drop: not used (counted); truncate: its first L tokens;
+///   split (raw text only): pieces ids[0, L), ids[L, 2L), ... (BOS only in the first piece, EOS
+///   only in the last, labels sliced with the ids); a last piece of 1 token is dropped (counted
+///   in split_tails_dropped), as Axolotl's completion type does (min_sample_len 2).
+/// Throws qlora::Error "file:line: data.truncation: split ..." when truncation is split and a
+/// record is a conversation (splitting one would train answers without their prompt).
 std::vector<Example> build_examples(const std::vector<Record>& records, const DataOptions& opts,
                                     const Tokenizer& tok, DataStats* stats);
 
@@ -75,8 +92,15 @@ struct BatchingStats {
 BatchingStats batching_stats(const std::vector<Example>& train, int64_t micro_batch_size, const DataOptions& opts,
                              int32_t pad_id, uint64_t epoch = 0);
 
-/// Loads the data as load_datasets does and returns the first `n` training examples rendered
-/// with masked spans in [[double brackets]], their token counts, and stats.summary(); with a
+/// "  dropped: file:line: reason (N tokens)" lines, the records `st.listed` holds, with
+/// "(and N more)" where a reason has more than were listed. "" when none.
+std::string listed_records(const DataStats& st);
+
+/// Loads the data as load_datasets does and returns a header (format completion: "format:
+/// completion, sequence_len L, truncation T (raw text: ...)", what applies to raw text; else
+/// "template: NAME, sequence_len L, truncation T, train_on_inputs B"), the first `n` training
+/// examples rendered with masked spans in [[double brackets]], their token counts, and
+/// stats.summary() (with the first records of each drop reason: listed_records); with a
 /// `plan`, also how the first epoch is batched (micro-batches, rows, examples a row, padding) and
 /// the optimizer steps `qlora train` runs on one rank (as Trainer counts them: ceil(micro-batches /
 /// gradient_accumulation_steps) per epoch, or max_steps). `pad_id`: the tokenizer's pad, else eos.

@@ -20,7 +20,9 @@ struct DataOptions {
   std::string format = "auto";       ///< auto | alpaca | sharegpt | messages | completion
   std::string template_name = "chatml";  ///< YAML key `template`: a data::template_names() entry or auto
   int64_t sequence_len = 2048;       ///< tokens per row (> 0)
-  std::string truncation = "drop";   ///< drop | truncate (keep the start, cut the end)
+  /// drop | truncate (keep the start, cut the end) | split (raw text: consecutive sequence_len
+  /// pieces, every token kept; refused for conversations). Rules in docs/data.md#length.
+  std::string truncation = "drop";
   bool train_on_inputs = false;      ///< false: prompt/system/user/tool tokens get label -100
   bool add_eos = true;               ///< EOS after every assistant turn (keeps its label even if pad == eos)
   bool sample_packing = false;       ///< pack examples into sequence_len rows, block-diagonal attention

@@ -63,9 +63,12 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
                " has no such token: it is not that family's tokenizer (data.template: auto picks the model's own)");
     return segs;
   }
+  // BOS as the tokenizer adds it itself (transformers' `tokenizer(text)`, which Axolotl's prompt
+  // tokenizers use): Llama 2 / Llama 3 / Mistral prepend theirs; GPT-2-style tokenizers (SmolLM2,
+  // Qwen) prepend nothing, and SmolLM2's bos_token is <|im_start|>, which chatml writes itself.
   Builder b;
   const int32_t eos = add_eos ? tok.eos_id() : -1;
-  b.special(tok.bos_id(), false);
+  b.special(tok.add_bos_default() ? tok.bos_id() : -1, false);
   if (r.is_text) {
     b.text(r.text, true);
     b.special(eos, true);
@@ -75,11 +78,13 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
   std::string sys = leading_system(r, &k);
   if (name == "chatml") {
     // <|im_start|>{role}\n{content}<|im_end|>\n ; assistant: header masked, content+<|im_end|>+EOS trained
+    // (no second EOS when the EOS is <|im_end|> itself: SmolLM2, Qwen instruct tokenizers)
+    const int32_t turn_eos = eos >= 0 && tok.id_to_piece(eos) == "<|im_end|>" ? -1 : eos;
     for (const Turn& t : r.turns) {
       if (t.role == "assistant") {
         b.text("<|im_start|>assistant\n", false);
         b.text(t.content + "<|im_end|>", true);
-        b.special(eos, true);
+        b.special(turn_eos, true);
         b.text("\n", false);
       } else {
         b.text("<|im_start|>" + t.role + "\n" + t.content + "<|im_end|>\n", false);
@@ -143,8 +148,22 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
   return b.segs;
 }
 
-Example tokenize(const std::vector<Segment>& segs, const Tokenizer& tok, bool train_on_inputs) {
+Example tokenize(const std::vector<Segment>& segs_in, const Tokenizer& tok, bool train_on_inputs) {
   Example ex;
+  // A leading BOS id (our templates' and raw text's: the one the tokenizer's post-processor adds in
+  // transformers) is not part of the text: the text after it is tokenised as starting at offset 0
+  // (Metaspace "first" prepends its "▁"), as tokenizer(text) does.
+  std::vector<Segment> segs_rest;
+  const std::vector<Segment>* segs_p = &segs_in;
+  bool leading_bos = false;
+  if (!segs_in.empty() && segs_in.front().special_id >= 0 && segs_in.front().special_id == tok.bos_id()) {
+    leading_bos = true;
+    segs_rest.assign(segs_in.begin() + 1, segs_in.end());
+    segs_p = &segs_rest;
+    ex.input_ids.push_back(tok.bos_id());
+    ex.labels.push_back(train_on_inputs || segs_in.front().trainable ? tok.bos_id() : kIgnoreIndex);
+  }
+  const std::vector<Segment>& segs = *segs_p;
   std::string chunk;
   std::vector<std::pair<size_t, bool>> starts;  // (byte offset where a segment starts, trainable)
   std::vector<int64_t> offs;
@@ -152,7 +171,8 @@ Example tokenize(const std::vector<Segment>& segs, const Tokenizer& tok, bool tr
     if (chunk.empty()) return;
     // HF's Metaspace prepends "▁" to a split after a special token only under "always" (legacy);
     // "first" only to the split at offset 0 (nothing before the chunk)
-    const TokenIds ids = tok.encode_with_offsets(chunk, &offs, ex.input_ids.empty() || tok.prefix_after_special());
+    const bool at_start = ex.input_ids.size() == (leading_bos ? 1u : 0u);
+    const TokenIds ids = tok.encode_with_offsets(chunk, &offs, at_start || tok.prefix_after_special());
     size_t s = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
       while (s + 1 < starts.size() && starts[s + 1].first <= size_t(offs[i])) ++s;
@@ -589,6 +609,18 @@ std::string resolve_template(const std::string& name, const std::string& model_d
   for (const std::string& n : template_names()) names += (names.empty() ? "" : ", ") + n;
   fail(source, ": chat template matches none of the named templates (", names,
        "); choose one with data.template: NAME (docs/data.md)");
+}
+
+std::string template_mismatch_note(const std::string& name, const std::string& model_dir) {
+  std::string own;
+  try {
+    own = resolve_template("auto", model_dir);
+  } catch (const Error&) {
+    return "";
+  }
+  if (own == name) return "";
+  return "data.template is " + name + ", but the model's own chat template is " + own +
+         "'s: the model was tuned on that format (data.template: auto, or " + own + ", uses it)";
 }
 
 std::string py_tojson(const std::string& json_text) {

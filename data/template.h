@@ -80,6 +80,12 @@ std::vector<Segment> render_family(const Record& r, const std::string& name, con
 /// (the message lists the named templates and says to set data.template: NAME).
 std::string resolve_template(const std::string& name, const std::string& model_dir);
 
+/// "" unless the model has a chat template that is one of the named family templates and `name`
+/// (already resolved) is another one; then one line for a warning: the model was tuned on its own
+/// format ("data.template chatml, but the model's chat template (<file>) is smollm2's; ...").
+/// Never throws (a model without a readable or known template gives "").
+std::string template_mismatch_note(const std::string& name, const std::string& model_dir);
+
 /// The normalised-text hash that resolve_template compares (64-bit FNV-1a of the jinja text
 /// with whitespace and "\n" escapes removed). Exposed for the test that checks the known table
 /// against tests/fixtures/chat_templates/*.jinja.

@@ -79,6 +79,7 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv) {
   std::map<std::string, std::string> env;
   env["WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"] = std::to_string(nproc);
   env["MASTER_ADDR"] = "127.0.0.1";
+  env["QLORA_LAUNCHED_NPROC"] = std::to_string(nproc);  // a rank's resume hint names --nproc-per-node N
   const char* port = std::getenv("MASTER_PORT");
   env["MASTER_PORT"] = port ? std::string(port) : std::to_string(free_local_port());
   const char* omp = std::getenv("OMP_NUM_THREADS");

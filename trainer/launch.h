@@ -21,7 +21,8 @@ constexpr int kLaunchKillSeconds = 5;
 /// Starts `nproc` ranks of `argv` (argv[0] as the child's argv[0]; the executable is this process's
 /// own, /proc/self/exe) with RANK = LOCAL_RANK = 0..nproc-1, WORLD_SIZE = LOCAL_WORLD_SIZE = nproc,
 /// MASTER_ADDR = 127.0.0.1, MASTER_PORT = $MASTER_PORT or a free TCP port of 127.0.0.1, and
-/// OMP_NUM_THREADS = 1 when unset and nproc > 1. Each rank runs in its own session (setsid, as
+/// OMP_NUM_THREADS = 1 when unset and nproc > 1, QLORA_LAUNCHED_NPROC = nproc (so a rank's resume
+/// hint is the launcher's command). Each rank runs in its own session (setsid, as
 /// torchrun's workers), so a terminal's Ctrl-C reaches the launcher only; SIGTERM, SIGINT and SIGUSR1
 /// received by the launcher are forwarded to every live rank, once per signal received. Waits for all
 /// ranks and returns: 0 when all exited 0; the first failure's status (exit code, or 128 + signal

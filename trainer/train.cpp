@@ -175,11 +175,19 @@ void Trainer::setup() {
     cfg_.data.template_name = data::resolve_template(cfg_.data.template_name, tok_src);  // "auto" -> a name
     data_ = data::load_datasets(cfg_.data, *tok_);
   });
+  if (const std::string note = data::template_mismatch_note(cfg_.data.template_name, tok_src);
+      !note.empty() && data_.stats.read.format != "completion" && run_.dist.rank == 0)  // raw text: no template
+    log::warn(note);
   log::info("data: ", data_.stats.train_examples, " train / ", data_.stats.eval_examples, " eval examples, ",
             data_.stats.tokens_trainable, " trainable tokens");
   for (const auto& [file, st] : {std::pair{cfg_.data.train, &data_.stats}, std::pair{cfg_.data.eval, &data_.eval_stats}})
-    if (const std::string note = data::unused_records_note(*st); !file.empty() && !note.empty())
-      log::warn("data: ", file, ": ", note);
+    if (const std::string note = data::unused_records_note(*st); !file.empty() && !note.empty() && run_.dist.rank == 0)
+      log::warn("data: ", file, ": ", note);  // every rank reads the same data: rank 0 says it once
+  for (const auto& [file, st] : {std::pair{cfg_.data.train, &data_.stats}, std::pair{cfg_.data.eval, &data_.eval_stats}})
+    if (!file.empty() && st->split_documents > 0)
+      log::info("data: ", file, ": ", st->split_documents, " documents longer than sequence_len ", st->sequence_len,
+                " split into ", st->split_pieces, " pieces (data.truncation: split; ", st->split_tails_dropped,
+                " single-token tails dropped)");
 
   // The run's identity: its run-meaning settings and the content (not only the paths) of its data;
   // which run owns output_dir and what to resume is decided before anything is written.
@@ -483,7 +491,8 @@ void Trainer::train() {
       dist_->barrier();  // rank 0's checkpoint is complete before any rank exits
       if (!dist_->is_main())
         throw Interrupted("stopped at step " + std::to_string(step_) + " by " + why + " (on some rank); rank 0 " +
-                          "wrote the checkpoint; run the same command on every rank again to resume");
+                          (run_.launched ? std::string("wrote the checkpoint")
+                                         : "wrote the checkpoint; run the same command on every rank again to resume"));
       throw Interrupted("stopped at step " + std::to_string(step_) + " by " + why + " after writing " +
                         last_checkpoint_ + "; " + resume_advice(last_checkpoint_));
     }

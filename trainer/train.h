@@ -106,6 +106,9 @@ struct RunOptions {
   /// The command line that started this run (shell-quoted), for the interrupt message's resume
   /// command; "" = "qlora train CONFIG".
   std::string command;
+  /// A rank that `qlora train --nproc-per-node N` started (`command` then ends with that option):
+  /// the other ranks' interrupt message leaves the resume hint to rank 0.
+  bool launched = false;
   /// Where this process sits in a data-parallel job (read_dist_env); world_size 1 = alone.
   DistEnv dist;
 };

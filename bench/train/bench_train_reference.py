@@ -36,7 +36,8 @@ ALPACA_SYSTEM = ("Below is an instruction that describes a task. "
 
 
 class Tok:
-    """encode(text) -> ids without special tokens; bos_id / eos_id (None when the model has none)."""
+    """encode(text) -> ids without special tokens; bos_id / eos_id (None when the model has none);
+    add_bos: the tokenizer prepends its BOS itself (qlora's rule for its own templates, docs/data.md)."""
 
     def __init__(self, model_dir):
         spm_path = os.path.join(model_dir, "tokenizer.model")
@@ -47,6 +48,7 @@ class Tok:
             self.bos_id = sp.bos_id() if sp.bos_id() >= 0 else None
             self.eos_id = sp.eos_id()
             self.pad_id = sp.pad_id() if sp.pad_id() >= 0 else sp.eos_id()
+            self.add_bos = self.bos_id is not None  # LlamaTokenizer's add_bos_token default
             return
         from tokenizers import Tokenizer
         tk = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
@@ -61,6 +63,7 @@ class Tok:
 
         self.encode = lambda text: tk.encode(text, add_special_tokens=False).ids
         self.bos_id, self.eos_id = special("bos_token"), special("eos_token")
+        self.add_bos = self.bos_id is not None and tk.encode("a", add_special_tokens=True).ids[:1] == [self.bos_id]
         pad = special("pad_token")
         self.pad_id = pad if pad is not None else self.eos_id
 
@@ -72,7 +75,7 @@ def load_examples(path, sp, seq):
     for r in recs:
         user = r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")
         prompt = (r.get("system") or ALPACA_SYSTEM) + "\n\n" + "### Instruction:\n" + user + "\n\n### Response:\n"
-        p = ([sp.bos_id] if sp.bos_id is not None else []) + sp.encode(prompt)
+        p = ([sp.bos_id] if sp.add_bos else []) + sp.encode(prompt)
         a = sp.encode(r["output"]) + [sp.eos_id]
         ids = p + a
         if len(ids) > seq:

@@ -48,6 +48,7 @@ inline const std::map<std::string, BadConfigExpect>& bad_config_expectations() {
       {"preset_without_random_init.yaml", {3, "model.preset: a preset has no weights; set model.init: random"}},
       {"section_not_a_map.yaml", {6, "lora: expected a map of keys, got a list"}},
       {"sequence_len_zero.yaml", {6, "data.sequence_len: expected a positive integer, got 0"}},
+      {"split_with_conversations.yaml", {7, "data.truncation: split cuts raw text (format completion) into pieces; data.format is sharegpt"}},
       {"stray_flow_end.yaml", {2, "YAML syntax error"}},
       {"tab_indentation.yaml", {3, "a tab in the indentation"}},
       {"top_level_list.yaml", {1, "expected a map of sections at the top level, got a list"}},

@@ -328,6 +328,14 @@ TEST(Config, CrossFieldRules) {
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"checkpoint.resume=no"}).find("expected auto, never or a checkpoint path"),
             std::string::npos);
+  // truncation: split is for raw text: accepted with format auto / completion, refused (naming the
+  // key) with a conversation format.
+  EXPECT_EQ(parse(kMinimal, {"data.truncation=split"}).data.truncation, "split");
+  EXPECT_EQ(parse(kMinimal, {"data.truncation=split", "data.format=completion"}).data.truncation, "split");
+  EXPECT_NE(error_of(kMinimal, {"data.truncation=split", "data.format=alpaca"})
+                .find("data.truncation: split cuts raw text (format completion) into pieces; data.format is alpaca"),
+            std::string::npos)
+      << error_of(kMinimal, {"data.truncation=split", "data.format=alpaca"});
 }
 
 TEST(Config, RangeChecks) {

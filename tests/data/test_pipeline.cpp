@@ -146,6 +146,187 @@ TEST(Length, DropTruncateAndNoTrainable) {
   EXPECT_EQ(build_examples({longr}, o, tok, &st3).size(), 0u);
   EXPECT_EQ(st3.dropped_truncated_away, 1);  // it had an answer: truncation removed it
   EXPECT_EQ(st3.dropped_no_trainable, 0);
+  // what data preview lists: file:line, the reason, the token count (bytes when not tokenised)
+  longr.file = "d.jsonl";
+  longr.line = 3;
+  noassist.file = "d.jsonl";
+  noassist.line = 4;
+  Record huge;
+  huge.is_text = true;
+  huge.text = std::string(64 * 32 + 1, 'x');
+  huge.file = "d.jsonl";
+  huge.line = 5;
+  o.truncation = "drop";
+  o.sequence_len = 32;
+  DataStats st4;
+  build_examples({longr, noassist, huge}, o, tok, &st4);
+  EXPECT_EQ(listed_records(st4), "  dropped: d.jsonl:3: longer than sequence_len 32 (" +
+                                     std::to_string(tokenize(render(longr, "chatml", tok, true), tok, false).input_ids.size()) +
+                                     " tokens)\n  dropped: d.jsonl:5: longer than sequence_len 32 (2049 bytes, not tokenised)\n"
+                                     "  no trainable token: d.jsonl:4: no assistant turn (" +
+                                     std::to_string(tokenize(render(noassist, "chatml", tok, true), tok, false).input_ids.size()) +
+                                     " tokens)\n");
+}
+
+namespace {
+DataOptions c4_options(const fs::path& path, int64_t sequence_len, const std::string& truncation) {
+  DataOptions o;
+  o.train = path.string();
+  o.template_name = "none";
+  o.sequence_len = sequence_len;
+  o.truncation = truncation;
+  return o;
+}
+}  // namespace
+
+// truncation: split cuts a raw text into the pieces Axolotl's `completion` type makes of it: ids
+// equal to the pieces that tests/fixtures/make_data_refs.py computes with transformers' Llama 2
+// tokenizer and Axolotl's rule (consecutive sequence_len slices, a 1-token tail dropped).
+TEST(Length, SplitMatchesAxolotlCompletionPieces) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_SHARED(path, "data/c4_demo.jsonl");
+  QLORA_REQUIRE_FIXTURE(refs, "data/split_refs.json");
+  const Tokenizer tok = llama(model);
+  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  ReadStats rs;
+  const std::vector<Record> all = read_records(path.string(), DataOptions{}, &rs);
+  ASSERT_EQ(j["cases"].size(), 3u);
+  int64_t tails = 0;
+  for (const auto& c : j["cases"]) {
+    const int64_t L = c["sequence_len"];
+    std::vector<Record> recs;
+    for (int64_t i : c["docs"].get<std::vector<int64_t>>()) recs.push_back(all.at(size_t(i)));
+    DataStats st;
+    const std::vector<Example> got = build_examples(recs, c4_options(path, L, "split"), tok, &st);
+    std::vector<TokenIds> want;
+    for (const auto& doc : c["pieces"])
+      for (const auto& p : doc) want.push_back(p.get<TokenIds>());
+    ASSERT_EQ(got.size(), want.size()) << "sequence_len " << L;
+    for (size_t k = 0; k < got.size(); ++k) {
+      EXPECT_EQ(got[k].input_ids, want[k]) << "sequence_len " << L << ", piece " << k;
+      EXPECT_EQ(got[k].id, int64_t(k));
+      for (size_t t = 0; t < got[k].labels.size(); ++t)  // Axolotl trains the BOS label too; we mask it
+        EXPECT_EQ(got[k].labels[t], got[k].input_ids[t] == tok.bos_id() ? kIgnoreIndex : got[k].input_ids[t]);
+    }
+    EXPECT_EQ(st.dropped_too_long, 0);
+    EXPECT_EQ(st.split_pieces + (int64_t(recs.size()) - st.split_documents), int64_t(got.size()));
+    tails += st.split_tails_dropped;
+  }
+  EXPECT_EQ(tails, 1);  // the third case: a document of sequence_len + 1 tokens
+}
+
+// The invariants of split on the whole c4 demo at the sequence_len 256 the user ran: no document
+// dropped, every piece <= 256 tokens, each document's pieces concatenated = its unsplit ids, ids 0..n-1.
+TEST(Length, SplitKeepsEveryTokenOfC4Demo) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_SHARED(path, "data/c4_demo.jsonl");
+  const Tokenizer tok = llama(model);
+  ReadStats rs;
+  const std::vector<Record> recs = read_records(path.string(), DataOptions{}, &rs);
+  ASSERT_EQ(recs.size(), 300u);
+  DataStats whole_st, drop_st, split_st;
+  const auto whole = build_examples(recs, c4_options(path, 1 << 20, "drop"), tok, &whole_st);
+  EXPECT_EQ(build_examples(recs, c4_options(path, 256, "drop"), tok, &drop_st).size(), 130u);
+  EXPECT_EQ(drop_st.dropped_too_long, 170);  // 57% of the documents (Llama 2 tokenizer)
+  const auto split = build_examples(recs, c4_options(path, 256, "split"), tok, &split_st);
+  ASSERT_EQ(whole.size(), 300u);
+  EXPECT_EQ(split_st.dropped_too_long + split_st.dropped_no_trainable + split_st.dropped_truncated_away, 0);
+  EXPECT_EQ(split_st.split_documents, 170);
+  EXPECT_EQ(split_st.split_pieces, 755);
+  EXPECT_EQ(split_st.split_tails_dropped, 0);
+  EXPECT_EQ(split.size(), 130u + 755u);
+  size_t k = 0;
+  for (const Example& w : whole) {
+    TokenIds cat;
+    std::vector<int32_t> cat_labels;
+    while (cat.size() < w.input_ids.size()) {
+      ASSERT_LT(k, split.size());
+      const Example& p = split[k];
+      EXPECT_EQ(p.id, int64_t(k));
+      EXPECT_LE(p.input_ids.size(), 256u);
+      EXPECT_GE(p.input_ids.size(), 2u);
+      cat.insert(cat.end(), p.input_ids.begin(), p.input_ids.end());
+      cat_labels.insert(cat_labels.end(), p.labels.begin(), p.labels.end());
+      ++k;
+    }
+    EXPECT_EQ(cat, w.input_ids);
+    EXPECT_EQ(cat_labels, w.labels);
+    EXPECT_EQ(std::count(cat.begin(), cat.end(), tok.bos_id()), 1);
+  }
+  EXPECT_EQ(k, split.size());
+  // A 1-token tail: a text of exactly L + 1 tokens becomes one piece of L; the EOS alone is dropped.
+  const int64_t n0 = int64_t(whole[0].input_ids.size());
+  DataStats tail_st;
+  const auto tail = build_examples({recs[0]}, c4_options(path, n0 - 1, "split"), tok, &tail_st);
+  ASSERT_EQ(tail.size(), 1u);
+  EXPECT_EQ(tail[0].input_ids, TokenIds(whole[0].input_ids.begin(), whole[0].input_ids.end() - 1));
+  EXPECT_EQ(tail_st.split_tails_dropped, 1);
+  // Conversations are refused: a piece would train an answer without its prompt.
+  Record chat;
+  chat.turns = {{"user", "hi"}, {"assistant", "hello"}};
+  chat.file = "chat.jsonl";
+  chat.line = 7;
+  DataStats chat_st;
+  try {
+    build_examples({chat}, c4_options(path, 256, "split"), tok, &chat_st);
+    FAIL() << "split accepted a conversation";
+  } catch (const qlora::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chat.jsonl:7: data.truncation: split cuts raw text"), std::string::npos)
+        << e.what();
+  }
+}
+
+// `qlora data preview` on raw text: the completion header (not the chat one), the first 5 dropped
+// records by file:line with their token counts, and the split line; the train warning's promise.
+TEST(Length, PreviewListsDroppedRecordsAndTheCompletionHeader) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_SHARED(path, "data/c4_demo.jsonl");
+  const Tokenizer tok = llama(model);
+  DataOptions o = c4_options(path, 256, "drop");
+  const std::string drop = render_preview(o, tok, 1);
+  EXPECT_EQ(drop.rfind("format: completion, sequence_len 256, truncation drop  (raw text: data.template does not "
+                       "apply; every text token trained, EOS last; train_on_inputs only labels the BOS",
+                       0),
+            0u)
+      << drop;
+  EXPECT_EQ(drop.find("template: none"), std::string::npos);
+  // the dropped records listed are the first 5 documents longer than 256 tokens, with their lengths
+  ReadStats rs;
+  const std::vector<Record> recs = read_records(path.string(), o, &rs);
+  DataStats whole_st;
+  const auto whole = build_examples(recs, c4_options(path, 1 << 20, "drop"), tok, &whole_st);
+  int listed = 0;
+  for (size_t i = 0; i < recs.size() && listed < 5; ++i) {
+    if (whole[i].input_ids.size() <= 256) continue;
+    const std::string line = "  dropped: " + path.string() + ":" + std::to_string(recs[i].line) +
+                             ": longer than sequence_len 256 (" + std::to_string(whole[i].input_ids.size()) +
+                             " tokens)\n";
+    EXPECT_NE(drop.find(line), std::string::npos) << line << drop;
+    ++listed;
+  }
+  EXPECT_EQ(listed, 5);
+  EXPECT_NE(drop.find("  dropped: " + path.string() + ":1: longer than sequence_len 256 (293 tokens)\n"),
+            std::string::npos);  // the line docs/data.md shows
+  EXPECT_NE(drop.find("  dropped: (and 165 more)\n"), std::string::npos) << drop;
+  const Datasets dd = load_datasets(o, tok);
+  EXPECT_EQ(unused_records_note(dd.stats),
+            "170 of 300 records not used (300 records read, 170 longer than sequence_len 256 (dropped), 0 whose "
+            "trainable tokens were all past sequence_len 256 (truncated away), 0 without an assistant turn); `qlora "
+            "data preview` lists the first 5 of each kind; data.truncation: split trains on all of a long text (in "
+            "sequence_len pieces), truncate on its start, or raise data.sequence_len");
+  o.truncation = "truncate";
+  const std::string trunc = render_preview(o, tok, 0);
+  EXPECT_NE(trunc.find("  truncated: (and 165 more)\n"), std::string::npos) << trunc;
+  EXPECT_NE(trunc.find(": cut to its first 256 tokens ("), std::string::npos) << trunc;
+  o.truncation = "split";
+  const std::string split = render_preview(o, tok, 0);
+  EXPECT_NE(split.find("split: 170 documents longer than sequence_len 256 into 755 pieces of <= 256 tokens (0 "
+                       "single-token tails dropped)\n"),
+            std::string::npos)
+      << split;
+  EXPECT_NE(split.find("examples: 885 train, 0 eval"), std::string::npos) << split;
+  EXPECT_EQ(unused_records_note(load_datasets(o, tok).stats), "");
+  std::cout << split;
 }
 
 namespace {
@@ -273,6 +454,7 @@ TEST_F(AlpacaDemo, ValSetSizeAndPreview) {
   o.val_set_size = 0;
   const std::string prev = render_preview(o, tok, 2);
   EXPECT_NE(prev.find("[[<s>"), std::string::npos);
+  EXPECT_EQ(prev.rfind("template: alpaca, sequence_len 2048, truncation drop, train_on_inputs false", 0), 0u) << prev;
   EXPECT_NE(prev.find("length histogram"), std::string::npos);
   EXPECT_EQ(prev.find("batches (epoch 1"), std::string::npos) << "no plan, no batching lines";
   std::cout << prev;

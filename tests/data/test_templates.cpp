@@ -134,6 +134,49 @@ TEST(FamilyTemplates, ChatPromptIsTheGenerationPromptOfTransformers) {
   EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 2}, {"mistral", 8}, {"qwen2.5", 2}, {"qwen3", 2}, {"smollm2", 2}}));
 }
 
+// qlora-cpp's own templates and raw text on the Llama and byte-level tokenizer fixtures: ids as
+// Axolotl tokenises the rendered prompt (transformers' tokenizer(text): BOS only where the
+// tokenizer adds one), so chatml on SmolLM2 (bos <|im_start|>, eos <|im_end|>) writes each marker
+// once, not <|im_start|><|im_start|> ... <|im_end|><|im_end|>.
+TEST(BuiltinTemplates, BosAsTheTokenizerAddsItAndNoDoubledMarkers) {
+  QLORA_REQUIRE_FIXTURE(refs, "templates/template_refs.json");
+  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  ASSERT_TRUE(j.contains("builtin")) << "old template refs: rerun make_template_refs.py";
+  std::map<std::string, int> checked;
+  for (const auto& c : j["builtin"]) {
+    const std::string tdir = c["tokenizer"], name = c["template"];
+    const Tokenizer tok = Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers" / tdir).string());
+    Record r;
+    if (name == "text") {
+      r.is_text = true;
+      r.text = c["text"];
+    } else {
+      for (const auto& t : c["turns"]) r.turns.push_back({t["role"], t["content"]});
+    }
+    const Example ex = tokenize(render(r, name == "text" ? "chatml" : name, tok, true), tok, false);
+    EXPECT_EQ(ex.input_ids, c["ids"].get<TokenIds>()) << name << " on " << tdir;
+    for (size_t i = 1; i < ex.input_ids.size(); ++i)
+      EXPECT_FALSE(ex.input_ids[i] == ex.input_ids[i - 1] && tok.is_special(ex.input_ids[i]))
+          << name << " on " << tdir << ": " << tok.id_to_piece(ex.input_ids[i]) << " twice";
+    ++checked[tdir];
+  }
+  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama2_hf", 14}, {"llama3_bpe", 14}, {"qwen2_bpe", 14}, {"smollm2", 14}}));
+}
+
+// A named template that is not the model's own family template is worth a warning (train, data
+// preview): SmolLM2 with the default chatml. Nothing to say for the model's own template, or for a
+// model without a known chat template.
+TEST(BuiltinTemplates, MismatchNoteNamesTheModelsOwnTemplate) {
+  QLORA_REQUIRE_FIXTURE(smol, "tokenizers/smollm2/tokenizer_config.json");
+  QLORA_REQUIRE_FIXTURE(spm, "tokenizers/llama2_spm/tokenizer.model");
+  EXPECT_EQ(template_mismatch_note("chatml", smol.parent_path().string()),
+            "data.template is chatml, but the model's own chat template is smollm2's: the model was tuned on that "
+            "format (data.template: auto, or smollm2, uses it)");
+  EXPECT_EQ(template_mismatch_note("smollm2", smol.parent_path().string()), "");
+  EXPECT_EQ(template_mismatch_note("alpaca", spm.parent_path().string()), "");
+  EXPECT_EQ(template_mismatch_note("alpaca", "/nonexistent"), "");
+}
+
 // template: auto finds each named template from the model's jinja text, in either file.
 TEST(AutoTemplate, MatchesEachKnownJinjaAndRefusesOthers) {
   const fs::path src = qlora::test::source_dir() / "tests" / "fixtures" / "chat_templates";

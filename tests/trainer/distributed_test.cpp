@@ -334,6 +334,10 @@ TEST_F(DataParallel, NprocPerNodeCtrlCOnceCheckpointsTwiceQuits) {
   std::string lg = ctrl_c(1, 2);
   EXPECT_NE(lg.find("rc=75"), std::string::npos) << lg;
   EXPECT_NE(lg.find("launch: forwarding signal 2"), std::string::npos) << lg;
+  // the resume hint is the launcher's command; rank 1 leaves it to rank 0
+  EXPECT_NE(lg.find("run the same command again to resume: qlora train "), std::string::npos) << lg;
+  EXPECT_NE(lg.find(" --nproc-per-node 2\n"), std::string::npos) << lg;
+  EXPECT_EQ(lg.find("on every rank"), std::string::npos) << lg;
   EXPECT_NE(lg.find("launch: rank 0 exited with status 75"), std::string::npos) << lg;
   EXPECT_NE(lg.find("launch: rank 1 exited with status 75"), std::string::npos) << lg;
   auto checkpoints = [&] {  // checkpoint-N directories (this binary does not link the trainer)

@@ -18,9 +18,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "peft_parity.h"
+#include "data/tokenizer.h"
 #include "model/generate.h"
 
 namespace qlora {
@@ -152,6 +155,24 @@ TEST(RealModelParity, SmolLM2Nf4GreedyDecodeCachedDequantMatchesTransformers) {
   for (const FrozenLinear* f : m.linears()) ASSERT_FALSE(f->dequantized.defined()) << f->name;
   std::cout << "[real nf4 greedy] " << fast.size() << " tokens equal to transformers', cached copies " << bytes
             << " bytes; generate " << slow_s << " s per-forward dequantization, " << fast_s << " s cached\n";
+}
+
+// `qlora generate DIR --prompt TEXT` without a template tokenises TEXT as transformers'
+// tokenizer(TEXT) does (SmolLM2: no BOS; before, a BOS <|im_start|> went first and the greedy
+// continuation differed) and greedy-decodes the same 8 tokens as transformers' generate().
+TEST(RealModelParity, SmolLM2PlainPromptGenerateMatchesTransformers) {
+  QLORA_REQUIRE_FIXTURE(root, "real/smollm2_135m");
+  QLORA_REQUIRE_FIXTURE(refs, "real/greedy_plain_fp32.json");
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(refs));
+  const data::Tokenizer tok = data::Tokenizer::from_pretrained(root.string());
+  EXPECT_EQ(tok.encode_with_special_tokens(j["prompt"]), j["prompt_ids"].get<data::TokenIds>());
+  const test::CommandResult r = test::run_command(std::string(QLORA_BIN) + " generate '" + root.string() +
+                                                  "' --prompt '" + j["prompt"].get<std::string>() +
+                                                  "' --max-new-tokens 8 --dtype fp32 --ids");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::string want;
+  for (const auto& t : j["tokens"]) want += (want.empty() ? "" : " ") + std::to_string(t.get<int64_t>());
+  EXPECT_NE(r.out.find(want + "\n"), std::string::npos) << r.out << " vs transformers " << want;
 }
 
 }  // namespace
