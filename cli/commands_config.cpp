@@ -17,14 +17,16 @@ namespace qlora {
 
 std::string cmd_data_preview(const DataPreviewOptions& o) {
   const Config cfg = load_config(o.config_path, o.overrides);
-  const std::string tok_src = tokenizer_source(cfg.model);
+  const std::string tok_src = with_key_sources(cfg, [&] { return tokenizer_source(cfg.model); });
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   QLORA_CHECK(o.n >= 0, "data preview: --n must be >= 0, got ", o.n);
   data::DataOptions dopts = cfg.data;
-  dopts.template_name = data::resolve_template(dopts.template_name, tok_src);  // "auto" -> a name
-  const data::BatchPlan plan{cfg.training.micro_batch_size, cfg.training.gradient_accumulation_steps,
-                             cfg.training.num_epochs, cfg.training.max_steps};
-  const std::string preview = data::render_preview(dopts, tok, o.n, &plan);
+  const std::string preview = with_key_sources(cfg, [&] {
+    dopts.template_name = data::resolve_template(dopts.template_name, tok_src);  // "auto" -> a name
+    const data::BatchPlan plan{cfg.training.micro_batch_size, cfg.training.gradient_accumulation_steps,
+                               cfg.training.num_epochs, cfg.training.max_steps};
+    return data::render_preview(dopts, tok, o.n, &plan);
+  });
   const std::string note = data::template_mismatch_note(dopts.template_name, tok_src);
   const bool raw_text = preview.find("\nformat: completion\n") != std::string::npos;  // no template applies
   return (note.empty() || raw_text ? "" : "warning: " + note + "\n") + preview;

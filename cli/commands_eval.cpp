@@ -119,20 +119,21 @@ std::string cmd_eval(const EvalOptions& o) {
               o.metric, "'");
   QLORA_CHECK(o.max_examples >= 0, "eval: --max-examples must be >= 0, got ", o.max_examples);
   const auto t0 = std::chrono::steady_clock::now();
-  const Config cfg = eval_config(o);
+  Config cfg = eval_config(o);
+  if (!o.model_dir.empty()) cfg.key_sources.erase("model.path");  // --model, not a --set: its errors name no source
   const torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
 
   // Data first: every bad-input error comes before the (slow) model load.
-  const std::string tok_src = tokenizer_source(cfg.model);
+  const std::string tok_src = with_key_sources(cfg, [&] { return tokenizer_source(cfg.model); });
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   data::DataOptions dopts = cfg.data;
-  dopts.template_name = data::resolve_template(dopts.template_name, tok_src);  // "auto" -> a name
+  dopts.template_name = with_key_sources(cfg, [&] { return data::resolve_template(dopts.template_name, tok_src); });
   if (!o.data.empty()) {
     dopts.train = o.data;
     dopts.eval.clear();
     dopts.val_set_size = 0;
   }
-  data::Datasets ds = data::load_datasets(dopts, tok);
+  data::Datasets ds = with_key_sources(cfg, [&] { return data::load_datasets(dopts, tok); });
   const bool eval_file = o.data.empty() && !dopts.eval.empty();
   if (const std::string note = data::unused_records_note(eval_file ? ds.eval_stats : ds.stats); !note.empty())
     log::warn("data: ", eval_file ? dopts.eval : dopts.train, ": ", note);

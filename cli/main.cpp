@@ -10,12 +10,27 @@
 #include "common/log.h"
 #include "cli/commands.h"
 #include "model/import_gguf.h"
+#include "model/options.h"
 #include "trainer/launch.h"
 
 namespace {
 
 /// The first line of a message (c10::Error carries a backtrace after it).
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+/// Every --dtype: our names or torch's (bfloat16, float16, float32), read by the one dtype parser
+/// (model/options.h dtype_from_name) and rewritten to ours, so a command sees bf16|fp16|fp32|auto
+/// (each command then checks which of them it takes). Anything else is a usage error.
+CLI::Validator dtype_names() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const std::optional<qlora::DType> d = qlora::dtype_from_name(s);
+        if (!d) return "dtype '" + s + "' is not one of bf16, fp16, fp32, auto (or torch's bfloat16, float16, float32)";
+        s = qlora::dtype_name(*d);
+        return std::string();
+      },
+      "DTYPE");
+}
 
 int run(int argc, char** argv) {
   CLI::App app{"qlora: LoRA / QLoRA fine-tuning of Llama-family models"};
@@ -42,7 +57,7 @@ int run(int argc, char** argv) {
   generate->add_option("--temperature", gen.gen.temperature, "0 = greedy")->capture_default_str();
   generate->add_option("--top-p", gen.gen.top_p, "nucleus sampling mass")->capture_default_str();
   generate->add_option("--seed", gen.gen.seed, "sampling seed")->capture_default_str();
-  generate->add_option("--dtype", gen.dtype, "fp32|bf16|fp16|auto")->capture_default_str();
+  generate->add_option("--dtype", gen.dtype, "fp32|bf16|fp16|auto")->capture_default_str()->transform(dtype_names());
   generate->add_flag("--ids", gen.print_ids, "print the new token ids instead of text");
   generate->add_option("--adapter", gen.adapter, "PEFT LoRA adapter directory to apply");
   generate->add_option("--template", gen.template_name,
@@ -71,7 +86,8 @@ int run(int argc, char** argv) {
       ->excludes(tok_opt);
   init_model->add_option("--vocab-size", init.vocab_size, "vocabulary of a trained tokenizer");
   init_model->add_option("--seed", init.seed, "weight seed")->capture_default_str();
-  init_model->add_option("--dtype", init.dtype, "stored dtype fp32|bf16|fp16 (default: the preset's)");
+  init_model->add_option("--dtype", init.dtype, "stored dtype fp32|bf16|fp16 (default: the preset's)")
+      ->transform(dtype_names());
 
   qlora::TrainCliOptions train;
   auto* train_cmd = app.add_subcommand("train", "train a LoRA / QLoRA adapter from a YAML config");
@@ -103,7 +119,7 @@ int run(int argc, char** argv) {
   merge_cmd->add_option("--adapter", mrg.adapter_dir, "PEFT LoRA adapter directory")->required();
   merge_cmd->add_option("--out", mrg.out_dir, "output directory (must not exist or be empty)")->required();
   merge_cmd->add_option("--dtype", mrg.dtype, "bf16|fp16|fp32|auto (auto: the base's stored dtype)")
-      ->capture_default_str()->check(CLI::IsMember({"bf16", "fp16", "fp32", "auto"}));
+      ->capture_default_str()->transform(dtype_names());
   merge_cmd->add_option("--max-shard-bytes", mrg.max_shard_bytes, "shard model.safetensors above this size")
       ->capture_default_str();
 
@@ -135,7 +151,8 @@ int run(int argc, char** argv) {
   estimate->add_option("--micro-batch-size", est.micro_batch_size, "rows per step")->capture_default_str();
   estimate->add_option("--seq-len", est.seq_len, "tokens per row")->capture_default_str();
   estimate->add_flag("--no-gradient-checkpointing", est.no_gradient_checkpointing, "keep every layer's activations");
-  estimate->add_option("--dtype", est.dtype, "compute dtype bf16|fp16|fp32")->capture_default_str();
+  estimate->add_option("--dtype", est.dtype, "compute dtype bf16|fp16|fp32")->capture_default_str()
+      ->transform(dtype_names());
   estimate->add_option("--world-size", est.world_size, "data-parallel ranks (per-rank memory; cost of all ranks)")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   estimate->add_flag("--json", est.json, "machine-readable output");
@@ -170,7 +187,7 @@ int run(int argc, char** argv) {
   import_cmd->add_option("gguf", imp.gguf_path, "the GGUF file (llama, qwen2 or qwen3 architecture; any name, e.g. an Ollama blob sha256-<hex>)")->required();
   import_cmd->add_option("--out", imp.out_dir, "output directory (must not exist or be empty)")->required();
   import_cmd->add_option("--dtype", imp.dtype, "stored dtype of model.safetensors")->capture_default_str()
-      ->check(CLI::IsMember({"bf16", "fp32"}));
+      ->transform(dtype_names())->check(CLI::IsMember({"bf16", "fp32"}));
 
   try {
     app.parse(argc, argv);

@@ -229,6 +229,8 @@ std::string describe(const yaml::Node& n) {
 struct Context {
   std::string source;                            // file name for messages
   std::map<std::string, std::string> overrides;  // dotted key -> "--set key=value"
+  /// Config::key_sources being collected: each key a Section holds -> where() it was set.
+  mutable std::map<std::string, std::string> key_sources;
 
   /// `file:line` of `mark`, or the override that set `path` (or a section above it).
   std::string where(const std::string& path, const yaml::Mark& mark) const {
@@ -338,6 +340,7 @@ class Section {
                      "duplicate key (first set on line " + std::to_string(e.key_mark.line + 1) + ")");
       if (!contains(keys_, name)) ctx_.error(full, k.mark, unknown_key_message(name));
       entries_.push_back({name, k.mark, v});
+      ctx_.key_sources[full] = ctx_.where(full, v.mark.is_null() ? k.mark : v.mark);
     }
   }
 
@@ -398,13 +401,18 @@ class Section {
     return v;
   }
 
-  std::string get_choice(const std::string& key, const std::string& def,
-                         const std::vector<std::string>& choices) const {
+  /// One of `choices`; `alias` (optional) maps another accepted spelling to its name in `choices`
+  /// (nullptr: not one), and `alias_note` says those spellings in the error message.
+  std::string get_choice(const std::string& key, const std::string& def, const std::vector<std::string>& choices,
+                         const char* (*alias)(const std::string&) = nullptr, const char* alias_note = nullptr) const {
     const auto* e = find(key);
     if (!e) return def;
-    const std::string expected = "expected one of " + join(choices, "|");
+    const std::string expected =
+        "expected one of " + join(choices, "|") + (alias_note ? std::string(" ") + alias_note : std::string());
     if (!e->value.is_scalar()) error(key, expected + ", got " + describe(e->value));
     const std::string& v = e->value.value;
+    if (alias && !contains(choices, v))
+      if (const char* name = alias(v)) return name;
     if (!contains(choices, v)) {
       const std::string near = closest(v, choices);
       error(key, expected + ", got " + describe(e->value) +
@@ -511,7 +519,13 @@ class Section {
   }
 
   std::string unknown_key_message(const std::string& name) const {
-    // Axolotl / PEFT / transformers names a user brings along, with ours.
+    // Axolotl / PEFT / transformers names a user brings along, with ours: a value in quotes is the
+    // key (or key: value) that does the same here; one starting with a space is said as it is.
+    static const std::string kAdamKeys =
+        "training.learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm";
+    static const std::string kSeeds =
+        " is two keys here: \"training.seed\" (LoRA initialisation and dropout) and \"data.seed\" (the "
+        "epoch shuffle and the val_set_size hold-out)";
     static const std::map<std::string, std::string> kPeerNames = {
         {"base_model", "model.path"},
         {"lora_r", "lora.r"},
@@ -522,16 +536,28 @@ class Section {
         {"load_in_4bit", "quantization.method: nf4"},
         {"bnb_4bit_quant_type", "quantization.method"},
         {"bnb_4bit_use_double_quant", "quantization.double_quant"},
+        {"adapter", " is \"quantization.method\" here (adapter: qlora is method: nf4, adapter: lora is method: none)"},
         {"datasets", "data.train"},
-        {"chat_template", "data.template"},
+        {"chat_template", " is \"data.template\" here (its tokenizer_default is template: auto)"},
         {"per_device_train_batch_size", "training.micro_batch_size"},
         {"num_train_epochs", "training.num_epochs"},
         {"lr_scheduler_type", "training.lr_scheduler"},
+        {"optimizer", " has no key here: qlora-cpp trains with AdamW only, tuned by " + kAdamKeys},
+        {"optim", " has no key here: qlora-cpp trains with AdamW only, tuned by " + kAdamKeys},
+        {"seed", kSeeds},
+        {"evaluation_strategy", " is \"training.eval_steps\" here (we count optimizer steps; 0: at the end of each epoch)"},
+        {"eval_strategy", " is \"training.eval_steps\" here (we count optimizer steps; 0: at the end of each epoch)"},
+        {"save_strategy", " is \"checkpoint.save_steps\" here (we count optimizer steps; checkpoint.save_minutes saves by wall time)"},
+        {"save_total_limit", "checkpoint.keep_last"},
         {"resume_from_checkpoint", "checkpoint.resume"},
         {"bf16", "model.dtype: bf16"},
+        {"torch_dtype", "model.dtype"},
     };
-    if (auto it = kPeerNames.find(name); it != kPeerNames.end())
-      return "unknown key; Axolotl / Hugging Face's \"" + name + "\" is \"" + it->second + "\" here (docs/config.md)";
+    if (auto it = kPeerNames.find(name); it != kPeerNames.end()) {
+      const std::string& ours = it->second;
+      return "unknown key; Axolotl / Hugging Face's \"" + name + "\"" +
+             (ours[0] == ' ' ? ours : " is \"" + ours + "\" here") + " (docs/config.md)";
+    }
     const std::string near = closest(name, keys_);
     if (!near.empty()) return "unknown key; did you mean \"" + near + "\"?";
     // A key of another section written in the wrong place (e.g. top-level `learning_rate`).
@@ -635,6 +661,10 @@ struct TextSpec {};
 struct ChoiceSpec {
   const std::vector<std::string>& names;
   bool omit_empty = false;  ///< std::string members: to_yaml leaves the key out when ""
+  /// Other accepted spellings: the name in `names` an alias stands for, nullptr for a non-alias.
+  /// to_yaml writes the name. nullptr: none.
+  const char* (*alias)(const std::string&) = nullptr;
+  const char* alias_note = nullptr;  ///< the aliases, for the error message ("(or bfloat16|...)")
 };
 /// An integer (an integral float such as 1e4 too) for which `ok` holds; `expected` says the range.
 struct IntSpec {
@@ -761,6 +791,13 @@ void check_checkpoint(const Section& s, Config& c) {
 
 // -- the tables (docs/config.md documents every key; test_config checks that it does) --
 
+/// model.dtype's aliases: Hugging Face / torch names (`torch_dtype: bfloat16`) → ours, through the
+/// one dtype parser (model/options.h dtype_from_name).
+const char* dtype_alias(const std::string& s) {
+  const std::optional<DType> d = dtype_from_name(s);
+  return d ? dtype_name(*d) : nullptr;
+}
+
 bool positive(int64_t v) { return v > 0; }
 bool non_negative(int64_t v) { return v >= 0; }
 bool unit_interval(double v) { return v >= 0 && v < 1; }  // [0, 1)
@@ -777,7 +814,7 @@ void visit_fields(V& v, ModelSource*) {
   v("preset", &ModelSource::preset, ChoiceSpec{known_model_presets(), /*omit_empty=*/true});
   v("init", &ModelSource::random_init, ChoiceSpec{kInits});
   v("tokenizer", &ModelSource::tokenizer, PathSpec{});
-  v("dtype", &ModelSource::dtype, ChoiceSpec{kDTypes});
+  v("dtype", &ModelSource::dtype, ChoiceSpec{kDTypes, false, dtype_alias, "(or torch's bfloat16|float16|float32)"});
 }
 
 template <class V>
@@ -919,9 +956,9 @@ struct Reader {
   template <class M>
   void operator()(const char* key, M S::*m, const ChoiceSpec& c) const {
     if constexpr (std::is_same_v<M, std::string>) {
-      obj.*m = s.get_choice(key, obj.*m, c.names);
+      obj.*m = s.get_choice(key, obj.*m, c.names, c.alias, c.alias_note);
     } else {
-      const std::string name = s.get_choice(key, c.names.at(choice_index(obj.*m)), c.names);
+      const std::string name = s.get_choice(key, c.names.at(choice_index(obj.*m)), c.names, c.alias, c.alias_note);
       obj.*m = from_choice_index<M>(static_cast<size_t>(std::find(c.names.begin(), c.names.end(), name) - c.names.begin()));
     }
   }
@@ -1116,6 +1153,7 @@ Config read_config(const yaml::Node& root, const Context& ctx, Config base, bool
   const Section top(ctx, "", root, yaml::Mark{}, section_keys(""));
   TopReader reader{top, base, sections_optional};
   visit_fields(reader, static_cast<Config*>(nullptr));
+  for (const auto& [key, where] : ctx.key_sources) base.key_sources[key] = where;
   return base;
 }
 
@@ -1147,7 +1185,7 @@ const std::vector<std::string>& known_model_presets() {
 
 Config parse_config_string(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides) {
-  Context ctx{source_name, {}};
+  Context ctx{source_name, {}, {}};
   if (const size_t bad = first_invalid_utf8(yaml_text); bad != std::string::npos)
     fail(source_name, ":", 1 + std::count(yaml_text.begin(), yaml_text.begin() + bad, '\n'),
          ": not valid UTF-8 (byte ", bad, "; YAML text must be UTF-8)");  // said here, with the byte, before libyaml
@@ -1198,7 +1236,7 @@ bool operator==(const Config& a, const Config& b) {
 
 Config config_with_overrides(const Config& base, const std::vector<std::string>& overrides,
                              const std::string& source_name) {
-  Context ctx{source_name, {}};
+  Context ctx{source_name, {}, {}};
   yaml::Node root = yaml::Node::map();
   for (const auto& o : overrides) apply_override(root, o, ctx);
   return read_config(root, ctx, base, /*sections_optional=*/true);

@@ -8,8 +8,13 @@
 // documented in docs/config.md; test_config fails when that table and config_keys() differ.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
+#include <typeinfo>
+#include <utility>
 #include <vector>
+
+#include "common/error.h"
 
 #include "adapters/target_modules.h"
 #include "data/options.h"
@@ -90,6 +95,11 @@ struct Config {
   TrainingConfig training;
   CheckpointConfig checkpoint;
   CostConfig cost;
+  /// Where each key set by the file or a `--set` came from: dotted key ("data.val_set_size") ->
+  /// "<file>:<line>" or "--set <key>=<value>" (the text config errors start with). Not a setting:
+  /// operator==, to_yaml and the run's fingerprint ignore it. Filled by load_config /
+  /// parse_config_string / config_with_overrides; used by with_key_sources().
+  std::map<std::string, std::string> key_sources;
 };
 
 /// Field-by-field equality of two configs (including every data::DataOptions field).
@@ -114,6 +124,25 @@ Config parse_config_string(const std::string& yaml_text, const std::string& sour
 /// `source_name` stands for the file name in error messages. Throws qlora::Error as load_config.
 Config config_with_overrides(const Config& base, const std::vector<std::string>& overrides,
                              const std::string& source_name);
+
+/// Runs `f()` and returns its result. A qlora::Error thrown by it whose message starts with a
+/// dotted key of `c.key_sources` and ": " (the form data/model errors take: "data.val_set_size: 5000
+/// leaves no training example out of 681") is rethrown with that key's source in front, as config
+/// errors read: "t.yaml:12: data.val_set_size: ...". Any other exception passes through unchanged.
+/// For the checks only possible once files are read (model dir, data size), far from the YAML.
+template <class F>
+auto with_key_sources(const Config& c, F&& f) -> decltype(f()) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    const size_t colon = msg.find(": ");
+    if (typeid(e) != typeid(Error) || colon == std::string::npos) throw;
+    const auto it = c.key_sources.find(msg.substr(0, colon));
+    if (it == c.key_sources.end()) throw;
+    throw Error(it->second + ": " + msg);
+  }
+}
 
 /// Where the tokenizer comes from: `model.tokenizer` when set, else `model.path`. Checks the
 /// files first, so a wrong path is named as what it is: throws qlora::Error

@@ -149,11 +149,8 @@ Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
     QLORA_CHECK(opts.val_set_size < 1 || std::floor(opts.val_set_size) == opts.val_set_size,
                 "data.val_set_size: a fraction (< 1) or a whole count (>= 1), got ", opts.val_set_size);
     const int64_t n = int64_t(all.size());
-    const int64_t k = opts.val_set_size < 1 ? int64_t(std::llround(opts.val_set_size * double(n)))
-                                            : int64_t(opts.val_set_size);
+    const int64_t k = val_set_count(opts.val_set_size, n);  // ceil(fraction * n), as HF datasets' train_test_split
     QLORA_CHECK(k < n, "data.val_set_size: ", opts.val_set_size, " leaves no training example out of ", n);
-    QLORA_CHECK(k > 0, "data.val_set_size: ", opts.val_set_size, " of ", n,
-                " examples is 0 eval examples (an eval set that evaluates nothing); raise it or set 0");
     // Held-out examples: the first k of a permutation from a stream separate from the epochs'.
     const auto perm = epoch_permutation(n, opts.seed ^ 0x5EED0A15ull, 0, true);
     std::vector<char> is_eval(size_t(n), 0);

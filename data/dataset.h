@@ -67,8 +67,8 @@ std::string unused_records_note(const DataStats& st);
 std::vector<Example> build_examples(const std::vector<Record>& records, const DataOptions& opts,
                                     const Tokenizer& tok, DataStats* stats);
 
-/// Loads opts.train (and opts.eval, or holds out val_set_size examples: a fraction if < 1,
-/// a count if >= 1, chosen by a seeded permutation) into tokenised examples.
+/// Loads opts.train (and opts.eval, or holds out data::val_set_count(val_set_size, n) examples:
+/// ceil(fraction * n) or a count, chosen by a seeded permutation) into tokenised examples.
 /// Throws qlora::Error for reader errors, for a val_set_size that leaves no training example,
 /// when no example has a trainable token ("<file>: no example has a trainable token (<counts per
 /// drop reason>)"), and when a data.eval file is set but none of its examples is left (same form:

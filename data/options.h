@@ -3,6 +3,7 @@
 // Filled once by the config parser (config/), validated there, and passed by value into the
 // data pipeline. The data pipeline never sees YAML.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -33,5 +34,15 @@ struct DataOptions {
   std::map<std::string, std::string> field_map;  ///< canonical field -> the file's name for it, e.g. {instruction: prompt}
   std::map<std::string, std::string> role_map;   ///< sharegpt role names, e.g. {human: user}
 };
+
+/// Examples `data.val_set_size` holds out of `n`: a fraction (< 1) holds out ceil(val_set_size * n)
+/// (the IEEE product, then ceil), as Hugging Face datasets' Dataset.train_test_split(test_size=)
+/// does (arrow_dataset.py: `n_test = ceil(test_size * n_samples)`; Axolotl splits with it): 0.05 of
+/// 203 is 11. A whole count (>= 1) is itself; 0 is 0. Which examples are held out is ours (a seeded
+/// permutation, data::load_datasets), not datasets' shuffle.
+inline int64_t val_set_count(double val_set_size, int64_t n) {
+  return val_set_size < 1 ? static_cast<int64_t>(std::ceil(val_set_size * static_cast<double>(n)))
+                          : static_cast<int64_t>(val_set_size);
+}
 
 }  // namespace qlora::data

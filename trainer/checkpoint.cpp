@@ -57,7 +57,8 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"run_id", s.run_id},
           {"fingerprint", s.fingerprint},
           {"data_sha256", s.data_sha256},
-          {"world_size", s.world_size}};
+          {"world_size", s.world_size},
+          {"total_steps", s.total_steps}};
 }
 
 /// Dotted key -> value text of every leaf of a config tree (lists and maps below a key: flow text).
@@ -274,6 +275,8 @@ LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
     if (j.contains("data_sha256")) c.state.data_sha256 = j["data_sha256"].get<std::map<std::string, std::string>>();
     c.state.world_size = j.value("world_size", int64_t{1});
     QLORA_CHECK(c.state.world_size >= 1, sp, ": world_size must be >= 1, got ", c.state.world_size);
+    c.state.total_steps = j.value("total_steps", int64_t{0});
+    QLORA_CHECK(c.state.total_steps >= 0, sp, ": total_steps must be >= 0, got ", c.state.total_steps);
   } catch (const json::exception& e) {
     fail(sp, ": ", e.what());
   }

@@ -38,6 +38,9 @@ struct TrainerState {
   std::string fingerprint;          ///< run_fingerprint() of that run's config and data
   std::map<std::string, std::string> data_sha256;  ///< data file path → SHA-256 of its content
   int64_t world_size = 1;           ///< ranks of the data-parallel job that wrote it (absent: 1)
+  /// The run's total optimizer steps when it was written (training.max_steps, or num_epochs'
+  /// steps); the LR schedule is computed over it. Absent in older files: 0 = unknown.
+  int64_t total_steps = 0;
 };
 
 /// The tensors of a checkpoint besides the adapter.

@@ -168,10 +168,13 @@ void Trainer::setup() {
   dist_ = std::make_unique<Distributed>(run_.dist, device_);  // WORLD_SIZE > 1: rendezvous (docs/distributed.md)
 
   // Everything that can fail on bad input happens before output_dir is touched.
-  const std::string tok_src = tokenizer_source(cfg_.model);
+  // Errors naming a config key (model.path, data.val_set_size, ...) name its file:line too.
+  const std::string tok_src = with_key_sources(cfg_, [&] { return tokenizer_source(cfg_.model); });
   tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::from_pretrained(tok_src));
-  cfg_.data.template_name = data::resolve_template(cfg_.data.template_name, tok_src);  // "auto" -> a name
-  data_ = data::load_datasets(cfg_.data, *tok_);
+  with_key_sources(cfg_, [&] {
+    cfg_.data.template_name = data::resolve_template(cfg_.data.template_name, tok_src);  // "auto" -> a name
+    data_ = data::load_datasets(cfg_.data, *tok_);
+  });
   if (const std::string note = data::template_mismatch_note(cfg_.data.template_name, tok_src);
       !note.empty() && data_.stats.read.format != "completion" && run_.dist.rank == 0)  // raw text: no template
     log::warn(note);
@@ -650,7 +653,15 @@ PeftConfig Trainer::peft_config() const {
   // PEFT expands the string "all-linear" only in its string form; write the names explicitly.
   pc.target_modules = expand_target_modules(cfg_.lora.target_modules);
   pc.use_rslora = cfg_.lora.use_rslora;
+  // A local model dir as an absolute, normalised path, so PEFT's AutoPeftModelForCausalLM finds the
+  // base from any working directory (a relative model.path is relative to the cwd of `qlora train`).
   pc.base_model_name_or_path = cfg_.model.path.empty() ? cfg_.model.preset : cfg_.model.path;
+  std::error_code ec;
+  if (!cfg_.model.path.empty() && fs::is_directory(cfg_.model.path, ec)) {
+    fs::path abs = fs::absolute(cfg_.model.path, ec).lexically_normal();
+    if (!ec && abs.has_parent_path() && abs.filename().empty()) abs = abs.parent_path();  // "dir/" -> "dir"
+    if (!ec) pc.base_model_name_or_path = abs.string();
+  }
   return pc;
 }
 
@@ -674,6 +685,7 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds) {
   st.fingerprint = fingerprint_;
   st.data_sha256 = data_sha_;
   st.world_size = dist_->world_size();
+  st.total_steps = total_steps_;
   const OptimizerTensors ot = capture_adamw_state(*opt_, model_->lora_parameters());
   torch::Tensor rng_cuda;
   if (device_.is_cuda()) rng_cuda = at::globalContext().defaultGenerator(c10::DeviceType::CUDA).get_state();
@@ -934,6 +946,13 @@ void Trainer::resume_from(const std::string& ckpt) {
   preemption_["time_lost_s"] = lc.state.time_lost_s + lost;
   log::info("resume: from ", ckpt, " at step ", step_, " (epoch ", lc.state.sampler.epoch, ", cursor ",
             lc.state.sampler.cursor, "); ", lost, " s of work past it redone");
+  // training.max_steps / num_epochs may change on resume (they are not run-meaning keys), but the
+  // LR schedule (decay, warmup_ratio) is computed over the total: say that it changes from here.
+  if (lc.state.total_steps > 0 && lc.state.total_steps != total_steps_ && step_ < total_steps_)
+    log::warn("resume: total steps changed from ", lc.state.total_steps, " to ", total_steps_,
+              " (training.max_steps / num_epochs): the learning-rate schedule (", to_string(cfg_.training.lr_scheduler),
+              ", warmup ", warmup_steps_, ") is computed over ", total_steps_, " steps from step ", step_ + 1,
+              " on, so it differs from the ", lc.state.total_steps, "-step run's");
 }
 
 }  // namespace qlora

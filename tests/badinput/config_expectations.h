@@ -15,6 +15,8 @@ struct BadConfigExpect {
 /// One entry per file in tests/badinput/configs/ (the test fails on a file without an entry).
 inline const std::map<std::string, BadConfigExpect>& bad_config_expectations() {
   static const std::map<std::string, BadConfigExpect> table = {
+      {"axolotl_adapter.yaml", {1, "adapter: unknown key; Axolotl / Hugging Face's \"adapter\" is \"quantization.method\" here (adapter: qlora is method: nf4, adapter: lora is method: none)"}},
+      {"axolotl_save_total_limit.yaml", {8, "checkpoint.save_total_limit: unknown key; Axolotl / Hugging Face's \"save_total_limit\" is \"checkpoint.keep_last\" here"}},
       {"alias_bomb.yaml", {7, "YAML error: more than 100000 nodes (after expanding aliases)"}},
       {"blocksize_not_power_of_two.yaml", {8, "quantization.blocksize: expected a power of two in [32, 4096], got 100"}},
       {"colon_in_plain_value.yaml", {1, "YAML syntax error"}},
@@ -23,6 +25,7 @@ inline const std::map<std::string, BadConfigExpect>& bad_config_expectations() {
       {"data_train_missing.yaml", {4, "data.train: required key is missing"}},
       {"deep_nesting.yaml", {2, "YAML error: nested deeper than 256 levels"}},
       {"dropout_one.yaml", {7, "lora.dropout: expected a number in [0, 1), got 1.0"}},
+      {"dtype_float64.yaml", {4, "model.dtype: expected one of bf16|fp16|fp32|auto (or torch's bfloat16|float16|float32), got \"float64\""}},
       {"duplicate_key.yaml", {9, "training.learning_rate: duplicate key (first set on line 7)"}},
       {"duplicate_top_level.yaml", {6, "output_dir: duplicate key (first set on line 1)"}},
       {"empty.yaml", {0, "the config is empty"}},

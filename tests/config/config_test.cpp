@@ -3,6 +3,7 @@
 // rules and the to_yaml round trip. The bad-config corpus lives in tests/badinput/badinput_config.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -184,6 +185,123 @@ TEST(Config, ErrorsNameFileLineAndKey) {
             "\"model.path\" here (docs/config.md)");
 }
 
+// More Axolotl / Hugging Face names (issue: a new user's Axolotl config): each answered with the
+// key(s) that do the same here, or what to do instead when there is none.
+TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
+  auto top = [](const std::string& line) { return error_of(std::string(kMinimal) + line + "\n"); };
+  const std::string p = "t.yaml:5: ";
+  EXPECT_EQ(top("save_total_limit: 2"),
+            p + "save_total_limit: unknown key; Axolotl / Hugging Face's \"save_total_limit\" is \"checkpoint.keep_last\" "
+                "here (docs/config.md)");
+  for (const char* k : {"evaluation_strategy", "eval_strategy"})
+    EXPECT_EQ(top(std::string(k) + ": steps"),
+              p + k + ": unknown key; Axolotl / Hugging Face's \"" + k + "\" is \"training.eval_steps\" here (we count "
+              "optimizer steps; 0: at the end of each epoch) (docs/config.md)");
+  EXPECT_EQ(top("save_strategy: steps"),
+            p + "save_strategy: unknown key; Axolotl / Hugging Face's \"save_strategy\" is \"checkpoint.save_steps\" here "
+                "(we count optimizer steps; checkpoint.save_minutes saves by wall time) (docs/config.md)");
+  EXPECT_EQ(top("chat_template: tokenizer_default"),
+            p + "chat_template: unknown key; Axolotl / Hugging Face's \"chat_template\" is \"data.template\" here (its "
+                "tokenizer_default is template: auto) (docs/config.md)");
+  EXPECT_EQ(top("adapter: qlora"),
+            p + "adapter: unknown key; Axolotl / Hugging Face's \"adapter\" is \"quantization.method\" here (adapter: "
+                "qlora is method: nf4, adapter: lora is method: none) (docs/config.md)");
+  for (const char* k : {"optimizer", "optim"})
+    EXPECT_EQ(top(std::string(k) + ": paged_adamw_8bit"),
+              p + k + ": unknown key; Axolotl / Hugging Face's \"" + k + "\" has no key here: qlora-cpp trains with "
+              "AdamW only, tuned by training.learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, "
+              "max_grad_norm (docs/config.md)");
+  // A top-level seed: both seeds, and what each drives (config/config.h, data/options.h).
+  EXPECT_EQ(top("seed: 7"),
+            p + "seed: unknown key; Axolotl / Hugging Face's \"seed\" is two keys here: \"training.seed\" (LoRA "
+                "initialisation and dropout) and \"data.seed\" (the epoch shuffle and the val_set_size hold-out) "
+                "(docs/config.md)");
+  EXPECT_EQ(top("torch_dtype: bfloat16"),
+            p + "torch_dtype: unknown key; Axolotl / Hugging Face's \"torch_dtype\" is \"model.dtype\" here "
+                "(docs/config.md)");
+  // Every hint names keys that exist: the sentence's keys are in the schema.
+  std::vector<std::string> keys;
+  for (const ConfigKey& k : config_keys()) keys.push_back(k.key);
+  for (const char* k : {"checkpoint.keep_last", "training.eval_steps", "checkpoint.save_steps", "checkpoint.save_minutes",
+                        "data.template", "quantization.method", "training.learning_rate", "training.weight_decay",
+                        "training.adam_beta1", "training.adam_beta2", "training.adam_epsilon", "training.max_grad_norm",
+                        "training.seed", "data.seed", "model.dtype"})
+    EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
+  EXPECT_EQ(parse(kMinimal, {"data.template=auto"}).data.template_name, "auto");
+  EXPECT_EQ(parse(kMinimal, {"quantization.method=none"}).quantization.quant_type, std::nullopt);
+}
+
+// model.dtype takes Hugging Face's torch_dtype spellings too, through the one dtype parser
+// (model/options.h dtype_from_name); config.resolved.yaml (to_yaml) writes ours.
+TEST(Config, DTypeTakesTorchSpellings) {
+  const std::vector<std::pair<std::string, DType>> names = {
+      {"bfloat16", DType::kBF16}, {"float16", DType::kFP16}, {"float32", DType::kFP32},
+      {"bf16", DType::kBF16},     {"fp16", DType::kFP16},    {"fp32", DType::kFP32}, {"auto", DType::kAuto}};
+  for (const auto& [name, d] : names) {
+    const Config c = parse("output_dir: o\nmodel: {path: m, dtype: " + name + "}\ndata: {train: t}\n");
+    EXPECT_EQ(c.model.dtype, d) << name;
+    const std::string y = to_yaml(c);
+    EXPECT_NE(y.find(std::string("dtype: ") + dtype_name(d) + "\n"), std::string::npos) << y;
+    EXPECT_EQ(y.find("float"), std::string::npos) << y;
+    EXPECT_EQ(parse(y), c);
+    EXPECT_EQ(parse(kMinimal, {"model.dtype=" + name}).model.dtype, d) << name;
+  }
+  EXPECT_EQ(error_of("output_dir: o\nmodel: {path: m, dtype: float64}\ndata: {train: t}\n"),
+            "t.yaml:2: model.dtype: expected one of bf16|fp16|fp32|auto (or torch's bfloat16|float16|float32), got "
+            "\"float64\"");
+  EXPECT_EQ(error_of(kMinimal, {"model.dtype=bf61"}),
+            "--set model.dtype=bf61: model.dtype: expected one of bf16|fp16|fp32|auto (or torch's "
+            "bfloat16|float16|float32), got \"bf61\"; did you mean \"bf16\"?");
+}
+
+// Config::key_sources keeps where each key was set, so the checks that need the files (model dir,
+// data size) name the config's file:line like parse errors do (with_key_sources).
+TEST(Config, KeySourcesNameFileLineForLaterErrors) {
+  const std::string text = "output_dir: o\nmodel:\n  path: models/m\ndata:\n  train: t\n  val_set_size: 5000\n";
+  const Config c = parse(text);
+  EXPECT_EQ(c.key_sources.at("model.path"), "t.yaml:3");
+  EXPECT_EQ(c.key_sources.at("data.val_set_size"), "t.yaml:6");
+  EXPECT_EQ(c.key_sources.at("output_dir"), "t.yaml:1");
+  EXPECT_EQ(c.key_sources.count("training.seed"), 0u) << "a default has no source";
+  // docs/config.md's example: the shipped SmolLM2 config run without the imported model.
+  const std::string smol = (test::source_dir() / "configs" / "smollm2" / "135m_qlora.yaml").string();
+  const Config sc = load_config(smol);
+  EXPECT_EQ(sc.model.path, "models/SmolLM2-135M-Instruct");
+  EXPECT_EQ(sc.key_sources.at("model.path"), smol + ":10");
+  const std::string msg =
+      test::error_of([&] { with_key_sources(c, [] { fail("data.val_set_size: 5000 leaves no training example out of 681"); }); });
+  EXPECT_EQ(msg, "t.yaml:6: data.val_set_size: 5000 leaves no training example out of 681");
+  EXPECT_EQ(test::error_of([&] { with_key_sources(c, [&] { return tokenizer_source(c.model); }); }),
+            "t.yaml:3: model.path: models/m: model directory not found");
+  // A --set names itself; a key without a source, or another message, passes unchanged.
+  const Config o = parse(text, {"data.val_set_size=0.5"});
+  EXPECT_EQ(test::error_of([&] { with_key_sources(o, [] { fail("data.val_set_size: 0.5 ..."); }); }),
+            "--set data.val_set_size=0.5: data.val_set_size: 0.5 ...");
+  EXPECT_EQ(test::error_of([&] { with_key_sources(c, [] { fail("data.eval: x"); }); }), "data.eval: x");
+  EXPECT_EQ(test::error_of([&] { with_key_sources(c, [] { fail("t: no such file"); }); }), "t: no such file");
+  EXPECT_THROW(with_key_sources(c, [] { throw Interrupted("data.val_set_size: not this kind"); }), Interrupted);
+  EXPECT_EQ(with_key_sources(c, [] { return 3; }), 3);
+  // Not a setting: equal configs from different lines compare equal; config_with_overrides keeps
+  // the base's sources and adds its overrides'.
+  EXPECT_EQ(parse("\n" + text), c);
+  const Config w = config_with_overrides(c, {"data.seed=1"}, "x");
+  EXPECT_EQ(w.key_sources.at("model.path"), "t.yaml:3");
+  EXPECT_EQ(w.key_sources.at("data.seed"), "--set data.seed=1");
+}
+
+// data.val_set_size as a fraction holds out ceil(fraction * n), as Hugging Face datasets'
+// Dataset.train_test_split(test_size=fraction) does (src/datasets/arrow_dataset.py, train_test_split:
+// `n_test = ceil(test_size * n_samples)`, the float product then ceil; Axolotl splits with it).
+// The datasets package is not in the venv, so the reference is that formula, in Python float
+// arithmetic (IEEE double, as here): e.g. 0.05 * 203 = 10.15 -> 11, 0.07 * 100 = 7.000000000000001 -> 8.
+TEST(DataOptions, ValSetSizeFractionIsCeilAsHfTrainTestSplit) {
+  struct Case { double size; int64_t n, want; };
+  for (const Case& c : {Case{0.05, 203, 11}, Case{0.05, 200, 10}, Case{0.1, 681, 69}, Case{0.07, 100, 8},
+                        Case{0.5, 3, 2}, Case{0.01, 10, 1}, Case{0.2, 5, 1}, Case{0.999, 1000, 999},
+                        Case{5000, 681, 5000}, Case{1, 10, 1}, Case{0, 10, 0}})
+    EXPECT_EQ(data::val_set_count(c.size, c.n), c.want) << c.size << " of " << c.n;
+}
+
 TEST(Config, CrossFieldRules) {
   EXPECT_NE(error_of(kMinimal, {"training.num_epochs=0"}).find("nothing to train"), std::string::npos);
   EXPECT_EQ(parse(kMinimal, {"training.num_epochs=0", "training.max_steps=5"}).training.max_steps, 5);
@@ -229,7 +347,7 @@ TEST(Config, RangeChecks) {
            Case{"quantization.blocksize=48", "quantization.blocksize: expected a power of two in [32, 4096]"},
            Case{"quantization.blocksize=8192", "a power of two in [32, 4096]"},
            Case{"quantization.method=int8", "quantization.method: expected one of nf4|fp4|none"},
-           Case{"model.dtype=bfloat16", "model.dtype: expected one of bf16|fp16|fp32|auto"},
+           Case{"model.dtype=float64", "model.dtype: expected one of bf16|fp16|fp32|auto"},
            Case{"data.format=jsonl", "data.format: expected one of auto|alpaca|sharegpt|messages|completion"},
            Case{"data.template=chatlm", "did you mean \"chatml\"?"},
            Case{"training.lr_scheduler=cosin", "did you mean \"cosine\"?"},

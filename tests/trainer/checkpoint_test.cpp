@@ -210,6 +210,92 @@ TEST_F(Resume, SecondCtrlCQuitsAtOnceAndTheRunResumes) {
   EXPECT_NE(lg.find("interrupted: stopped at step"), std::string::npos) << lg;
 }
 
+// training.max_steps may change on resume (a finished 6-step run extended to 8), but the cosine
+// schedule is computed over the total: one warning line names both totals and the step from which
+// the schedule changes; the checkpoint records the new total, so the same command again is quiet.
+TEST_F(Resume, ChangedMaxStepsWarnsThatTheScheduleChanges) {
+  const fs::path out = root / "extend";
+  const std::string warning = "resume: total steps changed from 6 to 8 (training.max_steps / num_epochs): the "
+                              "learning-rate schedule (cosine, warmup 2) is computed over 8 steps from step 7 on, "
+                              "so it differs from the 6-step run's";
+  Out o = train(out, "--set training.max_steps=6");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_EQ(o.out.find("total steps changed"), std::string::npos) << o.out;
+  o = train(out, "--set training.max_steps=8");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find(warning), std::string::npos) << o.out;
+  EXPECT_EQ(logged_steps(o.out), (std::vector<int64_t>{7, 8})) << o.out;
+  EXPECT_EQ(metrics(out).size(), 8u);
+  const auto ckpts = qlora::list_checkpoints((out / "checkpoints").string());
+  ASSERT_FALSE(ckpts.empty());
+  const json state = json::parse(qlora::read_file((fs::path(ckpts[0]) / "trainer_state.json").string()));
+  EXPECT_EQ(state["step"], 8);
+  EXPECT_EQ(state["total_steps"], 8);
+  o = train(out, "--set training.max_steps=8");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("is already complete (8 of 8 steps)"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("total steps changed"), std::string::npos) << o.out;
+}
+
+// The tiny run's model and data, used by configs written beside them (relative paths, bad values).
+class TinyCli : public qlora::test::TinyRunSuite<TinyCli> {
+ public:
+  static constexpr const char* kTempName = "tinycli";
+  static constexpr int kSaveSteps = 0;
+};
+
+// Errors of checks that need the files (the model dir, the data size) name the config's file:line
+// (or the --set) like parse errors do, and nothing is written.
+TEST_F(TinyCli, ConfigKeyErrorsAfterParsingNameFileLine) {
+  const fs::path cfg = root / "late_errors.yaml";
+  std::ofstream(cfg) << "output_dir: " << (root / "late").string() << "\n"
+                     << "model: {path: no/such/model, dtype: fp32}\n"
+                     << "data:\n  train: " << (root / "data.json").string() << "\n  template: alpaca\n"
+                     << "  val_set_size: 5000\n";
+  const std::string train = std::string(QLORA_BIN) + " train " + cfg.string();
+  Out o = sh(train);
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(o.out.find(cfg.string() + ":2: model.path: no/such/model: model directory not found"), std::string::npos)
+      << o.out;
+  const std::string model = " --set model.path=" + (root / "model").string();
+  o = sh(train + model);
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(o.out.find(cfg.string() + ":6: data.val_set_size: 5000 leaves no training example out of 24"),
+            std::string::npos) << o.out;
+  o = sh(train + model + " --set data.val_set_size=24");
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(o.out.find("--set data.val_set_size=24: data.val_set_size: 24 leaves no training example out of 24"),
+            std::string::npos) << o.out;
+  o = sh(std::string(QLORA_BIN) + " data preview " + cfg.string());
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(o.out.find(cfg.string() + ":2: model.path: no/such/model: model directory not found"), std::string::npos)
+      << o.out;
+  EXPECT_FALSE(fs::exists(root / "late"));
+}
+
+// adapter_config.json names a local base model by its absolute, normalised path, though the config
+// gives it relative to the cwd ("./model/"): PEFT's AutoPeftModelForCausalLM loads the run's
+// adapter from another directory.
+TEST_F(TinyCli, AdapterConfigNamesTheBaseByAbsolutePath) {
+  std::ofstream(root / "relative.yaml")
+      << "output_dir: rel_run\nmodel: {path: ./model/, dtype: fp32}\nquantization: {method: none}\n"
+      << "lora: {r: 4, alpha: 8}\ndata: {train: data.json, template: alpaca, sequence_len: 512}\n"
+      << "training: {micro_batch_size: 2, gradient_accumulation_steps: 1, max_steps: 1, warmup_steps: 0}\n"
+      << "checkpoint: {save_steps: 0, save_minutes: 0}\n";
+  Out o = sh("cd " + root.string() + " && " + QLORA_BIN + " train relative.yaml");
+  ASSERT_EQ(o.status, 0) << o.out;
+  const fs::path run = root / "rel_run";
+  const json ac = json::parse(qlora::read_file((run / "adapter_config.json").string()));
+  EXPECT_EQ(ac["base_model_name_or_path"], (fs::canonical(root) / "model").string());
+  QLORA_REQUIRE_PYTHON_EXE(python);
+  o = sh("cd / && HF_HUB_OFFLINE=1 " + python +
+         " -c \"import sys; from peft import AutoPeftModelForCausalLM; "
+         "m = AutoPeftModelForCausalLM.from_pretrained(sys.argv[1]); "
+         "print('OK', m.peft_config['default'].base_model_name_or_path)\" " + run.string() + " 2>&1");
+  EXPECT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("OK " + (fs::canonical(root) / "model").string()), std::string::npos) << o.out;
+}
+
 TEST(CheckpointFiles, IncompleteTemporaryDirectoriesAreIgnored) {
   const qlora::test::TempDir tmp("ckpt_incomplete");
   const fs::path& d = tmp.path;

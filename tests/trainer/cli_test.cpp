@@ -76,6 +76,24 @@ TEST(Cli, InitInspectGenerateOnTinyPreset) {
 
 TEST(Cli, MissingDirectory) { expect_clean_error(run("inspect /nonexistent/model"), "/nonexistent/model"); }
 
+// Every --dtype takes torch's spellings too (the one dtype parser, model/options.h), as the
+// config's model.dtype does: `--dtype float32` is `--dtype fp32`; anything else is a usage error.
+TEST(Cli, DTypeOptionsTakeTorchSpellings) {
+  const CliRun fp32 = run("estimate --preset tiny --dtype fp32");
+  ASSERT_EQ(fp32.status, 0) << fp32.out;
+  const CliRun float32 = run("estimate --preset tiny --dtype float32");
+  EXPECT_EQ(float32.status, 0) << float32.out;
+  EXPECT_EQ(float32.out, fp32.out);
+  EXPECT_NE(run("estimate --preset tiny --dtype bfloat16").out, fp32.out);
+  const CliRun bad = run("estimate --preset tiny --dtype float64");
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_NE(bad.out.find("dtype 'float64' is not one of bf16, fp16, fp32, auto (or torch's bfloat16, float16, float32)"),
+            std::string::npos) << bad.out;
+  const CliRun auto16 = run("import-gguf /nonexistent.gguf --out /nonexistent_out --dtype float16");
+  EXPECT_EQ(auto16.status, 2) << auto16.out;  // import-gguf stores bf16 or fp32 only
+  EXPECT_NE(auto16.out.find("fp16 not in {bf16,fp32}"), std::string::npos) << auto16.out;
+}
+
 TEST(Cli, ConfigMissingAndBroken) {
   fs::path d = temp_dir("cfg");
   expect_clean_error(run("inspect " + d.string()), "config.json: not found");
