@@ -25,11 +25,9 @@ std::string cmd_data_preview(const DataPreviewOptions& o) {
     dopts.template_name = data::resolve_template(dopts.template_name, tok_src);  // "auto" -> a name
     const data::BatchPlan plan{cfg.training.micro_batch_size, cfg.training.gradient_accumulation_steps,
                                cfg.training.num_epochs, cfg.training.max_steps};
-    return data::render_preview(dopts, tok, o.n, &plan);
+    return data::render_preview(dopts, tok, o.n, &plan, tok_src);
   });
-  const std::string note = data::template_mismatch_note(dopts.template_name, tok_src);
-  const bool raw_text = preview.find("\nformat: completion\n") != std::string::npos;  // no template applies
-  return (note.empty() || raw_text ? "" : "warning: " + note + "\n") + preview;
+  return preview;
 }
 
 void cmd_train(const TrainCliOptions& o) {

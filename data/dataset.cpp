@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "data/batch.h"
+#include "data/template.h"
 
 namespace qlora::data {
 
@@ -320,17 +321,21 @@ std::string batching_summary(const Datasets& d, const DataOptions& opts, const T
 }
 }  // namespace
 
-std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n, const BatchPlan* plan) {
+std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n, const BatchPlan* plan,
+                           const std::string& model_dir) {
   const Datasets d = load_datasets(opts, tok);
   std::ostringstream o;
   if (d.stats.read.format == "completion") {
-    // render(): raw text is BOS text [EOS] whatever data.template names; train_on_inputs only
-    // labels the BOS, a position the shifted loss never predicts.
+    // render(): raw text is [BOS, where the tokenizer adds one] text [EOS] whatever data.template
+    // names; train_on_inputs only labels the BOS, a position the shifted loss never predicts.
     o << "format: completion, sequence_len " << opts.sequence_len << ", truncation " << opts.truncation
       << "  (raw text: data.template does not apply; every text token trained"
       << (opts.add_eos ? ", EOS last" : "")
       << "; train_on_inputs only labels the BOS, which no position predicts; [[masked]] = label -100)\n";
   } else {
+    if (const std::string note = model_dir.empty() ? "" : template_mismatch_note(opts.template_name, model_dir);
+        !note.empty())
+      o << "warning: " << note << "\n";
     o << "template: " << opts.template_name << ", sequence_len " << opts.sequence_len << ", truncation "
       << opts.truncation << ", train_on_inputs " << (opts.train_on_inputs ? "true" : "false")
       << "  ([[masked]] = label -100)\n";

@@ -180,14 +180,14 @@ void Trainer::setup() {
     log::warn(note);
   log::info("data: ", data_.stats.train_examples, " train / ", data_.stats.eval_examples, " eval examples, ",
             data_.stats.tokens_trainable, " trainable tokens");
-  for (const auto& [file, st] : {std::pair{cfg_.data.train, &data_.stats}, std::pair{cfg_.data.eval, &data_.eval_stats}})
-    if (const std::string note = data::unused_records_note(*st); !file.empty() && !note.empty() && run_.dist.rank == 0)
-      log::warn("data: ", file, ": ", note);  // every rank reads the same data: rank 0 says it once
-  for (const auto& [file, st] : {std::pair{cfg_.data.train, &data_.stats}, std::pair{cfg_.data.eval, &data_.eval_stats}})
-    if (!file.empty() && st->split_documents > 0)
+  for (const auto& [file, st] : {std::pair{cfg_.data.train, &data_.stats}, std::pair{cfg_.data.eval, &data_.eval_stats}}) {
+    if (file.empty() || run_.dist.rank != 0) continue;  // every rank reads the same data: rank 0 says it once
+    if (const std::string note = data::unused_records_note(*st); !note.empty()) log::warn("data: ", file, ": ", note);
+    if (st->split_documents > 0)
       log::info("data: ", file, ": ", st->split_documents, " documents longer than sequence_len ", st->sequence_len,
                 " split into ", st->split_pieces, " pieces (data.truncation: split; ", st->split_tails_dropped,
                 " single-token tails dropped)");
+  }
 
   // The run's identity: its run-meaning settings and the content (not only the paths) of its data;
   // which run owns output_dir and what to resume is decided before anything is written.

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "data/dataset.h"
 #include "data/reader.h"
 #include "data/template.h"
 #include "tests/test_util.h"
@@ -175,6 +176,18 @@ TEST(BuiltinTemplates, MismatchNoteNamesTheModelsOwnTemplate) {
   EXPECT_EQ(template_mismatch_note("smollm2", smol.parent_path().string()), "");
   EXPECT_EQ(template_mismatch_note("alpaca", spm.parent_path().string()), "");
   EXPECT_EQ(template_mismatch_note("alpaca", "/nonexistent"), "");
+  // data preview (given the model dir) starts with it; raw text is rendered without a template
+  QLORA_REQUIRE_SHARED(alpaca, "data/alpaca_en_demo.json");
+  QLORA_REQUIRE_SHARED(c4, "data/c4_demo.jsonl");
+  const Tokenizer tok = Tokenizer::from_pretrained(smol.parent_path().string());
+  DataOptions o;
+  o.train = alpaca.string();
+  o.template_name = "chatml";
+  EXPECT_EQ(render_preview(o, tok, 0, nullptr, smol.parent_path().string())
+                .rfind("warning: data.template is chatml, but the model's own chat template is smollm2's", 0), 0u);
+  EXPECT_EQ(render_preview(o, tok, 0).find("warning:"), std::string::npos) << "no model dir, no note";
+  o.train = c4.string();
+  EXPECT_EQ(render_preview(o, tok, 0, nullptr, smol.parent_path().string()).find("warning:"), std::string::npos);
 }
 
 // template: auto finds each named template from the model's jinja text, in either file.
