@@ -167,7 +167,7 @@ std::string cmd_eval(const EvalOptions& o) {
   const int64_t cached = model.cache_dequantized(kDequantCacheBytes);
   if (cached > 0) log::info("eval: dequantized the 4-bit linears once (", cached / (1 << 20), " MiB) for inference");
 
-  const int32_t pad_id = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+  const int32_t pad_id = tok.batch_pad_id();
   const auto [loss, targets] = evaluate_loss(model, exs, cfg.training.micro_batch_size, dopts, pad_id);
   json j = {{"model", cfg.model.path.empty() ? cfg.model.preset : cfg.model.path},
             {"adapter", o.adapter},

@@ -287,7 +287,7 @@ BatchingStats batching_stats(const std::vector<Example>& train, int64_t micro_ba
 
 namespace {
 std::string batching_summary(const Datasets& d, const DataOptions& opts, const Tokenizer& tok, const BatchPlan& p) {
-  const int32_t pad_id = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+  const int32_t pad_id = tok.batch_pad_id();
   const BatchingStats b = batching_stats(d.train, p.micro_batch_size, opts, pad_id);
   std::ostringstream o;
   o.setf(std::ios::fixed);
@@ -305,13 +305,10 @@ std::string batching_summary(const Datasets& d, const DataOptions& opts, const T
     << b.positions - b.tokens << " padding (" << 100.0 * (b.positions - b.tokens) / pos << "%), " << b.trained
     << " trained (" << 100.0 * b.trained / pos << "%)\n";
   const int64_t ga = std::max<int64_t>(1, p.gradient_accumulation_steps);
-  int64_t steps = 0;
-  for (int64_t e = 0; e < std::max<int64_t>(1, p.num_epochs); ++e) {
-    const int64_t mb = e == 0 ? b.micro_batches : DataLoader(&d.train, p.micro_batch_size, opts, pad_id,
-                                                             SamplerState{static_cast<uint64_t>(e), 0, opts.seed})
-                                                      .batches_in_epoch(static_cast<uint64_t>(e));
-    steps += (mb + ga - 1) / ga;
-  }
+  int64_t steps = 0;  // counted as Trainer::setup does: one loader, each epoch's batch count
+  const DataLoader loader(&d.train, p.micro_batch_size, opts, pad_id, SamplerState{0, 0, opts.seed});
+  for (int64_t e = 0; e < std::max<int64_t>(1, p.num_epochs); ++e)
+    steps += (loader.batches_in_epoch(static_cast<uint64_t>(e)) + ga - 1) / ga;
   o << "optimizer steps on one rank (gradient_accumulation_steps " << ga << "): "
     << (b.micro_batches + ga - 1) / ga << " in epoch 1, " << steps << " in " << std::max<int64_t>(1, p.num_epochs)
     << " epoch" << (p.num_epochs > 1 ? "s" : "");

@@ -151,6 +151,8 @@ class Tokenizer {
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   /// -1 when the model has no pad token (Llama 2); batches then pad with eos_id (see batch.h).
   int32_t pad_id() const { return pad_id_; }
+  /// The id batches are padded with (batch.h): pad_id(), else eos_id() (-1 when neither exists).
+  int32_t batch_pad_id() const { return pad_id_ >= 0 ? pad_id_ : eos_id_; }
   int32_t unk_id() const { return unk_id_; }
   /// True when `id` is BOS, EOS, PAD, UNK, a sentencepiece control piece or an added token
   /// marked `"special": true` in tokenizer.json.

@@ -235,7 +235,7 @@ void Trainer::setup() {
   model_->gradient_checkpointing = t.gradient_checkpointing;
   memory_.record("after_load");  // memory_report.json (trainer/estimate.h)
 
-  pad_id_ = tok_->pad_id() >= 0 ? tok_->pad_id() : tok_->eos_id();
+  pad_id_ = tok_->batch_pad_id();
   loader_ = std::make_unique<data::DataLoader>(&data_.train, t.micro_batch_size, cfg_.data, pad_id_, data::SamplerState{0, 0, cfg_.data.seed});
   int64_t per_epoch = 0;
   const int64_t group = global_group_size();

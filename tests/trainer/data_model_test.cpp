@@ -70,7 +70,7 @@ TEST_P(Packing, PackedLogitsEqualUnpacked) {
   o.sample_packing = true;
   Fixture s = setup(dir.parent_path(), o);
   torch::NoGradGuard ng;
-  data::DataLoader loader(&s.examples, GetParam(), o, s.tok.pad_id() >= 0 ? s.tok.pad_id() : s.tok.eos_id(), {});
+  data::DataLoader loader(&s.examples, GetParam(), o, s.tok.batch_pad_id(), {});
   int checked = 0, packed_rows = 0;
   for (int64_t bi = 0; bi < loader.batches_in_epoch(0); ++bi) {
     data::Batch b = loader.next();
