@@ -62,7 +62,7 @@ const std::vector<std::string> kFormats = {"auto", "alpaca", "sharegpt", "messag
 // = data::template_names() plus "auto" (resolved from the model's chat template when the data
 // is loaded: data::resolve_template). Keep in sync (tests/badinput pins this list).
 const std::vector<std::string> kTemplates = {"alpaca", "chatml",  "llama2", "vicuna", "none", "smollm2",
-                                             "qwen2.5", "qwen3", "llama3", "mistral", "auto"};
+                                             "qwen2.5", "qwen3", "llama3", "llama3.1", "llama3.2", "mistral", "auto"};
 const std::vector<std::string> kTruncations = {"drop", "truncate", "split"};
 const std::vector<std::string> kPaddingSides = {"right", "left"};
 

@@ -41,12 +41,14 @@ std::string leading_system(const Record& r, size_t* first) {
 
 const std::vector<std::string>& template_names() {
   static const std::vector<std::string> k = {"alpaca", "chatml", "llama2", "vicuna", "none",
-                                             "smollm2", "qwen2.5", "qwen3", "llama3", "mistral"};
+                                             "smollm2", "qwen2.5", "qwen3", "llama3", "llama3.1", "llama3.2",
+                                             "mistral"};
   return k;
 }
 
 bool is_family_template(const std::string& name) {
-  return name == "smollm2" || name == "qwen2.5" || name == "qwen3" || name == "llama3" || name == "mistral";
+  return name == "smollm2" || name == "qwen2.5" || name == "qwen3" || name == "llama3" || name == "llama3.1" ||
+         name == "llama3.2" || name == "mistral";
 }
 
 std::vector<Segment> render(const Record& r, const std::string& name, const Tokenizer& tok, bool add_eos) {
@@ -259,25 +261,36 @@ const char* kQwenToolsTail =
     "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
     "<args-json-object>}\n</tool_call>";
 
-void py_dump(const ojson& v, std::string* out) {
-  if (v.is_object()) {
-    *out += '{';
+// Python's json.dumps(v, ensure_ascii=False[, indent=indent]) (jinja's `tojson` in transformers):
+// without indent, items joined by ", " and keys by ": "; with indent > 0, one item per line at
+// depth × indent spaces, items joined by ",", empty containers as {} / [].
+void py_dump(const ojson& v, std::string* out, int indent = 0, int depth = 0) {
+  const auto sep = [&](bool first_item, int d) {
+    if (indent > 0) {
+      *out += first_item ? "\n" : ",\n";
+      out->append(static_cast<size_t>(indent * d), ' ');
+    } else if (!first_item) {
+      *out += ", ";
+    }
+  };
+  if (v.is_object() || v.is_array()) {
+    const bool obj = v.is_object();
+    *out += obj ? '{' : '[';
     bool first = true;
     for (auto it = v.begin(); it != v.end(); ++it) {
-      if (!first) *out += ", ";
+      sep(first, depth + 1);
       first = false;
-      *out += ojson(it.key()).dump();
-      *out += ": ";
-      py_dump(it.value(), out);
+      if (obj) {
+        *out += ojson(it.key()).dump();
+        *out += ": ";
+      }
+      py_dump(it.value(), out, indent, depth + 1);
     }
-    *out += '}';
-  } else if (v.is_array()) {
-    *out += '[';
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (i) *out += ", ";
-      py_dump(v[i], out);
+    if (indent > 0 && !v.empty()) {
+      *out += '\n';
+      out->append(static_cast<size_t>(indent * depth), ' ');
     }
-    *out += ']';
+    *out += obj ? '}' : ']';
   } else {
     // strings: nlohmann escapes exactly the characters json.dumps(ensure_ascii=False) escapes
     // (" \\ \b \f \n \r \t, other < 0x20 as \u00xx); numbers: shortest round-trip form.
@@ -285,9 +298,9 @@ void py_dump(const ojson& v, std::string* out) {
   }
 }
 
-std::string py_dump(const ojson& v) {
+std::string py_dump(const ojson& v, int indent = 0) {
   std::string s;
-  py_dump(v, &s);
+  py_dump(v, &s, indent);
   return s;
 }
 
@@ -331,7 +344,8 @@ struct FamilyRenderer {
       Msg m;
       m.role = t.role;
       m.content = t.content;
-      if (t.tool_call && (name == "qwen2.5" || name == "qwen3" || name == "mistral")) {
+      if (t.tool_call && (name == "qwen2.5" || name == "qwen3" || name == "llama3.1" || name == "llama3.2" ||
+                          name == "mistral")) {
         ojson call;
         try {
           call = ojson::parse(t.content);
@@ -474,17 +488,74 @@ struct FamilyRenderer {
     }
   }
 
+  // '<|start_header_id|>' + role + '<|end_header_id|>\n\n' (prompt side)
+  void llama_header(const std::string& role) {
+    control("<|start_header_id|>");
+    text(role);
+    control("<|end_header_id|>");
+    text("\n\n");
+  }
+
   void llama3(const std::string& bos) {
     // '<|start_header_id|>' + role + '<|end_header_id|>\n\n' + content|trim + '<|eot_id|>', bos_token first
     for (size_t i = 0; i < msgs.size(); ++i) {
       const bool a = msgs[i].role == "assistant";
       if (i == 0) control(bos);
-      control("<|start_header_id|>");
-      text(msgs[i].role);
-      control("<|end_header_id|>");
-      text("\n\n");
+      llama_header(msgs[i].role);
       text(py_strip(msgs[i].content), a);
       control("<|eot_id|>", a);
+    }
+  }
+
+  // Llama 3.1 / 3.3 (llama3.1.jinja) and 3.2 (llama3.2.jinja): a system turn always, with
+  // "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" before the system
+  // message (3.1's date_string default; 3.2's jinja writes strftime_now("%d %b %Y"), the day of
+  // rendering, where the renderer defines it: we write the jinja's fallback date so that a run's
+  // data do not change with the day, docs/data.md). With tools ("Environment: ipython\n" in the
+  // system turn; tools_in_user_message, the default): the first message after the system one is
+  // the user turn that lists the tools (tojson(indent=4)). A call: one assistant turn
+  // {"name": N, "parameters": ARGS|tojson}; a tool result: an `ipython` turn of content|tojson
+  // (a string is iterable in jinja, so it is written as a JSON string).
+  void llama31(const std::string& bos) {
+    control(bos);
+    size_t first = 0;
+    std::string sys;
+    if (msgs[0].role == "system") {
+      sys = py_strip(msgs[0].content);
+      first = 1;
+    }
+    llama_header("system");
+    text(std::string(tools.empty() ? "" : "Environment: ipython\n") +
+         "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" + sys);
+    control("<|eot_id|>");
+    if (!tools.empty()) {
+      if (first == msgs.size()) bad("Cannot put tools in the first user message when there's no first user message!");
+      std::string s =
+          "Given the following functions, please respond with a JSON for a function call with its proper arguments "
+          "that best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
+          "dictionary of argument name and its value}.Do not use variables.\n\n";
+      for (const ojson& t : tools) s += py_dump(t, 4) + "\n\n";
+      llama_header("user");
+      text(s + py_strip(msgs[first].content));
+      control("<|eot_id|>");
+      ++first;
+    }
+    for (size_t i = first; i < msgs.size(); ++i) {
+      const Msg& m = msgs[i];
+      if (m.role == "tool" || m.role == "ipython") {
+        llama_header("ipython");
+        text(py_dump(ojson(m.content)));
+        control("<|eot_id|>");
+      } else if (m.tool_call) {
+        llama_header("assistant");
+        text("{\"name\": \"" + m.call_name + "\", \"parameters\": " + py_dump(m.call_args) + "}", true);
+        control("<|eot_id|>", true);
+      } else {
+        const bool a = m.role == "assistant";
+        llama_header(m.role);
+        text(py_strip(m.content), a);
+        control("<|eot_id|>", a);
+      }
     }
   }
 
@@ -553,6 +624,7 @@ std::vector<Segment> render_family(const Record& r, const std::string& name, con
   else if (name == "qwen2.5") f.qwen25();
   else if (name == "qwen3") f.qwen3();
   else if (name == "llama3") f.llama3(bos);
+  else if (name == "llama3.1" || name == "llama3.2") f.llama31(bos);  // the two jinjas differ only in branches never taken here
   else f.mistral(bos, eos);
   return std::move(f.segs);
 }

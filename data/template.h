@@ -5,10 +5,10 @@
 //  - the qlora-cpp templates alpaca, chatml, llama2, vicuna, none: strings of our own (docs/data.md;
 //    the Python equivalents used as the reference live in tests/fixtures/make_data_refs.py);
 //    BOS first from the tokenizer, EOS after each assistant turn when add_eos.
-//  - the model-family templates smollm2, qwen2.5, qwen3, llama3, mistral: each renders exactly what
-//    transformers' apply_chat_template renders with that family's real jinja template (kept in
+//  - the model-family templates smollm2, qwen2.5, qwen3, llama3, llama3.1, llama3.2, mistral: each
+//    renders exactly what transformers' apply_chat_template renders with that family's real jinja template (kept in
 //    tests/fixtures/chat_templates/, checked by tests/data/test_templates.cpp). The template writes
-//    its own BOS (llama3, mistral) or none (smollm2, qwen*), and its own closing token of each turn
+//    its own BOS (llama3*, mistral) or none (smollm2, qwen*), and its own closing token of each turn
 //    (<|im_end|>, <|eot_id|>, </s>), which is the learned end of each assistant turn; add_eos does
 //    not apply (no second EOS).
 //
@@ -54,10 +54,11 @@ struct Example {
   int64_t id = 0;  ///< index of the example in its dataset (what Batch::example_ids reports)
 };
 
-/// The template names: alpaca, chatml, llama2, vicuna, none, smollm2, qwen2.5, qwen3, llama3, mistral.
+/// The template names: alpaca, chatml, llama2, vicuna, none, smollm2, qwen2.5, qwen3, llama3,
+/// llama3.1, llama3.2, mistral.
 const std::vector<std::string>& template_names();
 
-/// True for the model-family templates (smollm2, qwen2.5, qwen3, llama3, mistral).
+/// True for the model-family templates (smollm2, qwen2.5, qwen3, llama3, llama3.1, llama3.2, mistral).
 bool is_family_template(const std::string& name);
 
 /// Renders a record with template `name`: exactly one BOS first, EOS after every assistant turn

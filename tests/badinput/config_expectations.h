@@ -59,7 +59,7 @@ inline const std::map<std::string, BadConfigExpect>& bad_config_expectations() {
       {"unknown_scheduler.yaml", {7, "training.lr_scheduler: expected one of constant|linear|cosine, got \"polynomial\""}},
       {"unknown_target_module.yaml", {7, "lora.target_modules[1]: unknown module \"v_prj\"; did you mean \"v_proj\"?"}},
       {"undefined_env_variable.yaml", {5, "data.train: environment variable QLORA_TEST_UNDEFINED_VARIABLE_16 is not defined"}},
-      {"unknown_template.yaml", {6, "data.template: expected one of alpaca|chatml|llama2|vicuna|none|smollm2|qwen2.5|qwen3|llama3|mistral|auto, got \"chatlm\"; did you mean \"chatml\"?"}},
+      {"unknown_template.yaml", {6, "data.template: expected one of alpaca|chatml|llama2|vicuna|none|smollm2|qwen2.5|qwen3|llama3|llama3.1|llama3.2|mistral|auto, got \"chatlm\"; did you mean \"chatml\"?"}},
       {"unknown_top_level_key.yaml", {6, "frobnicate: unknown key"}},
       {"yaml11_boolean.yaml", {7, "training.gradient_checkpointing: expected true or false, got \"yes\""}},
   };

@@ -1,4 +1,4 @@
-// Model-family chat templates (smollm2, qwen2.5, qwen3, llama3, mistral) against transformers'
+// Model-family chat templates (smollm2, qwen2.5, qwen3, llama3, llama3.1, llama3.2, mistral) against transformers'
 // apply_chat_template with each family's real jinja text (tests/fixtures/make_template_refs.py),
 // their label rule, `template: auto`, and the jinja helpers (trim, tojson).
 #include <gtest/gtest.h>
@@ -21,6 +21,7 @@ namespace {
 
 const std::map<std::string, std::string> kJinja = {{"smollm2", "smollm2.jinja"},   {"qwen2.5", "qwen2.5.jinja"},
                                                    {"qwen3", "qwen3.jinja"},       {"llama3", "llama3.jinja"},
+                                                   {"llama3.1", "llama3.1.jinja"}, {"llama3.2", "llama3.2.jinja"},
                                                    {"mistral", "mistral_v0.3.jinja"}};
 
 std::vector<Record> records_of(const fs::path& jsonl) {
@@ -62,7 +63,9 @@ TEST(FamilyTemplates, RenderedStringsMatchTransformers) {
     EXPECT_GE(checked[name], 50) << name;
     EXPECT_EQ(checked[name], j["counts"][name].get<int>()) << name;
   }
-  EXPECT_EQ(checked["smollm2"] + checked["qwen2.5"] + checked["qwen3"] + checked["llama3"] + checked["mistral"], 576);  // mistral 4 times: tokenizer.json and tokenizer.model, Llama and Mistral config
+  int total = 0;
+  for (const auto& [name, n] : checked) total += n;
+  EXPECT_EQ(total, 744);  // 84 per template, mistral 4 times: tokenizer.json and tokenizer.model, Llama and Mistral config
 }
 
 // Ids equal apply_chat_template(tokenize=True) with each family's tokenizer fixture; only
@@ -77,6 +80,7 @@ TEST(FamilyTemplates, IdsMatchTransformersAndOnlyAssistantTurnsAreTrained) {
   for (const auto& [name, file] : kJinja) recs[name] = records_of(refs.parent_path() / (name + ".jsonl"));
   const std::map<std::string, std::string> closing = {{"smollm2", "<|im_end|>"}, {"qwen2.5", "<|im_end|>"},
                                                       {"qwen3", "<|im_end|>"},   {"llama3", "<|eot_id|>"},
+                                                      {"llama3.1", "<|eot_id|>"}, {"llama3.2", "<|eot_id|>"},
                                                       {"mistral", "</s>"}};
   for (const auto& c : j["cases"]) {
     const std::string name = c["template"];
@@ -92,7 +96,7 @@ TEST(FamilyTemplates, IdsMatchTransformersAndOnlyAssistantTurnsAreTrained) {
     ASSERT_EQ(ex.input_ids, c["ids"].get<TokenIds>()) << name << " #" << c["index"] << ": " << c["rendered"];
     // BOS: exactly one, first, for the templates that write it; none for Qwen (no BOS token)
     const int32_t bos = tok.bos_id();
-    if (name == "llama3" || name == "mistral") {
+    if (name.rfind("llama3", 0) == 0 || name == "mistral") {
       EXPECT_EQ(ex.input_ids.front(), bos) << name;
       EXPECT_EQ(std::count(ex.input_ids.begin(), ex.input_ids.end(), bos), 1) << name;
     }
@@ -132,7 +136,7 @@ TEST(FamilyTemplates, ChatPromptIsTheGenerationPromptOfTransformers) {
         << name << " on " << tdir << ", system '" << c["system"].get<std::string>() << "'";
     ++checked[name];
   }
-  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 2}, {"mistral", 8}, {"qwen2.5", 2}, {"qwen3", 2}, {"smollm2", 2}}));
+  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 2}, {"llama3.1", 2}, {"llama3.2", 2}, {"mistral", 8}, {"qwen2.5", 2}, {"qwen3", 2}, {"smollm2", 2}}));
 }
 
 // qlora-cpp's own templates and raw text on the Llama and byte-level tokenizer fixtures: ids as
