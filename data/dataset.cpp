@@ -46,7 +46,10 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
     // A token covers at most 16 bytes of Llama-family text: far longer records cannot fit, so
     // they are dropped before paying for their tokenisation (a 10 MB line costs nothing).
     size_t bytes = r.text.size();
-    for (const Turn& t : r.turns) bytes += t.content.size();
+    for (const Turn& t : r.turns) {
+      bytes += t.content.size();
+      for (const ToolCall& c : t.tool_calls) bytes += c.name.size() + c.arguments.size();
+    }
     if (opts.truncation == "drop" && bytes > size_t(L) * 64) {
       ++st->dropped_too_long;
       list(st, kDropped, r, "longer than sequence_len " + Ls + " (" + std::to_string(bytes) + " bytes, not tokenised)");

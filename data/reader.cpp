@@ -168,6 +168,60 @@ void append_system(const json& j, const DataOptions& o, Record* r) {
   if (get_string(j, o, "system", false, true, &sys) && !sys.empty()) r->turns.push_back({"system", sys});
 }
 
+// One tool call: {"type": "function", "function": {"name", "arguments"}, "id"?} or {"name",
+// "arguments", "id"?} (what transformers' templates accept). `where` names it in messages
+// ("messages[1].tool_calls[0]"); `at` is its JSON path, or (inside_string: a call in a
+// function_call turn's JSON text) the path of that string, whose line is the one reported.
+ToolCall read_call(const json& c, const std::string& where, const JsonPath& at, bool inside_string) {
+  auto path = [&](std::initializer_list<std::string> keys) {
+    JsonPath p = at;
+    if (!inside_string) p.insert(p.end(), keys);
+    return p;
+  };
+  if (!c.is_object()) bad("wrong type", where + " must be an object (a tool call), got " + type_name(c), at);
+  if (auto ty = c.find("type"); ty != c.end() && !(ty->is_string() && ty->get<std::string>() == "function"))
+    bad("wrong type", where + ".type must be \"function\", got " + (ty->is_string() ? "'" + ty->get<std::string>() + "'" : std::string(type_name(*ty))),
+        path({"type"}));
+  const json* f = &c;
+  std::string fw = where;
+  JsonPath fat = at;
+  if (auto fn = c.find("function"); fn != c.end()) {
+    if (!fn->is_object()) bad("wrong type", where + ".function must be an object, got " + type_name(*fn), path({"function"}));
+    f = &*fn;
+    fw = where + ".function";
+    fat = path({"function"});
+  }
+  auto fpath = [&](const std::string& key) {
+    JsonPath p = fat;
+    if (!inside_string) p.push_back(key);
+    return p;
+  };
+  ToolCall call;
+  auto n = f->find("name");
+  if (n == f->end() || n->is_null()) bad("missing field", fw + ": missing field 'name' (the function called)", fat);
+  if (!n->is_string()) bad("wrong type", fw + ".name must be a string, got " + type_name(*n), fpath("name"));
+  call.name = n->get<std::string>();
+  if (call.name.empty()) bad("empty field", fw + ".name is an empty string", fpath("name"));
+  if (auto a = f->find("arguments"); a != f->end() && !a->is_null()) {
+    if (a->is_object()) {
+      call.arguments = a->dump();
+    } else if (a->is_string()) {
+      call.arguments = a->get<std::string>();
+      call.arguments_is_string = true;
+      if (json::parse(call.arguments, nullptr, false).is_discarded())
+        bad("invalid tool call", fw + ".arguments is a string that is not JSON (OpenAI writes the arguments "
+                                      "object as JSON text)", fpath("arguments"));
+    } else {
+      bad("wrong type", fw + ".arguments must be an object or a string holding JSON, got " + type_name(*a), fpath("arguments"));
+    }
+  }
+  if (auto id = c.find("id"); id != c.end() && !id->is_null()) {
+    if (!id->is_string()) bad("wrong type", where + ".id must be a string, got " + type_name(*id), path({"id"}));
+    call.id = id->get<std::string>();
+  }
+  return call;
+}
+
 Record normalise(const json& j, const std::string& format, const DataOptions& o) {
   if (!j.is_object()) bad("wrong type", std::string("record must be a JSON object, got ") + type_name(j));
   Record r;
@@ -195,6 +249,7 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
       else if (tl->is_string()) r.tools = tl->get<std::string>();
       else bad("wrong type", "field '" + tools_key + "' must be an array or a string, got " + type_name(*tl), {tools_key});
     }
+    const std::string calls_key = field_name(o, "tool_calls");
     for (size_t k = 0; k < it->size(); ++k) {
       const json& t = (*it)[k];
       const std::string where = list + "[" + std::to_string(k) + "]";
@@ -202,22 +257,57 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
       auto in_turn = [&](const std::string& key) { return JsonPath{list, std::to_string(k), key}; };
       if (!t.is_object()) bad("wrong type", where + " must be an object, got " + type_name(t), at);
       auto rk = t.find(role_key);
-      auto ck = t.find(content_key);
       if (rk == t.end()) bad("missing field", where + ": missing field '" + role_key + "'", at);
-      if (ck == t.end() && t.contains("tool_calls"))
-        bad("missing field", where + ": an assistant message with 'tool_calls' (the OpenAI / transformers form) is not "
-                                     "read; write each call as the content of a turn with role 'function_call' (the "
-                                     "glaive / sharegpt form, docs/data.md)", at);
-      if (ck == t.end()) bad("missing field", where + ": missing field '" + content_key + "'", at);
       if (!rk->is_string())
         bad("wrong type", where + "." + role_key + " must be a string, got " + type_name(*rk), in_turn(role_key));
-      if (!ck->is_string())
-        bad("wrong type", where + "." + content_key + " must be a string, got " + type_name(*ck), in_turn(content_key));
       const std::string raw_role = rk->get<std::string>();
-      Turn turn{map_role(raw_role, o, in_turn(role_key)), ck->get<std::string>()};
+      Turn turn{map_role(raw_role, o, in_turn(role_key)), ""};
       auto rm = o.role_map.find(raw_role);
-      turn.tool_call = (rm == o.role_map.end() ? raw_role : rm->second) == "function_call";
-      if (turn.content.empty()) bad("empty field", where + "." + content_key + " is an empty string", in_turn(content_key));
+      const bool function_call = (rm == o.role_map.end() ? raw_role : rm->second) == "function_call";
+      // OpenAI / transformers: {"role": "assistant", "content"?, "tool_calls": [call, ...]}
+      if (auto tc = t.find(calls_key); tc != t.end() && !tc->is_null()) {
+        const std::string cw = where + "." + calls_key;
+        if (turn.role != "assistant" || function_call)
+          bad("wrong type", cw + ": only an assistant message has tool calls (this one is '" + raw_role + "')", in_turn(calls_key));
+        if (!tc->is_array()) bad("wrong type", cw + " must be an array of calls, got " + type_name(*tc), in_turn(calls_key));
+        for (size_t i = 0; i < tc->size(); ++i)
+          turn.tool_calls.push_back(read_call((*tc)[i], cw + "[" + std::to_string(i) + "]",
+                                              {list, std::to_string(k), calls_key, std::to_string(i)}, false));
+      }
+      const bool calls = !turn.tool_calls.empty();
+      auto ck = t.find(content_key);
+      if (ck == t.end() || (calls && ck->is_null())) {
+        if (!calls) bad("missing field", where + ": missing field '" + content_key + "'", at);
+      } else {
+        if (!ck->is_string())
+          bad("wrong type", where + "." + content_key + " must be a string, got " + type_name(*ck), in_turn(content_key));
+        turn.content = ck->get<std::string>();
+        if (turn.content.empty() && !calls)
+          bad("empty field", where + "." + content_key + " is an empty string", in_turn(content_key));
+      }
+      if (function_call) {
+        // glaive / LLaMA-Factory: the content is the call's JSON, or an array of calls
+        const std::string cw = where + "." + content_key;
+        const json v = json::parse(turn.content, nullptr, false);
+        if (v.is_discarded() || (v.is_array() && v.empty()))
+          bad("invalid tool call", cw + ": a function_call turn's content must be JSON: a call {\"name\": ..., "
+                                        "\"arguments\": ...} or an array of calls", in_turn(content_key));
+        if (v.is_array()) {
+          for (size_t i = 0; i < v.size(); ++i)
+            turn.tool_calls.push_back(read_call(v[i], cw + "[" + std::to_string(i) + "]", in_turn(content_key), true));
+        } else {
+          turn.tool_calls.push_back(read_call(v, cw, in_turn(content_key), true));
+        }
+        turn.content.clear();
+      }
+      if (turn.role == "tool") {
+        for (const char* key : {"tool_call_id", "name"}) {
+          auto f = t.find(key);
+          if (f == t.end() || f->is_null()) continue;
+          if (!f->is_string()) bad("wrong type", where + "." + key + " must be a string, got " + type_name(*f), in_turn(key));
+          if (std::string(key) == "tool_call_id") turn.tool_call_id = f->get<std::string>();
+        }
+      }
       r.turns.push_back(std::move(turn));
     }
   } else if (format == "completion") {

@@ -5,6 +5,10 @@
 //   sharegpt   {conversations: [{from, value}], system?, tools?} roles human|gpt|system|function_call|observation
 //   messages   {messages: [{role, content}], tools?}    roles system|user|assistant|tool
 // `tools` (a JSON array, or a string holding one) lists the functions offered to the model.
+// Tool calls, in either conversation format: an assistant message with `tool_calls` (the OpenAI /
+// transformers form; content absent, null, "" or text), or a `function_call` turn whose content
+// is the call's JSON (the glaive form); both become Turn::tool_calls. A tool message may carry
+// `tool_call_id` (kept) and `name` (checked, not rendered by any template).
 //   completion {text} in JSON/JSONL, or a .txt file split into documents on blank lines -> raw text
 // Roles are normalised to system|user|assistant|tool (role_map first, then the defaults
 // human->user, gpt->assistant, function_call->assistant, observation->tool).
@@ -20,14 +24,29 @@
 
 namespace qlora::data {
 
+/// One tool call of an assistant turn: an OpenAI / transformers `tool_calls[i]` (either
+/// {"type": "function", "function": {"name", "arguments"}, "id"?} or {"name", "arguments", "id"?}),
+/// or the JSON of a sharegpt / messages `function_call` turn (one call, or an array of calls).
+struct ToolCall {
+  std::string name;
+  /// The arguments as JSON text: a JSON value of the file (an object) re-serialised compactly,
+  /// or, when `arguments_is_string`, the file's string itself (OpenAI writes the arguments object
+  /// as a JSON string; it is checked to hold JSON). Absent or null arguments read as "{}".
+  std::string arguments = "{}";
+  bool arguments_is_string = false;
+  std::string id{};  ///< the call's `id` (OpenAI), "" when absent; mistral's jinja needs 9 characters
+};
+
 /// One turn of a conversation. role: "system" | "user" | "assistant" | "tool".
 struct Turn {
   std::string role;
+  /// The text; "" for an assistant turn that only calls tools (content absent, null or "").
   std::string content;
-  /// An assistant turn that is a tool call (sharegpt `function_call`, after role_map): content is
-  /// the call as JSON text {"name": ..., "arguments": ...}. Templates with a tool-call form
-  /// (qwen2.5, qwen3) render it as <tool_call>; the others render the JSON text as the content.
-  bool tool_call = false;
+  /// An assistant turn's tool calls, in file order (all calls of one message stay one turn).
+  /// Templates with a tool-call form (qwen2.5, qwen3, llama3.1, llama3.2, mistral) render them in it; the others
+  /// write the content and then each call as JSON {"name": ..., "arguments": ...}, one a line.
+  std::vector<ToolCall> tool_calls{};
+  std::string tool_call_id{};  ///< a tool turn's `tool_call_id` (OpenAI), "" when absent
 };
 
 /// A normalised record: a conversation, or (completion format) one raw text.

@@ -12,6 +12,70 @@ namespace qlora::data {
 
 namespace {
 
+using ojson = nlohmann::ordered_json;
+
+// Python's json.dumps(v, ensure_ascii=False[, indent=indent]) (jinja's `tojson` in transformers):
+// without indent, items joined by ", " and keys by ": "; with indent > 0, one item per line at
+// depth × indent spaces, items joined by ",", empty containers as {} / [].
+void py_dump(const ojson& v, std::string* out, int indent = 0, int depth = 0) {
+  const auto sep = [&](bool first_item, int d) {
+    if (indent > 0) {
+      *out += first_item ? "\n" : ",\n";
+      out->append(static_cast<size_t>(indent * d), ' ');
+    } else if (!first_item) {
+      *out += ", ";
+    }
+  };
+  if (v.is_object() || v.is_array()) {
+    const bool obj = v.is_object();
+    *out += obj ? '{' : '[';
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      sep(first, depth + 1);
+      first = false;
+      if (obj) {
+        *out += ojson(it.key()).dump();
+        *out += ": ";
+      }
+      py_dump(it.value(), out, indent, depth + 1);
+    }
+    if (indent > 0 && !v.empty()) {
+      *out += '\n';
+      out->append(static_cast<size_t>(indent * depth), ' ');
+    }
+    *out += obj ? '}' : ']';
+  } else {
+    // strings: nlohmann escapes exactly the characters json.dumps(ensure_ascii=False) escapes
+    // (" \\ \b \f \n \r \t, other < 0x20 as \u00xx); numbers: shortest round-trip form.
+    *out += v.dump();
+  }
+}
+
+std::string py_dump(const ojson& v, int indent = 0) {
+  std::string s;
+  py_dump(v, &s, indent);
+  return s;
+}
+
+// A call's arguments as a JSON value (a string argument stays a string, as the jinja sees it).
+ojson call_arguments(const ToolCall& c) { return c.arguments_is_string ? ojson(c.arguments) : ojson::parse(c.arguments); }
+
+// A call as the JSON text of one call, {"name": "NAME", "arguments": ARGS}: the glaive
+// `function_call` form (json.dumps of {name, arguments}); a string argument (JSON text, checked by
+// the reader) is written as it is, as qwen3's jinja writes it.
+std::string call_json(const ToolCall& c) {
+  return "{\"name\": " + py_dump(ojson(c.name)) + ", \"arguments\": " +
+         (c.arguments_is_string ? c.arguments : py_dump(ojson::parse(c.arguments))) + "}";
+}
+
+// What an assistant turn trains in a template without a tool-call form (smollm2, llama3 and the
+// qlora-cpp templates): its content, then each call's JSON, one a line.
+std::string assistant_text(const Turn& t) {
+  std::string s = t.content;
+  for (const ToolCall& c : t.tool_calls) s += (s.empty() ? "" : "\n") + call_json(c);
+  return s;
+}
+
 const char* kAlpacaSystem =
     "Below is an instruction that describes a task. Write a response that appropriately completes the request.";
 const char* kVicunaSystem =
@@ -85,7 +149,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
     for (const Turn& t : r.turns) {
       if (t.role == "assistant") {
         b.text("<|im_start|>assistant\n", false);
-        b.text(t.content + "<|im_end|>", true);
+        b.text(assistant_text(t) + "<|im_end|>", true);
         b.special(turn_eos, true);
         b.text("\n", false);
       } else {
@@ -97,7 +161,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
     for (; k < r.turns.size(); ++k) {
       const Turn& t = r.turns[k];
       if (t.role == "assistant") {
-        b.text(" " + t.content + " ", true);
+        b.text(" " + assistant_text(t) + " ", true);
         b.special(eos, true);
       } else if (t.role == "system") {
         sys += (sys.empty() ? "" : "\n") + t.content;
@@ -114,7 +178,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
     for (; k < r.turns.size(); ++k) {
       const Turn& t = r.turns[k];
       if (t.role == "assistant") {
-        b.text(" " + t.content, true);
+        b.text(" " + assistant_text(t), true);
         b.special(eos, true);
       } else if (t.role == "system") {
         b.text(t.content + " ", false);
@@ -128,7 +192,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
     for (; k < r.turns.size(); ++k) {
       const Turn& t = r.turns[k];
       if (t.role == "assistant") {
-        b.text(t.content, true);
+        b.text(assistant_text(t), true);
         b.special(eos, true);
       } else if (t.role == "system") {
         b.text(t.content + "\n\n", false);
@@ -139,7 +203,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
   } else if (name == "none") {
     // contents concatenated as they are; assistant content + EOS trained
     for (const Turn& t : r.turns) {
-      b.text(t.content, t.role == "assistant");
+      b.text(t.role == "assistant" ? assistant_text(t) : t.content, t.role == "assistant");
       if (t.role == "assistant") b.special(eos, true);
     }
   } else {
@@ -244,12 +308,11 @@ std::string render_string(const std::vector<Segment>& segs, const Tokenizer& tok
 // ---------------------------------------------------------------------------------------------
 // Model-family templates. Each function below follows its jinja text in
 // tests/fixtures/chat_templates/ statement by statement (comments quote the jinja); messages are
-// the record's turns in order (role, content; a tool_call turn is an assistant message whose
-// tool_calls hold the parsed call and whose content is "").
+// the record's turns in order (role, content, tool_calls, tool_call_id: the OpenAI message). For
+// smollm2 and llama3, whose jinja has no tool-call syntax, an assistant turn's calls are first
+// written into its content (assistant_text), as for the qlora-cpp templates.
 
 namespace {
-
-using ojson = nlohmann::ordered_json;
 
 const char* kSmolSystem = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 const char* kQwenSystem = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
@@ -261,60 +324,10 @@ const char* kQwenToolsTail =
     "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
     "<args-json-object>}\n</tool_call>";
 
-// Python's json.dumps(v, ensure_ascii=False[, indent=indent]) (jinja's `tojson` in transformers):
-// without indent, items joined by ", " and keys by ": "; with indent > 0, one item per line at
-// depth × indent spaces, items joined by ",", empty containers as {} / [].
-void py_dump(const ojson& v, std::string* out, int indent = 0, int depth = 0) {
-  const auto sep = [&](bool first_item, int d) {
-    if (indent > 0) {
-      *out += first_item ? "\n" : ",\n";
-      out->append(static_cast<size_t>(indent * d), ' ');
-    } else if (!first_item) {
-      *out += ", ";
-    }
-  };
-  if (v.is_object() || v.is_array()) {
-    const bool obj = v.is_object();
-    *out += obj ? '{' : '[';
-    bool first = true;
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      sep(first, depth + 1);
-      first = false;
-      if (obj) {
-        *out += ojson(it.key()).dump();
-        *out += ": ";
-      }
-      py_dump(it.value(), out, indent, depth + 1);
-    }
-    if (indent > 0 && !v.empty()) {
-      *out += '\n';
-      out->append(static_cast<size_t>(indent * depth), ' ');
-    }
-    *out += obj ? '}' : ']';
-  } else {
-    // strings: nlohmann escapes exactly the characters json.dumps(ensure_ascii=False) escapes
-    // (" \\ \b \f \n \r \t, other < 0x20 as \u00xx); numbers: shortest round-trip form.
-    *out += v.dump();
-  }
-}
-
-std::string py_dump(const ojson& v, int indent = 0) {
-  std::string s;
-  py_dump(v, &s, indent);
-  return s;
-}
-
-struct Msg {
-  std::string role, content;
-  bool tool_call = false;
-  std::string call_name;  // tool_call: the function name
-  ojson call_args;        // tool_call: the arguments (object, or a string)
-};
-
 struct FamilyRenderer {
   const Record& r;
   const std::string& name;
-  std::vector<Msg> msgs;
+  std::vector<Turn> msgs;
   std::vector<ojson> tools;  // empty = no tools
   std::vector<Segment> segs;
 
@@ -338,29 +351,13 @@ struct FamilyRenderer {
     text("\n");
   }
 
-  FamilyRenderer(const Record& rec, const std::string& n) : r(rec), name(n) {
-    for (size_t k = 0; k < r.turns.size(); ++k) {
-      const Turn& t = r.turns[k];
-      Msg m;
-      m.role = t.role;
-      m.content = t.content;
-      if (t.tool_call && (name == "qwen2.5" || name == "qwen3" || name == "llama3.1" || name == "llama3.2" ||
-                          name == "mistral")) {
-        ojson call;
-        try {
-          call = ojson::parse(t.content);
-        } catch (const std::exception&) {
-          bad("turn " + std::to_string(k) + ": a function_call must be JSON {\"name\": ..., \"arguments\": ...}");
+  FamilyRenderer(const Record& rec, const std::string& n) : r(rec), name(n), msgs(rec.turns) {
+    if (name == "smollm2" || name == "llama3")
+      for (Turn& m : msgs)
+        if (!m.tool_calls.empty()) {
+          m.content = assistant_text(m);
+          m.tool_calls.clear();
         }
-        if (!call.is_object() || !call.contains("name") || !call["name"].is_string())
-          bad("turn " + std::to_string(k) + ": a function_call must be a JSON object with a string \"name\"");
-        m.tool_call = true;
-        m.content.clear();
-        m.call_name = call["name"].get<std::string>();
-        m.call_args = call.contains("arguments") ? call["arguments"] : ojson::object();
-      }
-      msgs.push_back(std::move(m));
-    }
     if (!r.tools.empty()) {
       ojson t;
       try {
@@ -375,10 +372,10 @@ struct FamilyRenderer {
 
   // <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call> (qwen2.5 tojson's the
   // arguments; qwen3 writes a string argument as it is)
-  std::string qwen_call(const Msg& m, bool string_args_verbatim) const {
+  static std::string qwen_call(const ToolCall& c, bool string_args_verbatim) {
     const std::string args =
-        string_args_verbatim && m.call_args.is_string() ? m.call_args.get<std::string>() : py_dump(m.call_args);
-    return "<tool_call>\n{\"name\": \"" + m.call_name + "\", \"arguments\": " + args + "}\n</tool_call>";
+        string_args_verbatim && c.arguments_is_string ? c.arguments : py_dump(call_arguments(c));
+    return "<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + args + "}\n</tool_call>";
   }
 
   // {%- elif message.role == "tool" %} of qwen2.5 / qwen3: consecutive tool results share one user turn.
@@ -417,12 +414,15 @@ struct FamilyRenderer {
       im_turn("system\n" + (sys0 ? msgs[0].content : std::string(kQwenSystem)));
     }
     for (size_t i = 0; i < msgs.size(); ++i) {
-      const Msg& m = msgs[i];
+      const Turn& m = msgs[i];
       if (m.role == "user" || (m.role == "system" && i > 0)) {
         im_turn(m.role + "\n" + m.content);
       } else if (m.role == "assistant") {
-        // '<|im_start|>' + role [+ '\n' + content] + '\n<tool_call>...' + '<|im_end|>\n'
-        im_turn("assistant\n", m.tool_call ? qwen_call(m, false) : m.content, true);
+        // '<|im_start|>' + role [+ '\n' + content] + ('\n<tool_call>...' per call) + '<|im_end|>\n'
+        std::string body = m.content;
+        for (size_t c = 0; c < m.tool_calls.size(); ++c)
+          body += (c == 0 && m.content.empty() ? "" : "\n") + qwen_call(m.tool_calls[c], false);
+        im_turn("assistant\n", body, true);
       } else if (m.role == "tool") {
         qwen_tool(i);
       }
@@ -448,7 +448,7 @@ struct FamilyRenderer {
       }
     }
     for (size_t i = 0; i < msgs.size(); ++i) {
-      const Msg& m = msgs[i];
+      const Turn& m = msgs[i];
       if (m.role == "user" || (m.role == "system" && i > 0)) {
         im_turn(m.role + "\n" + m.content);
       } else if (m.role == "assistant") {
@@ -464,6 +464,7 @@ struct FamilyRenderer {
           reasoning = open == std::string::npos ? head : head.substr(open + 7);
           reasoning.erase(0, std::min(reasoning.size(), reasoning.find_first_not_of('\n')));
         }
+        const bool has_content = !content.empty();  // the jinja's `content`, before any lstrip
         control("<|im_start|>");
         const bool last = i + 1 == msgs.size();
         if (i > last_query && (last || !reasoning.empty())) {
@@ -479,7 +480,9 @@ struct FamilyRenderer {
           text("assistant\n");
         }
         text(content, true);
-        if (m.tool_call) text(std::string(content.empty() ? "" : "\n") + qwen_call(m, true), true);
+        // each call: '\n' unless it is the first one after an empty content
+        for (size_t c = 0; c < m.tool_calls.size(); ++c)
+          text((c == 0 && !has_content ? "" : "\n") + qwen_call(m.tool_calls[c], true), true);
         control("<|im_end|>", true);
         text("\n");
       } else if (m.role == "tool") {
@@ -513,9 +516,10 @@ struct FamilyRenderer {
   // rendering, where the renderer defines it: we write the jinja's fallback date so that a run's
   // data do not change with the day, docs/data.md). With tools ("Environment: ipython\n" in the
   // system turn; tools_in_user_message, the default): the first message after the system one is
-  // the user turn that lists the tools (tojson(indent=4)). A call: one assistant turn
-  // {"name": N, "parameters": ARGS|tojson}; a tool result: an `ipython` turn of content|tojson
-  // (a string is iterable in jinja, so it is written as a JSON string).
+  // the user turn that lists the tools (tojson(indent=4)). A call (one per message, the jinja's
+  // rule): an assistant turn {"name": N, "parameters": ARGS|tojson} (the content is not written);
+  // a tool result: an `ipython` turn of content|tojson (a string is iterable in jinja, so it is
+  // written as a JSON string).
   void llama31(const std::string& bos) {
     control(bos);
     size_t first = 0;
@@ -541,14 +545,19 @@ struct FamilyRenderer {
       ++first;
     }
     for (size_t i = first; i < msgs.size(); ++i) {
-      const Msg& m = msgs[i];
+      const Turn& m = msgs[i];
       if (m.role == "tool" || m.role == "ipython") {
         llama_header("ipython");
         text(py_dump(ojson(m.content)));
         control("<|eot_id|>");
-      } else if (m.tool_call) {
+      } else if (!m.tool_calls.empty()) {
+        if (m.tool_calls.size() != 1) bad("This model only supports single tool-calls at once!");
+        if (!m.content.empty())
+          bad("an assistant message with both content and tool_calls: the jinja writes only the call, so the "
+              "content would be lost; put the text in a message of its own");
+        const ToolCall& c = m.tool_calls[0];
         llama_header("assistant");
-        text("{\"name\": \"" + m.call_name + "\", \"parameters\": " + py_dump(m.call_args) + "}", true);
+        text("{\"name\": \"" + c.name + "\", \"parameters\": " + py_dump(call_arguments(c)) + "}", true);
         control("<|eot_id|>", true);
       } else {
         const bool a = m.role == "assistant";
@@ -557,6 +566,39 @@ struct FamilyRenderer {
         control("<|eot_id|>", a);
       }
     }
+  }
+
+  // `tool_call.id|length != 9` / `message.tool_call_id|length != 9` of mistral's jinja (characters)
+  void mistral_id(size_t turn, const std::string& id, const char* what) const {
+    size_t chars = 0;
+    for (const char c : id) chars += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+    if (chars != 9)
+      bad("turn " + std::to_string(turn) + ": Tool call IDs should be alphanumeric strings with length 9! (the jinja's " +
+          "error; " + what + " is '" + id + "')");
+  }
+
+  // "[AVAILABLE_TOOLS] [" + per tool '{"type": "function", "function": {' + its keys but "return"
+  // ('"k": "v"' for a string, '"k": ' + v|tojson otherwise) + '}}', ", "-separated + "]" + "[/AVAILABLE_TOOLS]"
+  void mistral_tools() {
+    std::string s = " [";
+    for (size_t t = 0; t < tools.size(); ++t) {
+      const ojson& tool = tools[t];
+      if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object())
+        bad("tools[" + std::to_string(t) + "]: the jinja reads each tool in the OpenAI form {\"type\": \"function\", "
+            "\"function\": {\"name\": ..., \"parameters\": ...}}");
+      s += "{\"type\": \"function\", \"function\": {";
+      bool first = true;
+      for (auto it = tool["function"].begin(); it != tool["function"].end(); ++it) {
+        if (it.key() == "return") continue;
+        s += std::string(first ? "" : ", ") + "\"" + it.key() + "\": " +
+             (it.value().is_string() ? "\"" + it.value().get<std::string>() + "\"" : py_dump(it.value()));
+        first = false;
+      }
+      s += t + 1 < tools.size() ? "}}, " : "}}]";
+    }
+    control("[AVAILABLE_TOOLS]");
+    text(s);
+    control("[/AVAILABLE_TOOLS]");
   }
 
   void mistral(const std::string& bos, const std::string& eos) {
@@ -568,26 +610,56 @@ struct FamilyRenderer {
       sys = msgs[0].content;
       first = 1;
     }
+    // the alternation check skips tool results and messages with tool calls
     size_t idx = 0;
+    std::string last_user;
     for (size_t i = first; i < msgs.size(); ++i) {
-      const Msg& m = msgs[i];
-      if (m.role == "tool" || m.tool_call)
-        bad("tool turns are not supported (the jinja needs 9-character tool call ids); use qwen2.5 or qwen3");
+      const Turn& m = msgs[i];
+      if (m.role == "user") last_user = m.content;
+      if (m.role == "tool" || !m.tool_calls.empty()) continue;
       if ((m.role == "user") != (idx % 2 == 0))
         bad("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...");
       ++idx;
     }
     control(bos);
     for (size_t i = first; i < msgs.size(); ++i) {
-      const Msg& m = msgs[i];
+      const Turn& m = msgs[i];
       if (m.role == "user") {
+        // tools before the last user message (the jinja compares messages: every user message
+        // equal to the last one gets them)
+        if (!tools.empty() && m.content == last_user) mistral_tools();
         // '[INST] ' + [system + '\n\n' if last and system] + content + '[/INST]'
         control("[INST]");
         text(" " + (i + 1 == msgs.size() && has_sys ? sys + "\n\n" : std::string()) + m.content);
         control("[/INST]");
+      } else if (!m.tool_calls.empty()) {
+        // "[TOOL_CALLS] [" + per call (function|tojson)[:-1] + ', "id": "' + id + '"}', ", "-separated + "]" + eos
+        if (!m.content.empty())
+          bad("turn " + std::to_string(i) + ": a message with tool_calls renders as [TOOL_CALLS] only: the jinja drops "
+              "its content (not trained on silently; remove it, or use qwen2.5 / qwen3, which render both)");
+        std::string s = " [";
+        for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+          const ToolCall& call = m.tool_calls[c];
+          mistral_id(i, call.id, "the call's id");
+          ojson fn = ojson::object();
+          fn["name"] = call.name;
+          fn["arguments"] = call_arguments(call);
+          std::string out = py_dump(fn);
+          out.pop_back();
+          s += out + ", \"id\": \"" + call.id + "\"}" + (c + 1 < m.tool_calls.size() ? ", " : "]");
+        }
+        control("[TOOL_CALLS]", true);
+        text(s, true);
+        control(eos, true);
       } else if (m.role == "assistant") {
         text(" " + py_strip(m.content), true);
         control(eos, true);
+      } else if (m.role == "tool") {
+        // '[TOOL_RESULTS] {"content": ' + content + ', "call_id": "' + tool_call_id + '"}[/TOOL_RESULTS]'
+        mistral_id(i, m.tool_call_id, "tool_call_id");
+        control("[TOOL_RESULTS]");
+        text(" {\"content\": " + m.content + ", \"call_id\": \"" + m.tool_call_id + "\"}");
+        control("[/TOOL_RESULTS]");
       } else {
         bad("Only user and assistant roles are supported, with the exception of an initial optional system message!");
       }

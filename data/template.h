@@ -65,7 +65,11 @@ bool is_family_template(const std::string& name);
 /// when add_eos (family templates: see the file comment). Raw text (completion) renders as
 /// BOS text [EOS], all trainable. Throws qlora::Error for an unknown template name, and (family
 /// templates) `file:line: template NAME: problem` for a conversation the jinja template would
-/// refuse (mistral: roles not alternating, tool turns) or a malformed tool call / tools list.
+/// refuse (mistral: roles not alternating, a call id or tool_call_id not 9 characters, glaive-form
+/// tools) or a malformed tools list, and for a mistral message with both content and tool calls
+/// (its jinja would drop the content). An assistant turn's tool calls (Turn::tool_calls) render
+/// in the template's tool-call syntax (qwen2.5, qwen3, llama3.1/3.2, mistral), else as JSON text after the
+/// content, one call a line (docs/data.md "Formats").
 std::vector<Segment> render(const Record& r, const std::string& name, const Tokenizer& tok, bool add_eos);
 
 /// The family templates without a tokenizer: `bos` / `eos` are the tokenizer's bos_token and

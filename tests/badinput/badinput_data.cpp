@@ -59,8 +59,17 @@ TEST(BadInputData, EachFileNamesFileLineAndProblem) {
   // strings, brackets in strings and an escaped key on the way)
   expect_error("pretty_sharegpt.json", "15: unknown role 'bot'");
   expect_error("pretty_alpaca.json", "9: field 'output' must be a string, got number");
-  expect_error("tool_calls.json", "5: messages[1]: an assistant message with 'tool_calls' (the OpenAI / transformers "
-                                  "form) is not read; write each call as the content of a turn with role 'function_call'");
+  // malformed tool calls (the OpenAI form and the glaive function_call form)
+  expect_error("tool_calls.json", "7: messages[1].tool_calls must be an array of calls, got object");
+  expect_error("tool_call_no_name.jsonl", "2: messages[1].tool_calls[0].function: missing field 'name' (the function called)");
+  expect_error("tool_call_bad_arguments.json",
+               "13: messages[1].tool_calls[0].function.arguments must be an object or a string holding JSON, got number");
+  expect_error("tool_call_arguments_not_json.jsonl",
+               "2: messages[1].tool_calls[0].function.arguments is a string that is not JSON (OpenAI writes the arguments "
+               "object as JSON text)");
+  expect_error("function_call_not_json.jsonl",
+               "1: conversations[1].value: a function_call turn's content must be JSON: a call {\"name\": ..., "
+               "\"arguments\": ...} or an array of calls");
   EXPECT_NE(error_of("/nonexistent/x.json").find("/nonexistent/x.json: dataset file not found"), std::string::npos);
 }
 
@@ -72,6 +81,11 @@ TEST(BadInputData, SkipInvalidCounts) {
   EXPECT_EQ(skipped("missing_field.jsonl", "missing field", &kept), 1);
   EXPECT_EQ(skipped("non_utf8.jsonl", "invalid UTF-8", &kept), 1);
   EXPECT_EQ(skipped("non_utf8.txt", "invalid UTF-8", &kept), 1);
+  EXPECT_EQ(kept, 1u);
+  EXPECT_EQ(skipped("tool_call_no_name.jsonl", "missing field", &kept), 1);
+  EXPECT_EQ(kept, 1u);
+  EXPECT_EQ(skipped("tool_call_bad_arguments.json", "wrong type", &kept), 1);
+  EXPECT_EQ(skipped("tool_call_arguments_not_json.jsonl", "invalid tool call", &kept), 1);
   EXPECT_EQ(kept, 1u);
   DataOptions o;
   o.skip_invalid = true;

@@ -50,19 +50,38 @@ TEST(BadInputTemplate, ToolCallsAndToolsLists) {
                 "chat.json:1: template qwen2.5: tools: not valid JSON");
   expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}], "tools": "{}"})", "qwen3"),
                 "chat.json:1: template qwen3: tools: must be a JSON array");
+  // a function_call turn's content is read as the call's JSON (the reader: one path for both forms)
   expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}, )" + call + R"("{\"name\": "}]})", "qwen2.5"),
-                "chat.json:1: template qwen2.5: turn 1: a function_call must be JSON");
+                "chat.json:1: messages[1].content: a function_call turn's content must be JSON: a call");
   expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}, )" + call + R"("{\"arguments\": {}}"}]})", "qwen3"),
-                "chat.json:1: template qwen3: turn 1: a function_call must be a JSON object with a string \"name\"");
-  // templates without a tool-call form render the call's text as it is
-  EXPECT_EQ(render_error(R"({"messages": [{"role": "user", "content": "u"}, )" + call + R"("not json"}]})", "llama3"), "");
+                "chat.json:1: messages[1].content: missing field 'name' (the function called)");
+  expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}, )" + call + R"("not json"}]})", "llama3"),
+                "chat.json:1: messages[1].content: a function_call turn's content must be JSON");
+  // the OpenAI form: tool_calls only on an assistant message; a call object; a string type "function"
+  const std::string u = R"({"messages": [{"role": "user", "content": "u"}, )";
+  expect_prefix(render_error(u + R"({"role": "user", "content": "x", "tool_calls": []}]})", "qwen2.5"),
+                "chat.json:1: messages[1].tool_calls: only an assistant message has tool calls (this one is 'user')");
+  expect_prefix(render_error(u + R"({"role": "assistant", "tool_calls": ["f"]}]})", "qwen2.5"),
+                "chat.json:1: messages[1].tool_calls[0] must be an object (a tool call), got string");
+  expect_prefix(render_error(u + R"({"role": "assistant", "tool_calls": [{"type": "custom", "function": {"name": "f"}}]}]})", "qwen3"),
+                "chat.json:1: messages[1].tool_calls[0].type must be \"function\", got 'custom'");
+  expect_prefix(render_error(u + R"({"role": "assistant", "tool_calls": [{"function": {"name": "f"}, "id": 7}]}]})", "mistral"),
+                "chat.json:1: messages[1].tool_calls[0].id must be a string, got number");
+  expect_prefix(render_error(u + R"({"role": "assistant", "tool_calls": []}]})", "qwen2.5"),
+                "chat.json:1: messages[1]: missing field 'content'");
+  expect_prefix(render_error(u + R"({"role": "tool", "content": "r", "tool_call_id": 3}]})", "qwen2.5"),
+                "chat.json:1: messages[1].tool_call_id must be a string, got number");
 }
 
 TEST(BadInputTemplate, ConversationsTheJinjaRefuses) {
   expect_prefix(render_error(R"({"messages": [{"role": "assistant", "content": "a"}]})", "mistral"),
                 "chat.json:1: template mistral: After the optional system message, conversation roles must alternate");
   expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}, {"role": "tool", "content": "{}"}]})", "mistral"),
-                "chat.json:1: template mistral: tool turns are not supported");
+                "chat.json:1: template mistral: turn 1: Tool call IDs should be alphanumeric strings with length 9!");
+  expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "I will.", )"
+                             R"("tool_calls": [{"id": "abcdefghi", "function": {"name": "f", "arguments": {}}}]}]})", "mistral"),
+                "chat.json:1: template mistral: turn 1: a message with tool_calls renders as [TOOL_CALLS] only: the jinja "
+                "drops its content");
   expect_prefix(render_error(R"({"messages": [{"role": "user", "content": "u"}]})", "chatml"),
                 "data.template: 'chatml' is not a model-family template");
 }

@@ -121,6 +121,88 @@ TEST(Readers, MessagesFormatAndMaps) {
   }
 }
 
+// Tool calls in both forms become Turn::tool_calls: an OpenAI / transformers assistant message
+// (content null, absent, "" or text; calls with and without "function"; arguments an object or a
+// JSON string; ids) and a glaive function_call turn (one call, or an array of calls), in the
+// messages and the sharegpt format. All calls of one message stay one turn.
+TEST(Readers, OpenAiToolCallsAndFunctionCallsAreOneTurnType) {
+  const qlora::test::TempDir tmp("toolcalls");
+  const fs::path p = tmp.path / "calls.jsonl";
+  std::ofstream(p)
+      << R"({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": null, "tool_calls": [)"
+      << R"({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {"b": 1, "a": "é"}}},)"
+      << R"({"id": "call_2", "name": "g", "arguments": "{\"x\": [1, 2]}"}]},)"
+      << R"({"role": "tool", "content": "R1", "tool_call_id": "call_1", "name": "f"}, {"role": "tool", "content": "R2"},)"
+      << R"({"role": "assistant", "tool_calls": [{"function": {"name": "h"}}]},)"
+      << R"({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "h", "arguments": null}}]},)"
+      << R"({"role": "assistant", "content": "Let me see.", "tool_calls": [{"function": {"name": "f", "arguments": {"b": 1, "a": "é"}}}]},)"
+      << R"({"role": "assistant", "content": "A", "tool_calls": []}]})" << "\n"
+      << R"({"messages": [{"role": "user", "content": "Q"}, {"role": "function_call", "content": "{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": \"é\"}}"},)"
+      << R"({"role": "function_call", "content": "[{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": \"é\"}}, {\"name\": \"g\", \"arguments\": \"{\\\"x\\\": [1, 2]}\"}]"}]})" << "\n";
+  const fs::path sg = tmp.path / "calls_sharegpt.jsonl";
+  std::ofstream(sg) << R"({"conversations": [{"from": "human", "value": "Q"}, {"from": "function_call", "value": "{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": \"é\"}}"},)"
+                    << R"({"from": "observation", "value": "R"}, {"from": "gpt", "value": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"b": 1, "a": "é"}}}]}]})" << "\n";
+  ReadStats st;
+  const auto recs = read_records(p.string(), DataOptions{}, &st);
+  ASSERT_EQ(recs.size(), 2u);
+  const std::vector<Turn>& t = recs[0].turns;
+  ASSERT_EQ(t.size(), 8u);
+  ASSERT_EQ(t[1].tool_calls.size(), 2u);  // two calls, one turn
+  EXPECT_EQ(t[1].role, "assistant");
+  EXPECT_EQ(t[1].content, "");
+  EXPECT_EQ(t[1].tool_calls[0].name, "f");
+  EXPECT_EQ(t[1].tool_calls[0].arguments, R"({"b":1,"a":"é"})");  // key order kept
+  EXPECT_FALSE(t[1].tool_calls[0].arguments_is_string);
+  EXPECT_EQ(t[1].tool_calls[0].id, "call_1");
+  EXPECT_EQ(t[1].tool_calls[1].name, "g");
+  EXPECT_EQ(t[1].tool_calls[1].arguments, R"({"x": [1, 2]})");  // the string as written
+  EXPECT_TRUE(t[1].tool_calls[1].arguments_is_string);
+  EXPECT_EQ(t[1].tool_calls[1].id, "call_2");
+  EXPECT_EQ(t[2].role, "tool");
+  EXPECT_EQ(t[2].tool_call_id, "call_1");
+  EXPECT_EQ(t[3].tool_call_id, "");
+  for (size_t k = 4; k <= 5; ++k) {  // content absent / "", arguments absent / null: "{}"
+    ASSERT_EQ(t[k].tool_calls.size(), 1u);
+    EXPECT_EQ(t[k].content, "");
+    EXPECT_EQ(t[k].tool_calls[0].arguments, "{}");
+  }
+  EXPECT_EQ(t[6].content, "Let me see.");
+  ASSERT_EQ(t[6].tool_calls.size(), 1u);
+  EXPECT_TRUE(t[7].tool_calls.empty());  // [] = no calls (as transformers' templates read it)
+  EXPECT_EQ(t[7].content, "A");
+  // the glaive form: the same representation (one call; an array of calls = one turn)
+  const std::vector<Turn>& g = recs[1].turns;
+  ASSERT_EQ(g.size(), 3u);
+  auto same = [](const ToolCall& a, const ToolCall& b) {
+    return a.name == b.name && a.arguments == b.arguments && a.arguments_is_string == b.arguments_is_string;
+  };
+  EXPECT_EQ(g[1].role, "assistant");
+  EXPECT_EQ(g[1].content, "");
+  ASSERT_EQ(g[1].tool_calls.size(), 1u);
+  EXPECT_TRUE(same(g[1].tool_calls[0], t[1].tool_calls[0]));
+  ASSERT_EQ(g[2].tool_calls.size(), 2u);
+  EXPECT_TRUE(same(g[2].tool_calls[0], t[1].tool_calls[0]));
+  EXPECT_TRUE(same(g[2].tool_calls[1], t[1].tool_calls[1]));
+  const auto s = read_records(sg.string(), DataOptions{}, &st);
+  ASSERT_EQ(s[0].turns.size(), 4u);
+  EXPECT_EQ(st.format, "sharegpt");
+  ASSERT_EQ(s[0].turns[3].tool_calls.size(), 1u);
+  EXPECT_TRUE(same(s[0].turns[1].tool_calls[0], s[0].turns[3].tool_calls[0]));
+  // both forms render alike in every template (qlora-cpp's: the calls as JSON text)
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  Record a = s[0], b = s[0];
+  a.turns.pop_back();
+  b.turns.erase(b.turns.begin() + 1);
+  b.turns.insert(b.turns.begin() + 1, s[0].turns[3]);
+  b.turns.pop_back();
+  for (const std::string tpl : {"chatml", "llama2", "alpaca", "vicuna", "none"}) {
+    const std::string ra = render_string(render(a, tpl, tok, true), tok);
+    EXPECT_EQ(ra, render_string(render(b, tpl, tok, true), tok)) << tpl;
+    EXPECT_NE(ra.find(R"({"name": "f", "arguments": {"b": 1, "a": "é"}})"), std::string::npos) << tpl << ": " << ra;
+  }
+}
+
 TEST(Length, DropTruncateAndNoTrainable) {
   QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
   const Tokenizer tok = llama(model);

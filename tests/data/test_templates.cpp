@@ -63,9 +63,13 @@ TEST(FamilyTemplates, RenderedStringsMatchTransformers) {
     EXPECT_GE(checked[name], 50) << name;
     EXPECT_EQ(checked[name], j["counts"][name].get<int>()) << name;
   }
+  // docs/data.md's numbers: 84 conversations each (mistral 60), + 8 OpenAI tool_calls ones (mistral 5,
+  // llama3.1/3.2 4), + 10 glaive ones in the OpenAI form (qwen2.5, llama3.1, llama3.2 5, mistral none)
+  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 102}, {"llama3.1", 93}, {"llama3.2", 93}, {"mistral", 65 * 4},
+                                                 {"qwen2.5", 97}, {"qwen3", 102}, {"smollm2", 102}}));
   int total = 0;
   for (const auto& [name, n] : checked) total += n;
-  EXPECT_EQ(total, 744);  // 84 per template, mistral 4 times: tokenizer.json and tokenizer.model, Llama and Mistral config
+  EXPECT_EQ(total, 849);  // mistral 4 times: tokenizer.json and tokenizer.model, Llama and Mistral config
 }
 
 // Ids equal apply_chat_template(tokenize=True) with each family's tokenizer fixture; only
@@ -121,6 +125,46 @@ TEST(FamilyTemplates, IdsMatchTransformersAndOnlyAssistantTurnsAreTrained) {
   for (const auto& [name, file] : kJinja) EXPECT_GE(checked[name], 50) << name;
 }
 
+// OpenAI `tool_calls` records: read as they are in the file (null / absent / "" content, calls
+// with and without "function", arguments as an object and as a JSON string, several calls in one
+// message) they render as transformers renders the same messages (the cases above); a glaive
+// conversation in the OpenAI form renders exactly as its function_call form, as transformers
+// renders both (the fixture asserts that on its side) where the template makes that so.
+TEST(FamilyTemplates, OpenAiToolCallsRenderAsTheirFunctionCallForm) {
+  QLORA_REQUIRE_FIXTURE(refs, "templates/template_refs.json");
+  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  ASSERT_TRUE(j.contains("pairs")) << "old template refs: rerun make_template_refs.py";
+  std::map<std::string, std::vector<Record>> recs;
+  for (const auto& [name, file] : kJinja) recs[name] = records_of(refs.parent_path() / (name + ".jsonl"));
+  std::map<std::string, int> checked;
+  for (const auto& c : j["pairs"]) {
+    const std::string name = c["template"];
+    const Record& glaive = recs.at(name).at(c["function_call"].get<size_t>());
+    const Record& openai = recs.at(name).at(c["openai"].get<size_t>());
+    ASSERT_EQ(glaive.turns.size(), openai.turns.size()) << name;
+    int calls = 0;
+    for (size_t k = 0; k < glaive.turns.size(); ++k) {
+      EXPECT_EQ(glaive.turns[k].tool_calls.size(), openai.turns[k].tool_calls.size()) << name << " turn " << k;
+      calls += int(openai.turns[k].tool_calls.size());
+    }
+    EXPECT_GE(calls, 1) << name;
+    EXPECT_EQ(concat(render_family(openai, name, "<s>", "</s>"), false), concat(render_family(glaive, name, "<s>", "</s>"), false))
+        << name << " #" << c["openai"];
+    ++checked[name];
+  }
+  // 5 glaive conversations, arguments as an object and as a string (qwen2.5, llama3.1, llama3.2:
+  // object only, they tojson a string argument into a quoted string): 45 pairs
+  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 10}, {"llama3.1", 5}, {"llama3.2", 5}, {"qwen2.5", 5},
+                                                 {"qwen3", 10}, {"smollm2", 10}}));
+  // every OpenAI record: all calls of one message are one assistant turn
+  int multi = 0;
+  for (const auto& [name, rs] : recs)
+    for (const Record& r : rs)
+      for (const Turn& t : r.turns) multi += t.tool_calls.size() > 1;
+  EXPECT_EQ(multi, 3 * 4 + 2);  // two-call messages: 3 in each of the smollm2 / qwen* / llama3 files, 2 in mistral's
+                                // (none for llama3.1 / llama3.2: their jinja takes one call per message)
+}
+
 // The prompt `qlora generate --template` (data::chat_prompt) gives: transformers'
 // apply_chat_template(add_generation_prompt=True) ids, per family and tokenizer fixture, with and
 // without a system message (qwen3: enable_thinking=False).
@@ -155,6 +199,8 @@ TEST(BuiltinTemplates, BosAsTheTokenizerAddsItAndNoDoubledMarkers) {
     if (name == "text") {
       r.is_text = true;
       r.text = c["text"];
+    } else if (c.contains("record")) {  // an OpenAI tool_calls record, read as a file's
+      r = record_from_json(c["record"].dump(), "builtin.json", DataOptions{});
     } else {
       for (const auto& t : c["turns"]) r.turns.push_back({t["role"], t["content"]});
     }
@@ -165,7 +211,7 @@ TEST(BuiltinTemplates, BosAsTheTokenizerAddsItAndNoDoubledMarkers) {
           << name << " on " << tdir << ": " << tok.id_to_piece(ex.input_ids[i]) << " twice";
     ++checked[tdir];
   }
-  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama2_hf", 14}, {"llama3_bpe", 14}, {"qwen2_bpe", 14}, {"smollm2", 14}}));
+  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama2_hf", 26}, {"llama3_bpe", 26}, {"qwen2_bpe", 26}, {"smollm2", 26}}));
 }
 
 // A named template that is not the model's own family template is worth a warning (train, data
@@ -239,10 +285,80 @@ TEST(FamilyTemplates, MistralRefusesWhatItsJinjaRefuses) {
               std::string::npos)
         << e.what();
   }
+  auto error = [&](const std::string& tpl) -> std::string {
+    try {
+      render_family(r, tpl, "<s>", "</s>");
+    } catch (const qlora::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // tool results and calls need 9-character ids (the jinja's raise_exception)
   r.turns = {{"user", "a"}, {"tool", "{}"}, {"assistant", "c"}};
-  EXPECT_THROW(render_family(r, "mistral", "<s>", "</s>"), qlora::Error);
-  r.turns = {{"user", "a"}, {"assistant", "{not json", true}};
-  EXPECT_THROW(render_family(r, "qwen2.5", "", "<|im_end|>"), qlora::Error);
+  EXPECT_EQ(error("mistral").rfind("chats.jsonl:7: template mistral: turn 1: Tool call IDs should be alphanumeric strings "
+                                   "with length 9! (the jinja's error; tool_call_id is '')", 0), 0u) << error("mistral");
+  r.turns[1].tool_call_id = "abcdefghi";
+  EXPECT_EQ(error("mistral"), "");
+  Turn call{"assistant", ""};
+  call.tool_calls = {ToolCall{"f", R"({"x":1})", false, "12345678"}};
+  r.turns = {{"user", "a"}, call};
+  EXPECT_NE(error("mistral").find("turn 1: Tool call IDs should be alphanumeric strings with length 9! (the jinja's "
+                                  "error; the call's id is '12345678')"), std::string::npos) << error("mistral");
+  r.turns[1].tool_calls[0].id = "12345678é";  // 9 characters, 10 bytes: |length counts characters
+  EXPECT_EQ(error("mistral"), "");
+  // the jinja renders only [TOOL_CALLS] for a message with calls: its content would be lost
+  r.turns[1].content = "Let me look.";
+  EXPECT_NE(error("mistral").find("turn 1: a message with tool_calls renders as [TOOL_CALLS] only"), std::string::npos);
+  EXPECT_EQ(error("qwen2.5"), "");
+  // [AVAILABLE_TOOLS] reads OpenAI-form tools ({"type": "function", "function": {...}}), not glaive's
+  r.turns[1].content.clear();
+  r.tools = R"([{"name": "f", "parameters": {}}])";
+  EXPECT_NE(error("mistral").find("chats.jsonl:7: template mistral: tools[0]: the jinja reads each tool in the OpenAI form"),
+            std::string::npos)
+      << error("mistral");
+}
+
+// Llama 3.1 / 3.2: the jinja raises on a message with two calls and writes only the call of a
+// message with content beside it (the content would be lost): both are one-line errors; tools
+// without a message to carry them are the jinja's own error.
+TEST(FamilyTemplates, Llama31RefusesWhatItsJinjaRefusesOrDrops) {
+  Record r;
+  r.file = "calls.jsonl";
+  r.line = 3;
+  Turn call{"assistant", ""};
+  call.tool_calls = {ToolCall{"f", R"({"x":1})", false, ""}, ToolCall{"g", "{}", false, ""}};
+  r.turns = {{"user", "a"}, call};
+  auto error = [&](const std::string& tpl) -> std::string {
+    try {
+      render_family(r, tpl, "<|begin_of_text|>", "<|eot_id|>");
+    } catch (const qlora::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  for (const std::string tpl : {"llama3.1", "llama3.2"}) {
+    r.turns[1].tool_calls.resize(2);
+    r.turns[1].content.clear();
+    EXPECT_EQ(error(tpl), "calls.jsonl:3: template " + tpl + ": This model only supports single tool-calls at once!");
+    r.turns[1].tool_calls.resize(1);
+    EXPECT_EQ(error(tpl), "");
+    r.turns[1].content = "Let me look.";
+    EXPECT_NE(error(tpl).find("calls.jsonl:3: template " + tpl + ": an assistant message with both content and tool_calls"),
+              std::string::npos)
+        << error(tpl);
+    r.turns[1].content.clear();
+    r.tools = R"([{"name": "f"}])";
+    Record only_system = r;
+    only_system.turns = {{"system", "s"}};
+    try {
+      render_family(only_system, tpl, "<|begin_of_text|>", "<|eot_id|>");
+      ADD_FAILURE() << tpl;
+    } catch (const qlora::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("Cannot put tools in the first user message"), std::string::npos) << e.what();
+    }
+    r.tools.clear();
+  }
+  EXPECT_EQ(error("qwen2.5"), "");  // qwen2.5 writes content and calls
 }
 
 TEST(JinjaHelpers, TrimIsPythonStripAndTojsonIsJsonDumps) {
