@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -35,6 +36,9 @@ struct Hparams {
   double rope_theta = 10000.0, rms_eps = 1e-6;
   bool has_head_dim_key = false;
   bool tied = false;
+  // RoPE scaling recognised from llama 3's rope_freqs.weight (read_llama3_rope): "default" or "llama3".
+  std::string rope_type = "default";
+  double rope_factor = 1.0;
 };
 
 int64_t positive_uint(const GgufFile& f, const std::string& key) {
@@ -97,6 +101,84 @@ Hparams read_hparams(const GgufFile& f) {
   return h;
 }
 
+// ---- llama 3 RoPE scaling: rope_freqs.weight -> rope_parameters ------------------------------------
+constexpr const char* kRopeFreqs = "rope_freqs.weight";
+// The values of every Meta Llama 3.1 / 3.2 / 3.3 release's rope_scaling (only `factor` differs).
+constexpr float kLlama3LowFreqFactor = 1.0f, kLlama3HighFreqFactor = 4.0f;
+constexpr int64_t kLlama3OriginalContext = 8192;
+
+/// The per-dimension RoPE factors llama.cpp's convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors)
+/// stores as rope_freqs.weight for rope_scaling {rope_type llama3, factor, low_freq_factor 1,
+/// high_freq_factor 4, original_max_position_embeddings 8192}, in its float32 order of operations:
+/// freq_i = 1 / theta^((2i)/dim); wavelen = 2π / freq; wavelen < 8192/4 -> 1, > 8192/1 -> factor,
+/// else 1 / ((1 - smooth)/factor + smooth) with smooth = (8192/wavelen - 1)/(4 - 1). [dim/2] values.
+std::vector<float> llama3_rope_factors(float factor, double theta, int64_t dim) {
+  const float low = kLlama3LowFreqFactor, high = kLlama3HighFreqFactor;
+  const auto old_ctx = static_cast<float>(kLlama3OriginalContext);
+  const float low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
+  std::vector<float> out(static_cast<size_t>(dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(dim);
+    const float freq = 1.0f / std::pow(static_cast<float>(theta), exponent);
+    const float wavelen = static_cast<float>(2 * M_PI) / freq;
+    if (wavelen < high_wavelen) {
+      out[size_t(i)] = 1.0f;
+    } else if (wavelen > low_wavelen) {
+      out[size_t(i)] = factor;
+    } else {
+      const float smooth = (old_ctx / wavelen - low) / (high - low);
+      out[size_t(i)] = 1.0f / ((1.0f - smooth) / factor + smooth);
+    }
+  }
+  return out;
+}
+
+/// Sets h->rope_type / rope_factor from the llama file's rope_freqs.weight, if it has one (llama.cpp
+/// writes it for Llama 3.1 / 3.2 / 3.3 instead of a rope_scaling key). The tensor must be F32, F16 or
+/// BF16, shape [head_dim/2], finite. All ones: no scaling ("default"). Otherwise factor = its last
+/// element, and the whole vector must equal llama3_rope_factors(factor, rope_theta, head_dim) within
+/// a relative 1e-5 (plus the rounding of F16 / BF16 storage): then "llama3". Throws qlora::Error
+/// naming the file and the tensor for anything else, as no config.json rope_parameters describes it.
+void read_llama3_rope(const GgufFile& f, Hparams* h) {
+  const gguf::TensorInfo* t = f.find_tensor(kRopeFreqs);
+  if (h->arch != "llama" || t == nullptr) return;
+  const int64_t n = h->head_dim / 2;
+  const std::vector<int64_t> shape = t->shape();
+  std::string dims;
+  for (int64_t d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+  QLORA_CHECK(shape == std::vector<int64_t>{n}, f.path(), ": tensor '", kRopeFreqs, "': shape [", dims,
+              "] does not match the metadata ([", n, "] = head_dim / 2)");
+  const bool f16 = t->type == gguf::GgmlType::F16, bf16 = t->type == gguf::GgmlType::BF16;
+  QLORA_CHECK(t->type == gguf::GgmlType::F32 || f16 || bf16, f.path(), ": tensor '", kRopeFreqs,
+              "': ggml type ", gguf::ggml_type_info(t->type).name, " is not supported here (F32, F16, BF16)");
+  std::vector<float> got(static_cast<size_t>(n));
+  kernels::dequantize_gguf_cpu(t->type, f.data(*t), n, got.data());
+  f.release(*t);
+  bool ones = true;
+  for (int64_t i = 0; i < n; ++i) {
+    QLORA_CHECK(std::isfinite(got[size_t(i)]), f.path(), ": tensor '", kRopeFreqs, "': element ", i, " is ",
+                got[size_t(i)], " (not finite)");
+    ones = ones && got[size_t(i)] == 1.0f;
+  }
+  if (ones) return;  // factors of 1: RoPE as without scaling
+  const float factor = got.back();
+  QLORA_CHECK(factor > 0, f.path(), ": tensor '", kRopeFreqs, "': last element (the llama3 factor) is ", factor,
+              ", not > 0");
+  const std::vector<float> want = llama3_rope_factors(factor, h->rope_theta, h->head_dim);
+  // F16 / BF16 storage rounds each value to within 2^-11 / 2^-8 of it, relatively.
+  const double tol = 1e-5 + (f16 ? std::ldexp(1.0, -11) : bf16 ? std::ldexp(1.0, -8) : 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = got[size_t(i)], w = want[size_t(i)];
+    QLORA_CHECK(std::abs(g - w) <= tol * std::abs(w), f.path(), ": tensor '", kRopeFreqs, "': element ", i, " is ",
+                g, " where llama 3 RoPE scaling (rope_type llama3, factor ", factor,
+                " = the last element, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192,"
+                " rope_theta ", h->rope_theta, ", head_dim ", h->head_dim, ") gives ", w,
+                "; this file's RoPE cannot be written as a config.json");
+  }
+  h->rope_type = "llama3";
+  h->rope_factor = factor;
+}
+
 // ---- tensor plan: GGUF tensor -> HF name, shape, permutation --------------------------------------
 struct Planned {
   const gguf::TensorInfo* src;
@@ -144,8 +226,8 @@ std::vector<Planned> plan_tensors(const GgufFile& f, const Hparams& h) {
   for (const gguf::TensorInfo& t : f.tensors()) {
     auto it = want.find(t.name);
     if (it == want.end()) {
-      // llama.cpp stores precomputed RoPE frequencies for llama 3; transformers ignores them too.
-      if (t.name == "rope_freqs.weight") continue;
+      // llama 3's RoPE scaling as a tensor: read by read_llama3_rope, not written as a weight.
+      if (llama && t.name == kRopeFreqs) continue;
       fail(f.path(), ": tensor '", t.name, "': not expected in a ", h.arch, " model with ", h.layers,
            " layers (no Hugging Face name for it)");
     }
@@ -408,7 +490,12 @@ json config_json(const Hparams& h, const json& special_ids, const std::string& d
   c["hidden_act"] = "silu";
   c["max_position_embeddings"] = h.ctx;
   c["rms_norm_eps"] = h.rms_eps;
-  c["rope_parameters"] = {{"rope_theta", h.rope_theta}, {"rope_type", "default"}};
+  c["rope_parameters"] = {{"rope_theta", h.rope_theta}, {"rope_type", h.rope_type}};
+  if (h.rope_type == "llama3")  // transformers 5 LlamaConfig.rope_parameters, as the HF model's config.json has it
+    c["rope_parameters"].update({{"factor", h.rope_factor},
+                                 {"low_freq_factor", kLlama3LowFreqFactor},
+                                 {"high_freq_factor", kLlama3HighFreqFactor},
+                                 {"original_max_position_embeddings", kLlama3OriginalContext}});
   c["tie_word_embeddings"] = h.tied;
   c["initializer_range"] = 0.02;
   c["attention_dropout"] = 0.0;
@@ -440,8 +527,9 @@ ImportGgufResult import_gguf(const ImportGgufOptions& o) {
   QLORA_CHECK(!fs::exists(o.out_dir) || (fs::is_directory(o.out_dir) && fs::is_empty(o.out_dir)), o.out_dir,
               ": exists and is not an empty directory; refusing to overwrite it");
   GgufFile f(o.gguf_path);
-  const Hparams h = read_hparams(f);
+  Hparams h = read_hparams(f);
   const std::vector<Planned> plan = plan_tensors(f, h);
+  read_llama3_rope(f, &h);
 
   ImportGgufResult res;
   res.architecture = h.arch;

@@ -14,7 +14,11 @@
 //   config.json            LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM from `<arch>.*`
 //                          metadata; tie_word_embeddings when there is no `output.weight`; qwen3's
 //                          head_dim from `qwen3.attention.key_length` (llama.cpp writes it), else
-//                          embedding_length / head_count (llama.cpp llama-model.cpp's default).
+//                          embedding_length / head_count (llama.cpp llama-model.cpp's default);
+//                          rope_parameters llama3 when a llama file's rope_freqs.weight is the
+//                          vector llama.cpp's converter writes for Llama 3.1 / 3.2 / 3.3 (factor =
+//                          its last element, low 1, high 4, original 8192): the original HF
+//                          model's RoPE, which transformers' GGUF loader drops (docs/gguf.md).
 //   tokenizer.json         tokenizer.ggml.model "gpt2": byte-level BPE from tokenizer.ggml.{tokens,
 //                          merges,token_type,pre}; "llama" (Llama 2 / Mistral files): sentencepiece
 //                          BPE with byte fallback, LlamaTokenizer's pipeline, merges from the file or
@@ -53,6 +57,8 @@ struct ImportGgufResult {
 /// tokenizer.ggml.scores, one per token, and tokens of at most 4096 bytes), a missing or mistyped
 /// metadata key, a missing or unexpected tensor, a
 /// tensor whose shape disagrees with the metadata, a quantization type not in kernels/gguf_dequant.h,
+/// a rope_freqs.weight that is not F32/F16/BF16 [head_dim/2] and finite or is neither all ones nor
+/// the llama3 scaling above (or appears in a qwen2/qwen3 file),
 /// a bad --dtype, a non-empty out_dir, or an I/O error.
 ImportGgufResult import_gguf(const ImportGgufOptions& o);
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <random>
 
 #include "common/error.h"
@@ -213,6 +214,44 @@ std::vector<Case> corpus() {
     b.tensor_f32("blk.0.attn_k_norm.weight", {8}, std::vector<float>(8, 1.f));
     c.push_back({"qwen3_k_norm_shape", b.bytes(),
                  "tensor 'blk.0.attn_k_norm.weight': shape [8] does not match the metadata ([4])"});
+  }
+  // llama 3's rope_freqs.weight (tiny: head_dim 4, so [2]; rope_theta 10000, so llama3 scaling gives [1, 1]).
+  {
+    GgufBuilder b = tiny();
+    b.tensor_f32("rope_freqs.weight", {3}, {1.f, 1.f, 1.f});
+    c.push_back({"rope_freqs_shape", b.bytes(),
+                 "tensor 'rope_freqs.weight': shape [3] does not match the metadata ([2] = head_dim / 2)"});
+  }
+  {
+    GgufBuilder b = tiny();
+    b.tensor("rope_freqs.weight", {2}, 26, GgufBuilder::pod<int32_t>(1) + GgufBuilder::pod<int32_t>(8));
+    c.push_back({"rope_freqs_type", b.bytes(),
+                 "tensor 'rope_freqs.weight': ggml type I32 is not supported here (F32, F16, BF16)"});
+  }
+  {
+    GgufBuilder b = tiny();
+    b.tensor_f32("rope_freqs.weight", {2}, {1.f, std::numeric_limits<float>::quiet_NaN()});
+    c.push_back({"rope_freqs_nan", b.bytes(), "tensor 'rope_freqs.weight': element 1 is"});
+  }
+  {
+    GgufBuilder b = tiny();
+    b.tensor_f32("rope_freqs.weight", {2}, {1.f, -8.f});
+    c.push_back({"rope_freqs_negative_factor", b.bytes(),
+                 "tensor 'rope_freqs.weight': last element (the llama3 factor) is -8, not > 0"});
+  }
+  {
+    GgufBuilder b = tiny();
+    b.tensor_f32("rope_freqs.weight", {2}, {1.f, 8.f});
+    c.push_back({"rope_freqs_not_llama3", b.bytes(),
+                 "tensor 'rope_freqs.weight': element 1 is 8 where llama 3 RoPE scaling (rope_type llama3, "
+                 "factor 8 = the last element, low_freq_factor 1, high_freq_factor 4, "
+                 "original_max_position_embeddings 8192, rope_theta 10000, head_dim 4) gives 1; this file's RoPE "
+                 "cannot be written as a config.json"});
+  }
+  {
+    GgufBuilder b = tiny_llama_gguf(true, "qwen2");
+    b.tensor_f32("rope_freqs.weight", {2}, {1.f, 1.f});
+    c.push_back({"rope_freqs_qwen2", b.bytes(), "tensor 'rope_freqs.weight': not expected in a qwen2 model"});
   }
   c.push_back({"missing_tensor", tiny({"blk.1.ffn_down.weight"}).bytes(), "tensor 'blk.1.ffn_down.weight': missing"});
   {

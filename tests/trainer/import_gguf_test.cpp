@@ -2,7 +2,8 @@
 // transformers builds from the same file (tests/fixtures/make_gguf_refs.py): every tensor bit for
 // bit (SHA-256 of float32 bytes), tokenizer.json as JSON, config fields, and transformers loading the
 // result; a tiny Qwen2 and a tiny Qwen3 the same way; bf16 = RNE of fp32; peak RSS of the streaming
-// import; tiny hand-built llama/qwen2/qwen3 files; the CLI's exit codes.
+// import; tiny hand-built llama/qwen2/qwen3 files; the CLI's exit codes; llama 3's rope_freqs.weight
+// read as rope_parameters llama3 (vs the original HF model, not transformers' GGUF load).
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -278,6 +279,128 @@ TEST(ImportGguf, TinyQwen3EqualsTransformersGgufLoad) {
             std::string::npos)
       << cli.out;
   EXPECT_TRUE(fs::exists(dir / "from_blob" / "model.safetensors"));
+  fs::remove_all(dir);
+}
+
+// A tiny random Llama 3.1-style GGUF (make_gguf_refs.py make_tiny_llama31_rope): llama3 RoPE scaling
+// as llama.cpp writes it, the tensor rope_freqs.weight (F32 [8]: 1 x5, 1.1033, 6.0604, 8 for factor 8,
+// rope_theta 12000, head_dim 16) and no rope_scaling key. The reference is the original HF model:
+// its config.json (llama3 rope_parameters, max_position_embeddings = the file's 131072) field by
+// field, the GGUF-loaded tensors bit for bit (rope_freqs.weight is not a weight), tokenizer.json;
+// and transformers loading the imported dir gives that model's logits of a 149-token prompt within
+// 1e-4 (gguf_import_check.py), which transformers' own GGUF load (default RoPE) misses by 0.69.
+// The same file with one smooth factor x 1.1 (llama31_rope_bad) is refused in one line naming the
+// tensor, by the library and by the CLI (exit 1), nothing left in --out.
+TEST(ImportGguf, TinyLlama31RopeFreqsEqualsOriginalHfModel) {
+  QLORA_REQUIRE_FIXTURE(gguf, "gguf/llama31_rope_tiny/model.gguf");
+  QLORA_REQUIRE_FIXTURE(bad, "gguf/llama31_rope_bad/model.gguf");
+  const fs::path dir = qlora::test::fresh_temp_dir("import_llama31_rope");
+  const fs::path out = dir / "llama31";
+  const auto r = qlora::import_gguf({gguf.string(), out.string(), "fp32"});
+  EXPECT_EQ(r.architecture, "llama");
+  EXPECT_TRUE(r.tied_embeddings);
+  EXPECT_EQ(r.tensors, 20);
+  EXPECT_EQ(expect_matches_transformers(out, gguf.parent_path()), 20u);
+  const json cfg = read_json(out / "config.json");
+  EXPECT_EQ(cfg["rope_parameters"], (json{{"rope_type", "llama3"}, {"rope_theta", 12000.0}, {"factor", 8.0},
+                                          {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                                          {"original_max_position_embeddings", 8192}}));
+  EXPECT_EQ(cfg["max_position_embeddings"], 131072);
+  EXPECT_EQ(cfg["head_dim"], 16);
+
+  const std::string want = "tensor 'rope_freqs.weight': element 6 is 6.66639 where llama 3 RoPE scaling";
+  qlora::test::expect_file_error(bad.string(), want, "llama31_rope_bad",
+                                 [&] { qlora::import_gguf({bad.string(), (dir / "bad").string(), "fp32"}); });
+  const CliRun cli = run_cli({"import-gguf", bad.string(), "--out", (dir / "bad").string()}, dir / "log");
+  EXPECT_EQ(cli.status, 1);
+  EXPECT_EQ(cli.out.rfind("error: " + bad.string() + ": " + want, 0), 0u) << cli.out;
+  EXPECT_NE(cli.out.find("gives 6.06035; this file's RoPE cannot be written as a config.json"), std::string::npos)
+      << cli.out;
+  EXPECT_EQ(std::count(cli.out.begin(), cli.out.end(), '\n'), 1) << cli.out;
+  EXPECT_FALSE(fs::exists(dir / "bad"));
+  fs::remove_all(dir);
+}
+
+// Hand-built rope_freqs.weight on the tiny llama (head_dim 4, so 2 factors): F16 [1, 8] with
+// rope_theta 1e7 (wavelengths 6.3 and 19869: factor 1, then the factor) is llama3 with factor 8,
+// within F16's rounding; all ones is no scaling (rope_type default).
+TEST(ImportGguf, TinyLlamaRopeFreqsF16AndAllOnes) {
+  const fs::path dir = qlora::test::fresh_temp_dir("import_tiny_rope_freqs");
+  struct Variant {
+    const char* name;
+    float theta;
+    std::string f16;  // two F16 values
+    json rope;
+  };
+  using qlora::test::GgufBuilder;
+  const std::string one = GgufBuilder::pod<uint16_t>(0x3C00), eight = GgufBuilder::pod<uint16_t>(0x4800);
+  for (const Variant& v : std::vector<Variant>{
+           {"llama3_f16", 1e7f, one + eight,
+            {{"rope_type", "llama3"}, {"rope_theta", 1e7}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+             {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}},
+           {"all_ones", 10000.f, one + one, {{"rope_type", "default"}, {"rope_theta", 10000.0}}}}) {
+    qlora::test::GgufBuilder b = qlora::test::tiny_llama_gguf(true, "llama", {"llama.rope.freq_base"});
+    b.f32("llama.rope.freq_base", v.theta);
+    b.tensor("rope_freqs.weight", {2}, 1, v.f16);
+    const fs::path p = dir / (std::string(v.name) + ".gguf");
+    std::ofstream(p, std::ios::binary) << b.bytes();
+    const fs::path out = dir / v.name;
+    const auto r = qlora::import_gguf({p.string(), out.string(), "fp32"});
+    EXPECT_EQ(r.tensors, 2 + 2 * 9) << v.name;  // rope_freqs.weight is not written
+    EXPECT_EQ(read_json(out / "config.json")["rope_parameters"], v.rope) << v.name;
+  }
+  fs::remove_all(dir);
+}
+
+// The rope_freqs.weight of Meta's releases (rope_theta 500000, head_dim 128; factor 8 for Llama 3.1 /
+// 3.3, 32 for 3.2: 29 ones, 6 smooth factors, 29 factors), as make_gguf_refs.py's reimplementation of
+// llama.cpp's converter computes them (torch float32, rope_freqs.json), in a hand-built one-layer
+// llama (hidden 128, 1 head): recognised as llama3 with that factor.
+TEST(ImportGguf, RopeFreqsOfMetaLlama3ReleasesAreLlama3) {
+  QLORA_REQUIRE_FIXTURE(vectors, "gguf/llama31_rope_tiny/rope_freqs.json");
+  const json meta = read_json(vectors)["meta"];
+  const fs::path dir = qlora::test::fresh_temp_dir("import_meta_rope_freqs");
+  for (const int factor : {8, 32}) {
+    const auto v = meta["factor_" + std::to_string(factor)].get<std::vector<float>>();
+    ASSERT_EQ(v.size(), 64u);
+    std::set<std::string> omit = {"llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
+                                  "llama.attention.head_count", "llama.attention.head_count_kv",
+                                  "llama.rope.freq_base", "token_embd.weight", "output_norm.weight"};
+    for (const char* l : {"blk.0.", "blk.1."})
+      for (const char* t : {"attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                            "ffn_down"})
+        omit.insert(std::string(l) + t + ".weight");
+    qlora::test::GgufBuilder b = qlora::test::tiny_llama_gguf(true, "llama", omit);
+    b.u32("llama.embedding_length", 128);
+    b.u32("llama.block_count", 1);
+    b.u32("llama.feed_forward_length", 8);
+    b.u32("llama.attention.head_count", 1);
+    b.u32("llama.attention.head_count_kv", 1);
+    b.u32("llama.rope.dimension_count", 128);
+    b.f32("llama.rope.freq_base", meta["rope_theta"].get<float>());
+    auto zeros = [&](const std::string& name, std::vector<uint64_t> ne) {
+      b.tensor_f32(name, ne, std::vector<float>(ne.size() == 1 ? ne[0] : ne[0] * ne[1], 0.f));
+    };
+    zeros("token_embd.weight", {128, 12});
+    zeros("output_norm.weight", {128});
+    for (const char* t : {"attn_norm", "ffn_norm"}) zeros(std::string("blk.0.") + t + ".weight", {128});
+    for (const char* t : {"attn_q", "attn_k", "attn_v", "attn_output"})
+      zeros(std::string("blk.0.") + t + ".weight", {128, 128});
+    zeros("blk.0.ffn_gate.weight", {128, 8});
+    zeros("blk.0.ffn_up.weight", {128, 8});
+    zeros("blk.0.ffn_down.weight", {8, 128});
+    b.tensor_f32("rope_freqs.weight", {64}, v);
+    const fs::path p = dir / ("meta" + std::to_string(factor) + ".gguf");
+    std::ofstream(p, std::ios::binary) << b.bytes();
+    const fs::path out = dir / ("meta" + std::to_string(factor));
+    qlora::import_gguf({p.string(), out.string(), "fp32"});
+    const json cfg = read_json(out / "config.json");
+    EXPECT_EQ(cfg["rope_parameters"], (json{{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", factor},
+                                            {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                                            {"original_max_position_embeddings", 8192}}))
+        << "factor " << factor;
+    EXPECT_EQ(cfg["head_dim"], 128);
+  }
   fs::remove_all(dir);
 }
 
