@@ -137,6 +137,8 @@ std::string cmd_eval(const EvalOptions& o) {
   const bool eval_file = o.data.empty() && !dopts.eval.empty();
   if (const std::string note = data::unused_records_note(eval_file ? ds.eval_stats : ds.stats); !note.empty())
     log::warn("data: ", eval_file ? dopts.eval : dopts.train, ": ", note);
+  if (const std::string note = data::placeholder_note((eval_file ? ds.eval_stats : ds.stats).read); !note.empty())
+    log::warn("data: ", eval_file ? dopts.eval : dopts.train, ": ", note);
   std::vector<data::Example> exs = o.data.empty() ? std::move(ds.eval) : std::move(ds.train);
   QLORA_CHECK(!exs.empty(), o.config_path.empty() ? o.data : o.config_path, ": no eval data (set data.eval or data.val_set_size, or pass --data FILE)");
   if (o.max_examples > 0 && static_cast<int64_t>(exs.size()) > o.max_examples) exs.resize(static_cast<size_t>(o.max_examples));

@@ -539,6 +539,7 @@ class Section {
         {"adapter", " is \"quantization.method\" here (adapter: qlora is method: nf4, adapter: lora is method: none)"},
         {"datasets", "data.train"},
         {"chat_template", " is \"data.template\" here (its tokenizer_default is template: auto)"},
+        {"default_system_message", "data.default_system_message"},
         {"per_device_train_batch_size", "training.micro_batch_size"},
         {"num_train_epochs", "training.num_epochs"},
         {"lr_scheduler_type", "training.lr_scheduler"},
@@ -856,6 +857,7 @@ void visit_fields(V& v, data::DataOptions*) {
   v("skip_invalid", &D::skip_invalid, BoolSpec{});
   v("field_map", &D::field_map, NameMapSpec{});
   v("role_map", &D::role_map, NameMapSpec{});
+  v("default_system_message", &D::default_system_message, TextSpec{});
 }
 
 template <class V>

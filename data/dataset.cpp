@@ -196,6 +196,15 @@ std::string unused_records_note(const DataStats& st) {
   return o.str();
 }
 
+std::string placeholder_note(const ReadStats& st) {
+  if (st.placeholder_records == 0) return "";
+  std::string names;
+  for (const std::string& n : st.placeholder_names) names += (names.empty() ? "" : ", ") + n;
+  return std::to_string(st.placeholder_records) + " of " + std::to_string(st.records_read) +
+         " records hold template placeholders (" + names + "; the first at " + st.placeholder_first +
+         "): they are trained as written; replace them first (LLaMA-Factory's identity.json expects you to)";
+}
+
 std::string DataStats::summary() const {
   std::ostringstream o;
   o << "format: " << read.format << "\n"
@@ -340,6 +349,7 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
       << opts.truncation << ", train_on_inputs " << (opts.train_on_inputs ? "true" : "false")
       << "  ([[masked]] = label -100)\n";
   }
+  if (const std::string note = placeholder_note(d.stats.read); !note.empty()) o << "warning: " << note << "\n";
   for (int i = 0; i < n && size_t(i) < d.train.size(); ++i) {
     const Example& e = d.train[size_t(i)];
     const auto trainable = std::count_if(e.labels.begin(), e.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });

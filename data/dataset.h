@@ -54,6 +54,12 @@ std::string drop_reasons(const DataStats& st);
 /// (format completion) data.truncation: split, else truncate or a larger data.sequence_len.
 std::string unused_records_note(const DataStats& st);
 
+/// "" when no record holds a `{{name}}` placeholder; else "N of M records hold template
+/// placeholders ({{name}}, {{author}}; the first at file:line): they are trained as written; replace
+/// them first (LLaMA-Factory's identity.json expects you to)": the warning `train`, `eval` and
+/// `data preview` print.
+std::string placeholder_note(const ReadStats& st);
+
 /// Tokenises the records of one file with opts (template, add_eos, train_on_inputs, length).
 /// Examples get ids 0..n-1 in file order (a split document's pieces consecutive, in text order).
 /// Stats are accumulated into `stats`.

@@ -33,6 +33,10 @@ struct DataOptions {
   bool skip_invalid = false;         ///< skip and count malformed records instead of failing
   std::map<std::string, std::string> field_map;  ///< canonical field -> the file's name for it, e.g. {instruction: prompt}
   std::map<std::string, std::string> role_map;   ///< sharegpt role names, e.g. {human: user}
+  /// A system message put first in every conversation that has none ("" = none), Axolotl's
+  /// `default_system_message`: it replaces the template's own default system prompt (smollm2's
+  /// "You are a helpful AI assistant named SmolLM...", qwen2.5's "You are Qwen...") in those records.
+  std::string default_system_message;
 };
 
 /// Examples `data.val_set_size` holds out of `n`: a fraction (< 1) holds out ceil(val_set_size * n)

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "common/error.h"
@@ -494,6 +495,30 @@ size_t check_encoding(const std::string& path, const std::string& buf, bool skip
   return start;
 }
 
+namespace {
+
+// Counts a record holding a `{{name}}` placeholder (an identifier between double braces, as in
+// LLaMA-Factory's identity.json: "I am {{name}}, an AI assistant developed by {{author}}.").
+void count_placeholders(const Record& r, ReadStats* s) {
+  static const std::regex kPlaceholder(R"(\{\{\s*[A-Za-z_][A-Za-z0-9_]*\s*\}\})");
+  bool found = false;
+  auto scan = [&](const std::string& text) {
+    if (text.find("{{") == std::string::npos) return;  // the regex only where it can match
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), kPlaceholder); it != std::sregex_iterator(); ++it) {
+      found = true;
+      const std::string p = it->str();
+      auto& names = s->placeholder_names;
+      if (names.size() < 5 && std::find(names.begin(), names.end(), p) == names.end()) names.push_back(p);
+    }
+  };
+  scan(r.text);
+  for (const Turn& t : r.turns) scan(t.content);
+  if (!found) return;
+  if (s->placeholder_records++ == 0) s->placeholder_first = r.file + ":" + std::to_string(r.line);
+}
+
+}  // namespace
+
 std::vector<Record> read_records(const std::string& path, const DataOptions& opts, ReadStats* stats) {
   ReadStats local;
   ReadStats* s = stats ? stats : &local;
@@ -551,6 +576,11 @@ std::vector<Record> read_records(const std::string& path, const DataOptions& opt
     }
   }
   std::vector<Record> out = c.take();
+  for (Record& r : out) {
+    if (!r.is_text && !opts.default_system_message.empty() && (r.turns.empty() || r.turns[0].role != "system"))
+      r.turns.insert(r.turns.begin(), Turn{"system", opts.default_system_message});
+    count_placeholders(r, s);
+  }
   QLORA_CHECK(!out.empty() || s->records_read > 0, path, ":1: empty file (no records)");
   QLORA_CHECK(!out.empty(), path, ": all ", s->records_read, " records are invalid (first: ",
               s->skip_examples.empty() ? std::string("?") : s->skip_examples[0], ")");

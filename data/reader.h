@@ -67,9 +67,15 @@ struct ReadStats {
   std::map<std::string, int64_t> skip_reasons;    ///< reason ("invalid JSON", "missing field", ...) -> count
   std::vector<std::string> skip_examples;         ///< the first few full messages, `file:line: problem`
   std::string format;                             ///< the format used (after auto-detection)
+  int64_t placeholder_records = 0;                ///< records whose text holds a {{name}} placeholder
+  std::vector<std::string> placeholder_names;     ///< the first few distinct placeholders, e.g. "{{name}}"
+  std::string placeholder_first;                  ///< `file:line` of the first such record
 };
 
 /// Reads and normalises every record of `path` (format from opts.format, or detected).
+/// opts.default_system_message, when set, becomes the first turn of each conversation without a
+/// system turn. Records holding `{{name}}`-style placeholders (LLaMA-Factory's identity set) are
+/// counted in `stats` (placeholder_*), not changed.
 /// Throws qlora::Error `path:line: problem` for a missing/empty file, malformed JSON, wrong
 /// types, missing or empty fields, unknown roles, invalid UTF-8, a UTF-16/32 file (see
 /// check_encoding; a UTF-8 byte-order mark is skipped in every format); with opts.skip_invalid such

@@ -183,6 +183,7 @@ void Trainer::setup() {
   for (const auto& [file, st] : {std::pair{cfg_.data.train, &data_.stats}, std::pair{cfg_.data.eval, &data_.eval_stats}}) {
     if (file.empty() || run_.dist.rank != 0) continue;  // every rank reads the same data: rank 0 says it once
     if (const std::string note = data::unused_records_note(*st); !note.empty()) log::warn("data: ", file, ": ", note);
+    if (const std::string note = data::placeholder_note(st->read); !note.empty()) log::warn("data: ", file, ": ", note);
     if (st->split_documents > 0)
       log::info("data: ", file, ": ", st->split_documents, " documents longer than sequence_len ", st->sequence_len,
                 " split into ", st->split_pieces, " pieces (data.truncation: split; ", st->split_tails_dropped,

@@ -94,6 +94,54 @@ TEST(Readers, SharedFilesWithLlamaTokenizer) {
   }
 }
 
+// LLaMA-Factory's identity set holds {{name}} / {{author}} placeholders the user is meant to replace:
+// counted (85 of its 91 records: Python's re.search(r"\{\{\s*[A-Za-z_]\w*\s*\}\}") over each record
+// finds the same 85) and named in the warning train / eval / data preview print; the alpaca demo has none.
+// data.default_system_message (Axolotl's key) becomes the first turn of a conversation without a
+// system turn, exactly as if the file had it; a record's own system turn is kept.
+TEST(Readers, IdentityPlaceholdersAndDefaultSystemMessage) {
+  QLORA_REQUIRE_SHARED(identity, "data/identity.json");
+  QLORA_REQUIRE_SHARED(alpaca, "data/alpaca_en_demo.json");
+  DataOptions o;
+  ReadStats st;
+  read_records(identity.string(), o, &st);
+  EXPECT_EQ(st.records_read, 91);
+  EXPECT_EQ(st.placeholder_records, 85);
+  EXPECT_EQ(st.placeholder_names, (std::vector<std::string>{"{{name}}", "{{author}}"}));
+  EXPECT_EQ(placeholder_note(st), "85 of 91 records hold template placeholders ({{name}}, {{author}}; the first at " +
+                                      identity.string() + ":2): they are trained as written; replace them first "
+                                      "(LLaMA-Factory's identity.json expects you to)");
+  ReadStats st2;
+  read_records(alpaca.string(), o, &st2);
+  EXPECT_EQ(placeholder_note(st2), "");
+
+  const qlora::test::TempDir tmp("defsys");
+  const fs::path f = tmp.path / "chats.jsonl";
+  std::ofstream(f) << R"({"messages": [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "Quokka."}]})"
+                   << "\n"
+                   << R"({"messages": [{"role": "system", "content": "Own."}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]})"
+                   << "\n";
+  o.default_system_message = "You are Quokka, made by Trial Labs.";
+  const std::vector<Record> recs = read_records(f.string(), o, nullptr);
+  ASSERT_EQ(recs.size(), 2u);
+  ASSERT_EQ(recs[0].turns.size(), 3u);
+  EXPECT_EQ(recs[0].turns[0].role, "system");
+  EXPECT_EQ(recs[0].turns[0].content, "You are Quokka, made by Trial Labs.");
+  EXPECT_EQ(recs[1].turns.size(), 3u);
+  EXPECT_EQ(recs[1].turns[0].content, "Own.");
+  // smollm2 inserts its own default system prompt only where the record has none
+  Record without = recs[0];
+  without.turns.erase(without.turns.begin());
+  const auto text = [](const std::vector<Segment>& segs) {
+    std::string s;
+    for (const Segment& g : segs) s += g.text;
+    return s;
+  };
+  EXPECT_EQ(text(render_family(recs[0], "smollm2", "", "")).rfind("<|im_start|>system\nYou are Quokka, made by Trial Labs.<|im_end|>", 0), 0u);
+  EXPECT_NE(text(render_family(without, "smollm2", "", "")).find("named SmolLM"), std::string::npos);
+  EXPECT_EQ(text(render_family(recs[0], "smollm2", "", "")).find("named SmolLM"), std::string::npos);
+}
+
 TEST(Readers, MessagesFormatAndMaps) {
   QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
   const Tokenizer tok = llama(model);
