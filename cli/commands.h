@@ -34,6 +34,10 @@ struct GenerateCliOptions {
   std::string adapter;     ///< PEFT adapter directory to apply ("" = base model only)
   std::string template_name;  ///< --template NAME|auto: --prompt is a user message in that chat template
   std::string system;         ///< --system TEXT: a system message before it (with --template)
+  /// --quant nf4|fp4|none: quantize the base's decoder linears on load as `train` / `eval` do with
+  /// quantization.method (double quant, blocksize 64), so a QLoRA adapter decodes on the base it was
+  /// trained on (bitsandbytes users: load_in_4bit + PeftModel); none = the stored 16/32-bit weights.
+  std::string quant = "none";
   GenerateOptions gen;
 };
 /// `qlora generate MODEL_DIR --prompt TEXT [...]`: prints the continuation (or its ids). Stops at

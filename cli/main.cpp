@@ -64,6 +64,11 @@ int run(int argc, char** argv) {
                        "NAME|auto: --prompt is a user message in that chat template (as training renders it), "
                        "followed by the assistant header");
   generate->add_option("--system", gen.system, "with --template: a system message before the user message");
+  generate->add_option("--quant", gen.quant,
+                       "nf4|fp4|none: the base quantized on load as training does (double quant, blocksize 64), "
+                       "e.g. to decode a QLoRA adapter on the base it was trained on")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"nf4", "fp4", "none"}));
 
   qlora::TokenizeOptions tkz;
   auto* tokenize = app.add_subcommand("tokenize", "ids and pieces of a text, or one chat rendered with labels");

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/safetensors.h"
+#include "common/tensor_io.h"
 #include "test_util.h"
 
 namespace {
@@ -132,4 +134,26 @@ TEST(Generate, StopsAtAnyEosIdOfGenerationConfig) {
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("data.template: llama3 writes"), std::string::npos) << r.out;
   fs::remove_all(d);
+}
+
+// `generate --quant nf4`: the base quantized on load as training does, so the CLI decodes as
+// transformers + bitsandbytes (load_in_4bit, nf4, double quant, fp32 compute) does: greedy 12
+// tokens of the real SmolLM2 in its chat template (make_real_model_refs.py greedy_nf4.safetensors),
+// where the unquantized base (--quant none, the default) decodes otherwise.
+TEST(Generate, QuantNf4DecodesAsTransformersBitsandbytes) {
+  QLORA_REQUIRE_FIXTURE(root, "real/smollm2_135m");
+  const qlora::st::SafetensorsFile ref((root.parent_path() / "greedy_nf4.safetensors").string());
+  const torch::Tensor tt = qlora::load_tensor(ref, ref.info("tokens"));
+  const std::vector<int64_t> want(tt.data_ptr<int64_t>(), tt.data_ptr<int64_t>() + tt.numel());
+  ASSERT_EQ(want.size(), 12u);
+  const std::string gen = "generate " + root.string() + " --template smollm2 --dtype fp32 --ids --max-new-tokens 12 "
+                          "--prompt " + q("Triage this support ticket: my printer is jammed again, this is an emergency.");
+  auto r = run(gen + " --quant nf4");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(parse_ids(r.out), want) << r.out;
+  r = run(gen);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(parse_ids(r.out), want) << "the unquantized base decodes as the NF4 one: the check cannot fail";
+  r = run(gen + " --quant int8");
+  EXPECT_EQ(r.status, 2) << r.out;  // a usage error
 }
