@@ -2,6 +2,7 @@
 // Each throws qlora::Error for user-caused failures; main() prints it on one line and exits 1.
 #pragma once
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -141,7 +142,7 @@ struct MergeOptions {
 void cmd_merge(const MergeOptions& o);
 
 struct EstimateCliOptions {
-  std::string preset, model_dir, config_path;  ///< exactly one
+  std::string preset, model_dir, config_path;  ///< one of preset / model_dir; or config_path, optionally with one
   std::string method = "qlora";                ///< inference | lora | qlora | full
   int bits = 4;                                ///< 16 | 8 | 4
   int64_t blocksize = 64;
@@ -156,13 +157,21 @@ struct EstimateCliOptions {
   bool json = false;
   double tokens = 0, gpu_hour_price = 0, tokens_per_s = 0, utilization = 1.0;  ///< cost (tokens > 0)
   int64_t world_size = 1;                      ///< data-parallel ranks: per-rank memory, all ranks' cost
+  std::vector<std::string> overrides;          ///< --set section.key=value (with --config)
+  /// The options given on the command line ("--seq-len", "--double-quant", ...; main.cpp fills it):
+  /// with --config, these override the config's values; the others come from the config.
+  std::set<std::string> given;
 };
-/// `qlora estimate (--preset NAME | --model DIR | --config YAML) [...]`: the memory estimate per
-/// component (trainer/estimate.h, docs/memory.md), the cards it fits, the rules of thumb; with
-/// --tokens and --tokens-per-s, GPU-hours and cost. A --config takes model, quantization, lora and
-/// training from the YAML (other flags are ignored then). Returns the text (or JSON) to print.
-/// Throws qlora::Error for bad input (unknown preset, non-positive sizes, r wider than a layer, a
-/// model dir without config.json).
+/// `qlora estimate (--preset NAME | --model DIR | --config YAML [--preset NAME | --model DIR]) [...]`:
+/// the memory estimate per component (trainer/estimate.h, docs/memory.md), the cards it fits with
+/// the headroom, the rules of thumb; with --tokens and --tokens-per-s, GPU-hours and cost. A
+/// --config (plus --set overrides) gives method, quantization, LoRA, batch, length, dtype and
+/// cost.gpu_hour_price; every option given explicitly (o.given) overrides the config's value and the
+/// output says so. The model shape comes from --preset / --model when given, else from the config
+/// (model.path's config.json or model.preset). Incomplete cost inputs give a note saying what is
+/// missing, not an error. Returns the text (or JSON) to print. Throws qlora::Error for bad input
+/// (unknown preset, non-positive sizes, r wider than a layer, a model dir without config.json: the
+/// message says how to estimate without the weights).
 std::string cmd_estimate(const EstimateCliOptions& o);
 
 struct BenchOptions {

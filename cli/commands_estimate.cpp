@@ -1,4 +1,6 @@
 // `qlora estimate`: memory per component, cards that fit, rules of thumb, cost of planned tokens.
+#include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -9,20 +11,99 @@
 #include "trainer/estimate.h"
 
 namespace qlora {
+namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+namespace {
+
+/// `x` rounded to an integer with thousands separators: 100000000 -> "100,000,000".
+std::string with_separators(double x) {
+  std::string digits = std::to_string(static_cast<int64_t>(std::llround(std::fabs(x))));
+  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(static_cast<size_t>(i), ",");
+  return (x < 0 ? "-" : "") + digits;
+}
+
+/// The presets as "a, b, c" for messages.
+std::string preset_list() {
+  std::string s;
+  for (const std::string& n : preset_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+}  // namespace
+
 std::string cmd_estimate(const EstimateCliOptions& o) {
-  const int sources = !o.preset.empty() + !o.model_dir.empty() + !o.config_path.empty();
-  QLORA_CHECK(sources == 1, "estimate: give exactly one of --preset NAME, --model DIR, --config YAML");
+  const int shapes = !o.preset.empty() + !o.model_dir.empty();
+  QLORA_CHECK(shapes + !o.config_path.empty() >= 1 && shapes <= 1,
+              "estimate: give one of --preset NAME, --model DIR, --config YAML (--config may add --preset or --model "
+              "for the shape)");
+  QLORA_CHECK(o.overrides.empty() || !o.config_path.empty(), "estimate: --set needs --config YAML");
+  auto given = [&](const char* name) { return o.given.count(name) > 0; };
   ModelConfig model;
   EstimateOptions e;
   const bool cuda = o.device == "cuda";
+  double price = o.gpu_hour_price;
+  std::vector<std::string> applied;  // "--seq-len 4096", ...: flags that replaced the config's values
   if (!o.config_path.empty()) {
-    const Config cfg = load_config(o.config_path);
-    model = model_config_for(cfg);
+    const Config cfg = load_config(o.config_path, o.overrides);
+    if (shapes == 0) {
+      const std::string& p = cfg.model.path;
+      QLORA_CHECK(p.empty() || fs::exists(fs::path(p) / "config.json"), o.config_path, ": model.path ", p,
+                  " has no config.json (not downloaded yet?); estimate without the weights: add --preset NAME for "
+                  "the shape (", preset_list(), "), or --model DIR with a directory holding the model's config.json");
+      model = model_config_for(cfg);
+    }
     e = estimate_options_for(cfg, torch::Device(cuda ? torch::kCUDA : torch::kCPU));  // as `train` on that device
+    if (!given("--gpu-hour-price")) price = cfg.cost.gpu_hour_price;
+    // Every flag given explicitly overrides the config's value.
+    auto note = [&](const std::string& flag, const std::string& value) { applied.push_back(flag + " " + value); };
+    if (given("--method")) {
+      e.method = parse_estimate_method(o.method);
+      if (!given("--bits")) e.bits = e.method == EstimateOptions::Method::QLora ? 4 : 16;
+      note("--method", o.method);
+    }
+    if (given("--bits")) {
+      e.bits = o.bits;
+      note("--bits", std::to_string(o.bits));
+    }
+    if (given("--blocksize")) {
+      e.blocksize = o.blocksize;
+      note("--blocksize", std::to_string(o.blocksize));
+    }
+    if (given("--double-quant")) {
+      e.double_quant = o.double_quant;
+      applied.push_back(o.double_quant ? "--double-quant" : "--no-double-quant");
+    }
+    if (given("--lora-r")) {
+      e.lora_r = o.lora_r;
+      note("--lora-r", std::to_string(o.lora_r));
+    }
+    if (given("--lora-targets")) {
+      e.lora_targets = o.lora_targets;
+      std::string t;
+      for (const std::string& s : o.lora_targets) t += (t.empty() ? "" : ",") + s;
+      note("--lora-targets", t);
+    }
+    if (given("--micro-batch-size")) {
+      e.micro_batch_size = o.micro_batch_size;
+      e.attention_mask = cfg.data.sample_packing || e.micro_batch_size > 1;  // as estimate_options_for
+      note("--micro-batch-size", std::to_string(o.micro_batch_size));
+    }
+    if (given("--seq-len")) {
+      e.seq_len = o.seq_len;
+      note("--seq-len", std::to_string(o.seq_len));
+    }
+    if (given("--no-gradient-checkpointing")) {
+      e.gradient_checkpointing = false;
+      applied.push_back("--no-gradient-checkpointing");
+    }
+    if (given("--dtype")) {
+      QLORA_CHECK(o.dtype == "bf16" || o.dtype == "fp16" || o.dtype == "fp32",
+                  "estimate: --dtype must be bf16, fp16 or fp32, got '", o.dtype, "'");
+      e.compute_bytes = dtype_bytes(parse_dtype(o.dtype));
+      note("--dtype", o.dtype);
+    }
   } else {
-    model = !o.preset.empty() ? preset_config(o.preset) : load_model_config(o.model_dir);
     e.method = parse_estimate_method(o.method);
     e.bits = e.method == EstimateOptions::Method::QLora ? o.bits : (o.bits == 4 ? 16 : o.bits);
     e.blocksize = o.blocksize;
@@ -38,16 +119,23 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
     e.cuda = cuda;
     e.overhead_bytes = cuda ? kCudaOverheadBytes : 0;
   }
+  if (shapes == 1) model = !o.preset.empty() ? preset_config(o.preset) : load_model_config(o.model_dir);
   e.world_size = o.world_size;
   const MemoryEstimate est = estimate_memory(model, e);
 
+  // Cost: needs planned tokens and one GPU's throughput; what is missing is said, not an error.
   json cost;
-  if (o.tokens > 0 || o.tokens_per_s > 0) {
-    QLORA_CHECK(o.tokens > 0 && o.tokens_per_s > 0, "estimate: cost needs both --tokens and --tokens-per-s");
+  std::string cost_note;
+  const std::string bench_cmd =
+      "`qlora bench " + (!o.preset.empty() ? "--preset " + o.preset : !o.model_dir.empty() ? "--model " + o.model_dir
+                                                                                           : std::string("--model DIR")) +
+      " --seq-len " + std::to_string(e.seq_len) + " --micro-batch-size " + std::to_string(e.micro_batch_size) +
+      "` on the target GPU prints it";
+  if (o.tokens > 0 && o.tokens_per_s > 0) {
     CostInputs in;
     in.tokens = o.tokens;
     in.tokens_per_s = o.tokens_per_s;
-    in.gpu_hour_price = o.gpu_hour_price;
+    in.gpu_hour_price = price;
     in.utilization = o.utilization;
     in.devices = o.world_size;
     const CostEstimate c = estimate_cost(in);
@@ -57,38 +145,60 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
             {"job_tokens_per_s", c.job_tokens_per_s},
             {"wall_hours_full_utilization", c.wall_hours_full},
             {"utilization", o.utilization},
-            {"gpu_hour_price", o.gpu_hour_price},
+            {"gpu_hour_price", price},
             {"gpu_hours_full_utilization", c.gpu_hours_full},
             {"gpu_hours_at_utilization", c.gpu_hours_at_utilization},
             {"cost_full_utilization", c.cost_full},
             {"cost_at_utilization", c.cost_at_utilization},
             {"cost_per_million_tokens", c.cost_per_million_tokens}};
+  } else if (o.tokens > 0) {
+    cost_note = "cost: --tokens needs --tokens-per-s (one GPU's training throughput; " + bench_cmd + ")";
+  } else if (o.tokens_per_s > 0 || price > 0) {
+    cost_note = std::string("cost: ") + (price > 0 ? "a GPU-hour price is set" : "--tokens-per-s is set") +
+                "; give --tokens N (the planned training tokens)" +
+                (o.tokens_per_s > 0 ? "" : " and --tokens-per-s R (one GPU's training throughput; " + bench_cmd + ")") +
+                " to price the run";
   }
   if (o.json) {
     json j = estimate_to_json(est);
+    if (!applied.empty()) j["overrides"] = applied;
     if (!cost.is_null()) j["cost"] = cost;
+    if (!cost_note.empty()) j["cost_note"] = cost_note;
     return j.dump(2) + "\n";
   }
   std::ostringstream os;
+  if (!o.config_path.empty()) {
+    os << "config: " << o.config_path;
+    if (!o.overrides.empty() || !applied.empty()) {
+      os << " with overrides:";
+      for (const std::string& s : o.overrides) os << " --set " << s;
+      for (const std::string& s : applied) os << " " << s;
+    }
+    if (shapes == 1) os << " (shape from " << (!o.preset.empty() ? "--preset " + o.preset : "--model " + o.model_dir) << ")";
+    os << "\n";
+  }
   os << "device: " << (cuda ? "cuda (with the CUDA context, cuBLAS workspaces and allocator rounding; --device cpu "
                               "for a CPU run)"
                             : "cpu (no CUDA context, cuBLAS or allocator terms)")
      << "\n" << format_estimate(est);
   if (!cost.is_null()) {
-    os << std::fixed << std::setprecision(2) << "\ncost of " << o.tokens << " tokens at " << o.tokens_per_s
-       << " tokens/s";
+    os << std::fixed << std::setprecision(2) << "\ncost of " << with_separators(o.tokens) << " tokens at "
+       << o.tokens_per_s << " tokens/s";
     if (o.world_size > 1)
       os << " per rank x " << o.world_size << " ranks = " << cost["job_tokens_per_s"].get<double>() << " tokens/s (ideal scaling), "
          << cost["wall_hours_full_utilization"].get<double>() << " h wall-clock; GPU-hours of all ranks";
-    os << ":\n  full utilization:   " << cost["gpu_hours_full_utilization"].get<double>() << " GPU-hours";
-    if (o.gpu_hour_price > 0) os << ", " << cost["cost_full_utilization"].get<double>();
-    os << "\n  at utilization " << o.utilization << ": " << cost["gpu_hours_at_utilization"].get<double>()
-       << " GPU-hours";
-    if (o.gpu_hour_price > 0)
-      os << ", " << cost["cost_at_utilization"].get<double>() << "\n  per 1M tokens (full): "
-         << cost["cost_per_million_tokens"].get<double>();
+    os << ":\n  full utilization: " << cost["gpu_hours_full_utilization"].get<double>() << " GPU-hours";
+    if (price > 0) os << ", cost " << cost["cost_full_utilization"].get<double>() << " at " << price << " per GPU-hour";
+    if (o.utilization < 1) {
+      os << "\n  at utilization " << o.utilization << ": " << cost["gpu_hours_at_utilization"].get<double>()
+         << " GPU-hours";
+      if (price > 0) os << ", cost " << cost["cost_at_utilization"].get<double>();
+    }
+    if (price > 0) os << "\n  per 1M tokens (full utilization): " << cost["cost_per_million_tokens"].get<double>();
+    if (price <= 0) os << "\n  (no price: --gpu-hour-price P or cost.gpu_hour_price in the config adds the cost)";
     os << "\n";
   }
+  if (!cost_note.empty()) os << "\n" << cost_note << "\n";
   return os.str();
 }
 

@@ -13,6 +13,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "data/dataset.h"
+#include "data/template.h"
 #include "data/tokenizer.h"
 #include "cli/commands.h"
 #include "config/config.h"
@@ -56,17 +57,26 @@ Config eval_config(const EvalOptions& o) {
   base.model.dtype = DType::kAuto;
   base.data.train = o.data;
   // An adapter trained here says how its examples were rendered: its run's template and length
-  // (config.resolved.yaml beside it), so a loss compares with its training eval_loss; --set wins.
-  const fs::path trained = o.adapter.empty() ? fs::path() : fs::path(o.adapter) / "config.resolved.yaml";
-  if (!trained.empty() && fs::exists(trained)) {
-    try {
-      const Config t = load_config(trained.string());
-      base.data.template_name = t.data.template_name;
-      base.data.sequence_len = t.data.sequence_len;
-      log::info("eval: data.template ", t.data.template_name, ", data.sequence_len ", t.data.sequence_len, " from ",
-                trained.string(), " (the adapter's training run)");
-    } catch (const Error& e) {
-      log::warn("eval: ", trained.string(), " not used (", e.what(), "); data.* at their defaults");
+  // (config.resolved.yaml beside a run's final adapter; a checkpoint dir's trainer_state.json
+  // "config"), so a loss compares with its training eval_loss; --set wins.
+  if (!o.adapter.empty()) {
+    const fs::path resolved = fs::path(o.adapter) / "config.resolved.yaml";
+    const fs::path state = fs::path(o.adapter) / "trainer_state.json";
+    const fs::path src = fs::exists(resolved) ? resolved : fs::exists(state) ? state : fs::path();
+    if (!src.empty()) {
+      try {
+        const Config t =
+            src == resolved
+                ? load_config(src.string())
+                : parse_config_string(json::parse(read_file(src.string())).at("config").get<std::string>(),
+                                      src.string() + " config");
+        base.data.template_name = t.data.template_name;
+        base.data.sequence_len = t.data.sequence_len;
+        log::info("eval: data.template ", t.data.template_name, ", data.sequence_len ", t.data.sequence_len, " from ",
+                  src.string(), " (the adapter's training run)");
+      } catch (const std::exception& e) {
+        log::warn("eval: ", src.string(), " not used (", e.what(), "); data.* at their defaults");
+      }
     }
   }
   return config_with_overrides(base, o.overrides, "eval (no config)");
@@ -139,6 +149,11 @@ std::string cmd_eval(const EvalOptions& o) {
     log::warn("data: ", eval_file ? dopts.eval : dopts.train, ": ", note);
   if (const std::string note = data::placeholder_note((eval_file ? ds.eval_stats : ds.stats).read); !note.empty())
     log::warn("data: ", eval_file ? dopts.eval : dopts.train, ": ", note);
+  // The model was tuned on its own chat format: a loss in another one is not the model's best and
+  // does not compare with a run that used the model's template (as `train` and `data preview` warn).
+  if (const std::string note = data::template_mismatch_note(dopts.template_name, tok_src);
+      !note.empty() && ds.stats.read.format != "completion")
+    log::warn("eval: ", note);
   std::vector<data::Example> exs = o.data.empty() ? std::move(ds.eval) : std::move(ds.train);
   QLORA_CHECK(!exs.empty(), o.config_path.empty() ? o.data : o.config_path, ": no eval data (set data.eval or data.val_set_size, or pass --data FILE)");
   if (o.max_examples > 0 && static_cast<int64_t>(exs.size()) > o.max_examples) exs.resize(static_cast<size_t>(o.max_examples));

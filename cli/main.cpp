@@ -139,16 +139,23 @@ int run(int argc, char** argv) {
   qlora::EstimateCliOptions est;
   auto* estimate = app.add_subcommand("estimate", "memory per component, cards that fit, cost (docs/memory.md)");
   auto* est_src = estimate->add_option_group("source", "model shape");
-  est_src->add_option("--preset", est.preset, "tiny|small|llama2-7b|llama2-13b|mistral-7b|llama3-8b|...");
-  est_src->add_option("--model", est.model_dir, "Hugging Face model directory (reads config.json)");
-  est_src->add_option("--config", est.config_path, "training config (YAML)");
-  est_src->require_option(1);
+  est_src->add_option("--preset", est.preset, "tiny|small|llama2-7b|llama2-13b|mistral-7b|llama3-8b|qwen2.5-7b|"
+                      "qwen3-8b|codellama-34b|llama2-70b (with --config: the shape when model.path is not there yet)");
+  est_src->add_option("--model", est.model_dir, "Hugging Face model directory (reads config.json only)");
+  est_src->add_option("--config", est.config_path, "training config (YAML): its values, overridden by the options "
+                      "given here");
+  est_src->require_option(1, 2);
+  estimate->add_option("--set", est.overrides, "with --config: override a config key: section.key=value");
   estimate->add_option("--method", est.method, "inference|lora|qlora|full")->capture_default_str()
       ->check(CLI::IsMember({"inference", "lora", "qlora", "full"}));
   estimate->add_option("--bits", est.bits, "16|8|4 (base weights)")->capture_default_str();
   estimate->add_option("--blocksize", est.blocksize, "4-bit blocksize")->capture_default_str();
-  estimate->add_flag("--double-quant,!--no-double-quant", est.double_quant,
-                     "quantize the absmax constants too (default on, as quantization.double_quant)");
+  auto* est_dq = estimate->add_flag_callback("--double-quant", [&est] { est.double_quant = true; },
+                                             "4-bit: quantize the absmax constants too (the default, as "
+                                             "quantization.double_quant)");
+  estimate->add_flag_callback("--no-double-quant", [&est] { est.double_quant = false; },
+                              "4-bit: keep the absmax constants in fp32 (double quant is on by default)")
+      ->excludes(est_dq);
   estimate->add_option("--device", est.device, "cuda|cpu: a CPU run has no CUDA context, cuBLAS workspaces or "
                        "allocator rounding")->capture_default_str()->check(CLI::IsMember({"cuda", "cpu"}));
   estimate->add_option("--lora-r", est.lora_r, "LoRA rank")->capture_default_str();
@@ -202,6 +209,11 @@ int run(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : qlora::kExitUsage;
   }
   qlora::log::setup(verbose ? qlora::log::Level::debug : qlora::log::Level::info);
+  // estimate --config: the options given on the command line override the config's values.
+  for (const CLI::App* a : {static_cast<const CLI::App*>(estimate), static_cast<const CLI::App*>(est_src)})
+    for (const CLI::Option* opt : a->get_options())
+      if (opt->count() > 0)
+        est.given.insert(opt->get_name() == "--no-double-quant" ? std::string("--double-quant") : opt->get_name());
 
   if (*inspect) std::cout << qlora::cmd_inspect(ins);
   if (*generate) std::cout << qlora::cmd_generate(gen);

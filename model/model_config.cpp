@@ -254,8 +254,8 @@ ModelConfig llama(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, 
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "small", "llama2-7b", "llama2-13b", "mistral-7b", "llama3-8b", "codellama-34b",
-          "llama2-70b"};
+  return {"tiny",       "small",    "llama2-7b",     "llama2-13b", "mistral-7b",
+          "llama3-8b",  "qwen2.5-7b", "qwen3-8b",    "codellama-34b", "llama2-70b"};
 }
 
 ModelConfig preset_config(const std::string& name) {
@@ -279,6 +279,25 @@ ModelConfig preset_config(const std::string& name) {
     c = llama(128256, 4096, 14336, 32, 32, 8, 8192, 500000.0);
     c.bos_token_id = 128000;
     c.eos_token_id = 128001;
+  } else if (name == "qwen2.5-7b") {
+    // Qwen/Qwen2.5-7B config.json: bias on q/k/v (Qwen2Attention), untied lm_head.
+    c = llama(152064, 3584, 18944, 28, 28, 4, 131072, 1000000.0);
+    c.architecture = "Qwen2ForCausalLM";
+    c.model_type = "qwen2";
+    c.qkv_bias = true;
+    c.rms_norm_eps = 1e-6;
+    c.bos_token_id = 151643;
+    c.eos_token_id = 151643;
+  } else if (name == "qwen3-8b") {
+    // Qwen/Qwen3-8B config.json: head_dim 128, RMSNorm on each q and k head, untied lm_head.
+    c = llama(151936, 4096, 12288, 36, 32, 8, 40960, 1000000.0);
+    c.architecture = "Qwen3ForCausalLM";
+    c.model_type = "qwen3";
+    c.head_dim = 128;
+    c.qk_norm = true;
+    c.rms_norm_eps = 1e-6;
+    c.bos_token_id = 151643;
+    c.eos_token_id = 151645;
   } else if (name == "codellama-34b") {
     c = llama(32000, 8192, 22016, 48, 64, 8, 16384, 1000000.0);
   } else if (name == "llama2-70b") {

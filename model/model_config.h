@@ -68,7 +68,8 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
 ModelConfig load_model_config(const std::string& model_dir);
 
 /// Named shapes for init-model / estimate / bench: tiny, small, llama2-7b, llama2-13b, mistral-7b,
-/// llama3-8b, codellama-34b, llama2-70b. Throws qlora::Error listing the names for an unknown one.
+/// llama3-8b, qwen2.5-7b, qwen3-8b, codellama-34b, llama2-70b (the released models' config.json
+/// numbers; tests/fixtures/make_preset_refs.py checks them against transformers + PEFT). Throws qlora::Error listing the names for an unknown one.
 ModelConfig preset_config(const std::string& name);
 /// Names accepted by preset_config.
 std::vector<std::string> preset_names();

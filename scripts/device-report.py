@@ -14,7 +14,7 @@ Table columns per `qlora bench` point: peak allocated and peak reserved (torch c
 the estimate of each (`qlora estimate`'s terms without the CUDA context constant; the reserved one adds
 the allocator's segment rounding), their errors, the nvidia-smi memory.used peak while that point ran
 (samples every 200 ms, matched by the CSV's start/end times), tokens/s, MFU, and whether the point
-fits a 16 GB card: nvidia-smi peak <= 16376 MiB (a 16 GB card's memory.total), or without nvidia-smi
+fits a 16 GB card: nvidia-smi peak <= 15360 MiB (a T4, the smallest 16 GB card: its memory.total), or without nvidia-smi
 peak reserved + 768 MiB (the unmeasured context placeholder, marked so).
 """
 import argparse
@@ -25,7 +25,7 @@ import os
 import re
 import sys
 
-CARD_16GB_MIB = 16376
+CARD_16GB_MIB = 15360  # T4 memory.total, the smallest 16 GB card (trainer/estimate.cpp common_gpu_cards)
 CTX_PLACEHOLDER_MIB = 768
 GiB = 1 << 30
 MiB = 1 << 20

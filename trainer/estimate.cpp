@@ -39,9 +39,11 @@ const char* to_string(EstimateOptions::Method m) {
 }
 
 const std::vector<GpuCard>& common_gpu_cards() {
-  // nvidia-smi memory.total (MiB) of the smallest common card of each class.
+  // nvidia-smi memory.total (MiB) of the smallest common card of each class: T4 15360 (V100-16
+  // 16160, A4000 16376), A10G 23028 (RTX 4090 24564, L4 23034), A100-40 40960, L40S 46068 (A6000
+  // 49140), H100 81559 (A100-80 81920), H200 143771.
   static const std::vector<GpuCard> cards = {
-      {"16 GB (V100-16 / A4000 / T4-class)", 16376LL << 20},
+      {"16 GB (T4 / V100-16 / A4000)", 15360LL << 20},
       {"24 GB (RTX 4090 / A10G / L4)", 23028LL << 20},
       {"40 GB (A100-40)", 40960LL << 20},
       {"48 GB (A6000 / L40S)", 46068LL << 20},
@@ -379,7 +381,10 @@ json estimate_to_json(const MemoryEstimate& e) {
     per_layer.push_back({{"name", c.name}, {"bytes", c.bytes}, {"formula", c.note}});
   json fits = json::array();
   for (const GpuCard& g : common_gpu_cards())
-    fits.push_back({{"card", g.name}, {"total_bytes", g.total_bytes}, {"fits", e.total_bytes <= g.total_bytes}});
+    fits.push_back({{"card", g.name},
+                    {"capacity_bytes", g.capacity_bytes},
+                    {"headroom_bytes", g.capacity_bytes - e.total_bytes},
+                    {"fits", e.total_bytes <= g.capacity_bytes}});
   return {{"model",
            {{"architecture", e.model.architecture}, {"hidden_size", e.model.hidden_size},
             {"intermediate_size", e.model.intermediate_size}, {"num_hidden_layers", e.model.num_hidden_layers},
@@ -427,10 +432,14 @@ std::string format_estimate(const MemoryEstimate& e) {
     os << "activations per layer: " << human_bytes(static_cast<double>(e.activation_bytes_per_layer))
        << " without checkpointing, " << human_bytes(static_cast<double>(e.activation_bytes_per_layer_checkpointed))
        << " with\n";
-  os << "\nfits on:\n";
-  for (const GpuCard& g : common_gpu_cards())
-    os << "  " << std::left << std::setw(40) << g.name << (e.total_bytes <= g.total_bytes ? "yes" : "no") << "  ("
-       << human_bytes(static_cast<double>(g.total_bytes)) << ")\n";
+  os << "\nfits on (capacity: nvidia-smi memory.total of the class's smallest card):\n";
+  for (const GpuCard& g : common_gpu_cards()) {
+    const int64_t headroom = g.capacity_bytes - e.total_bytes;
+    const std::string verdict = headroom >= 0 ? "yes, " + human_bytes(static_cast<double>(headroom)) + " spare"
+                                              : "no, " + human_bytes(static_cast<double>(-headroom)) + " short";
+    os << "  " << std::left << std::setw(36) << g.name << std::setw(12)
+       << human_bytes(static_cast<double>(g.capacity_bytes)) << verdict << "\n";
+  }
   os << "\nrules of thumb (for comparison):\n";
   for (const json& r : rule_of_thumb(e))
     os << "  " << std::left << std::setw(46) << r["rule"].get<std::string>()

@@ -84,12 +84,13 @@ struct MemoryComponent {
   std::string note;  ///< formula, in words
 };
 
-/// A memory card as nvidia-smi reports it.
+/// A class of memory card, by its smallest common model.
 struct GpuCard {
-  std::string name;     ///< "24 GB (RTX 4090 / A10G / L4)"
-  int64_t total_bytes;  ///< nvidia-smi memory.total
+  std::string name;        ///< "24 GB (RTX 4090 / A10G / L4)"
+  int64_t capacity_bytes;  ///< nvidia-smi memory.total of the class's smallest card (16 GB: T4, 15360 MiB)
 };
-/// 16, 24, 40, 48, 80, 141 GB cards (nvidia-smi totals; docs/memory.md lists the models).
+/// 16, 24, 40, 48, 80, 141 GB classes (nvidia-smi totals of the smallest card of each; docs/memory.md
+/// lists the models). An estimate fits when its total is at most capacity_bytes.
 const std::vector<GpuCard>& common_gpu_cards();
 
 struct MemoryEstimate {
@@ -119,7 +120,8 @@ std::vector<MemoryComponent> layer_activation_terms(const ModelConfig& cfg, cons
 /// "7B QLoRA in 16 GB" / "13B in ~28 GB" claims, as {label, bytes or -1, text}.
 nlohmann::json rule_of_thumb(const MemoryEstimate& e);
 
-/// {"model", "options", "components", "total_bytes", "fits", "rule_of_thumb", ...}.
+/// {"model", "options", "components", "total_bytes", "fits", "rule_of_thumb", ...}; "fits" is
+/// [{"card", "capacity_bytes", "headroom_bytes" (capacity − total; negative: short), "fits"}].
 nlohmann::json estimate_to_json(const MemoryEstimate& e);
 /// A readable table: components, total, card verdicts, rule of thumb.
 std::string format_estimate(const MemoryEstimate& e);

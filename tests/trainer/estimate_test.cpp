@@ -290,6 +290,168 @@ TEST(EstimateCli, TableJsonAndErrors) {
   EXPECT_NE(r.out.find("/nonexistent-dir"), std::string::npos) << r.out;
 }
 
+// The presets of released models have those models' shapes: the parameter count of the model
+// transformers builds from the hub config.json numbers, and PEFT's trainable count for LoRA r=16
+// all-linear (tests/fixtures/make_preset_refs.py, meta device: no weights). Qwen2.5-7B: 40,370,176;
+// Qwen3-8B: 43,646,976; Llama-3-8B: 41,943,040.
+TEST(Estimate, PresetsMatchTransformersAndPeft) {
+  QLORA_REQUIRE_FIXTURE(refs_path, "preset_refs.json");
+  std::ifstream in(refs_path);
+  const nlohmann::json refs = nlohmann::json::parse(in);
+  ASSERT_GE(refs.size(), 6u);
+  for (const auto& [name, ref] : refs.items()) {
+    SCOPED_TRACE(name);
+    const ModelConfig c = preset_config(name);
+    EXPECT_EQ(c.num_parameters(), ref["num_parameters"].get<int64_t>());
+    EstimateOptions o = qlora_opts();
+    o.lora_r = 16;
+    EXPECT_EQ(estimate_memory(c, o).lora_parameters, ref["lora_parameters_r16_all_linear"].get<int64_t>());
+  }
+  EXPECT_EQ(refs["qwen2.5-7b"]["lora_parameters_r16_all_linear"], 40370176);
+  EXPECT_EQ(refs["qwen3-8b"]["lora_parameters_r16_all_linear"], 43646976);
+  EXPECT_EQ(refs["llama3-8b"]["lora_parameters_r16_all_linear"], 41943040);
+}
+
+std::string config_path(const std::string& rel) { return "'" + (test::source_dir() / "configs" / rel).string() + "'"; }
+
+// `estimate --config`: options given on the command line override the config's values (and the
+// header says which), --set works as for train; a model.path that is not there yet says how to
+// estimate without the weights (--preset), and --preset gives the shape then.
+TEST(EstimateCli, ConfigTakesExplicitFlagsAndSet) {
+  const std::string cfg = config_path("llama3/8b_qlora.yaml");
+  CliRun r = run("estimate --config " + cfg);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("model.path models/Meta-Llama-3-8B-Instruct has no config.json"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("add --preset NAME"), std::string::npos) << r.out;
+  r = run("estimate --config " + cfg + " --preset llama3-8b --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json base = nlohmann::json::parse(r.out);
+  EXPECT_EQ(base["options"]["seq_len"], 2048);
+  EXPECT_EQ(base["options"]["lora_r"], 16);
+  EXPECT_FALSE(base.contains("overrides"));
+  r = run("estimate --config " + cfg + " --preset llama3-8b --json --seq-len 4096 --micro-batch-size 2 --lora-r 64 "
+          "--dtype fp32 --no-gradient-checkpointing --no-double-quant");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["options"]["seq_len"], 4096);
+  EXPECT_EQ(j["options"]["micro_batch_size"], 2);
+  EXPECT_EQ(j["options"]["lora_r"], 64);
+  EXPECT_EQ(j["options"]["compute_bytes"], 4);
+  EXPECT_EQ(j["options"]["gradient_checkpointing"], false);
+  EXPECT_EQ(j["options"]["double_quant"], false);
+  EXPECT_EQ(j["overrides"], (nlohmann::json{"--no-double-quant", "--lora-r 64", "--micro-batch-size 2",
+                                            "--seq-len 4096", "--no-gradient-checkpointing", "--dtype fp32"}));
+  EXPECT_GT(j["total_bytes"].get<int64_t>(), 2 * base["total_bytes"].get<int64_t>());
+  // The same numbers as the flags on the preset alone (the config's values equal the defaults but
+  // for the attention mask a micro-batch > 1 pads: compare with micro-batch 1).
+  r = run("estimate --config " + cfg + " --preset llama3-8b --json --seq-len 4096 --lora-r 64 --dtype fp32 "
+          "--no-gradient-checkpointing --no-double-quant");
+  ASSERT_EQ(r.status, 0) << r.out;
+  CliRun p = run("estimate --preset llama3-8b --json --seq-len 4096 --lora-r 64 --dtype fp32 "
+                 "--no-gradient-checkpointing --no-double-quant");
+  ASSERT_EQ(p.status, 0) << p.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["total_bytes"], nlohmann::json::parse(p.out)["total_bytes"]);
+  // --set as for train; the text header names the overrides
+  r = run("estimate --config " + cfg + " --preset llama3-8b --set data.sequence_len=1024 --lora-r 8");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("with overrides: --set data.sequence_len=1024 --lora-r 8 (shape from --preset llama3-8b)"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("micro-batch 1 × 1024 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("LoRA r=8 "), std::string::npos) << r.out;
+  EXPECT_EQ(run("estimate --preset tiny --set data.sequence_len=1024").status, 1);  // --set needs --config
+  EXPECT_EQ(run("estimate --preset tiny --model /x").status, 1);
+  // the help says double quant is on by default (no "{false}" on the negation)
+  r = run("estimate --help");
+  EXPECT_EQ(r.out.find("{false}"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("double quant is on by default"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("qwen2.5-7b"), std::string::npos) << r.out;
+}
+
+// Fits: the capacity of the class's smallest card (16 GB: T4, 15360 MiB) and the headroom.
+TEST(EstimateCli, FitsStatesCapacityAndHeadroom) {
+  CliRun r = run("estimate --preset llama2-70b --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const int64_t total = j["total_bytes"].get<int64_t>();
+  ASSERT_EQ(j["fits"].size(), common_gpu_cards().size());
+  EXPECT_EQ(j["fits"][0]["capacity_bytes"], int64_t{15360} << 20);
+  EXPECT_EQ(j["fits"][1]["capacity_bytes"], int64_t{23028} << 20);
+  for (const nlohmann::json& f : j["fits"]) {
+    EXPECT_FALSE(f.contains("total_bytes")) << f;
+    EXPECT_EQ(f["headroom_bytes"].get<int64_t>(), f["capacity_bytes"].get<int64_t>() - total) << f;
+    EXPECT_EQ(f["fits"].get<bool>(), f["headroom_bytes"].get<int64_t>() >= 0) << f;
+  }
+  r = run("estimate --preset llama2-70b");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string short16 = human_bytes(static_cast<double>(total - (int64_t{15360} << 20)));
+  const std::string spare80 = human_bytes(static_cast<double>((int64_t{81559} << 20) - total));
+  EXPECT_NE(r.out.find("16 GB (T4 / V100-16 / A4000)        15.00 GiB   no, " + short16 + " short"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("yes, " + spare80 + " spare"), std::string::npos) << r.out;
+}
+
+// Cost: the config's cost.gpu_hour_price applies (a flag overrides it); incomplete inputs say what
+// is missing and how to measure tokens/s, and the memory estimate still prints; token counts are
+// integers with separators; utilization 1 prints one line.
+TEST(EstimateCli, CostFromConfigAndHints) {
+  const std::string tiny = config_path("tiny/qlora.yaml");
+  CliRun r = run("estimate --config " + tiny + " --set cost.gpu_hour_price=2 --tokens 3.6e6 --tokens-per-s 1000 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_DOUBLE_EQ(j["cost"]["gpu_hour_price"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(j["cost"]["cost_full_utilization"].get<double>(), 2.0);
+  r = run("estimate --config " + tiny + " --set cost.gpu_hour_price=2 --gpu-hour-price 3 --tokens 3.6e6 "
+          "--tokens-per-s 1000 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(r.out)["cost"]["cost_full_utilization"].get<double>(), 3.0);
+  r = run("estimate --preset llama2-7b --gpu-hour-price 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("TOTAL (peak)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cost: a GPU-hour price is set; give --tokens N (the planned training tokens) and "
+                       "--tokens-per-s R (one GPU's training throughput; `qlora bench --preset llama2-7b --seq-len "
+                       "2048 --micro-batch-size 1` on the target GPU prints it) to price the run"),
+            std::string::npos) << r.out;
+  r = run("estimate --preset llama2-7b --tokens 1e8");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("cost: --tokens needs --tokens-per-s (one GPU's training throughput; `qlora bench --preset "
+                       "llama2-7b"),
+            std::string::npos) << r.out;
+  r = run("estimate --preset llama2-7b --tokens 1e8 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(nlohmann::json::parse(r.out)["cost_note"].get<std::string>().find("qlora bench"), std::string::npos);
+  r = run("estimate --preset llama2-7b --tokens 1e8 --tokens-per-s 2000 --gpu-hour-price 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("cost of 100,000,000 tokens at 2000.00 tokens/s:\n  full utilization: 13.89 GPU-hours, cost "
+                       "27.78 at 2.00 per GPU-hour\n  per 1M tokens (full utilization): 0.28\n"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("at utilization"), std::string::npos) << r.out;
+  r = run("estimate --preset llama2-7b --tokens 1e8 --tokens-per-s 2000 --gpu-hour-price 2 --utilization 0.5");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\n  at utilization 0.50: 27.78 GPU-hours, cost 55.56\n"), std::string::npos) << r.out;
+}
+
+// The shipped configs' "Memory:" comment lines state what `qlora estimate` prints for them.
+TEST(EstimateCli, ShippedConfigMemoryCommentsAreTrue) {
+  const std::regex line(R"(# Memory: `qlora estimate --config (\S+) --preset (\S+)` \(no download needed\) gives ([0-9.]+ GiB) per GPU\.)");
+  int checked = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(test::source_dir() / "configs")) {
+    if (e.path().extension() != ".yaml") continue;
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text.find("Fits one"), std::string::npos) << e.path();
+    std::smatch m;
+    if (!std::regex_search(text, m, line)) continue;
+    SCOPED_TRACE(e.path().string());
+    EXPECT_EQ(test::source_dir() / m[1].str(), e.path());
+    const CliRun r = run("estimate --config " + config_path(std::filesystem::relative(e.path(),
+                         test::source_dir() / "configs").string()) + " --preset " + m[2].str() + " --json");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(human_bytes(static_cast<double>(nlohmann::json::parse(r.out)["total_bytes"].get<int64_t>())), m[3].str());
+    ++checked;
+  }
+  EXPECT_EQ(checked, 5);  // llama2, llama3, mistral, qwen2.5, qwen3
+}
+
 // `qlora bench --preset tiny --steps 3`: runs, reports throughput and peak memory measured next to
 // the estimate. CPU peak RSS includes glibc's cached free blocks and libtorch's own allocations, so
 // only a loose bound holds (docs/memory.md, "CPU measurement").

@@ -1,0 +1,78 @@
+// `qlora eval --model DIR --data FILE` without a config: an adapter given as a checkpoint dir brings
+// its run's data.template and data.sequence_len (trainer_state.json "config") as a run dir does
+// (config.resolved.yaml), and a template that is not the model's own is warned about.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using CliRun = qlora::test::CommandResult;
+
+CliRun run(const std::string& args) { return qlora::test::run_command(std::string(QLORA_BIN) + " " + args); }
+std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return json::parse(in);
+}
+
+// A 2-step run (alpaca template, sequence_len 256, a checkpoint every step): eval of
+// checkpoints/checkpoint-2 uses alpaca / 256 as eval of the run dir does, not the defaults
+// (chatml / 2048).
+TEST(EvalCli, CheckpointDirGivesItsRunsTemplateAndLength) {
+  QLORA_REQUIRE_SHARED(data, "data/alpaca_en_demo.json");
+  QLORA_REQUIRE_SHARED(tokenizer, "tokenizers/llama2/tokenizer.model");
+  const qlora::test::TempDir d("eval_ckpt");
+  CliRun r = run("init-model --preset tiny --out " + q(d.path / "model") + " --tokenizer " + q(tokenizer) + " --seed 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const fs::path cfg = d.path / "run.yaml";
+  std::ofstream(cfg) << "output_dir: " << (d.path / "run").string() << "\nmodel:\n  path: " << (d.path / "model").string()
+                     << "\n  dtype: fp32\nquantization:\n  method: nf4\nlora:\n  r: 4\n  alpha: 8\n"
+                     << "data:\n  train: " << data.string() << "\n  template: alpaca\n  sequence_len: 256\n"
+                     << "  val_set_size: 0\ntraining:\n  micro_batch_size: 1\n  gradient_accumulation_steps: 1\n"
+                     << "  max_steps: 2\n  gradient_checkpointing: false\n  eval_steps: 0\n"
+                     << "checkpoint:\n  save_steps: 1\n  save_minutes: 0\n  resume: never\n";
+  r = run("train " + q(cfg));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const fs::path ck = d.path / "run" / "checkpoints" / "checkpoint-2";
+  ASSERT_TRUE(fs::exists(ck / "trainer_state.json")) << r.out;
+  ASSERT_FALSE(fs::exists(ck / "config.resolved.yaml"));
+  for (const fs::path& adapter : {d.path / "run", ck}) {
+    r = run("eval --model " + q(d.path / "model") + " --data " + q(data) + " --adapter " + q(adapter) +
+            " --max-examples 2 --out " + q(d.path / "eval.json"));
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("data.template alpaca, data.sequence_len 256 from "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("(template alpaca, sequence_len 256)"), std::string::npos) << r.out;
+    EXPECT_EQ(read_json(d.path / "eval.json")["template"], "alpaca") << adapter;
+    EXPECT_EQ(read_json(d.path / "eval.json")["sequence_len"], 256) << adapter;
+  }
+  // --set still wins over the checkpoint's values
+  r = run("eval --model " + q(d.path / "model") + " --data " + q(data) + " --adapter " + q(ck) +
+          " --max-examples 2 --set data.sequence_len=128 --out " + q(d.path / "eval.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(read_json(d.path / "eval.json")["sequence_len"], 128);
+}
+
+// No config, no adapter: the default template (chatml) on a model whose own chat template is
+// smollm2's is warned about (data::template_mismatch_note, as train and data preview warn), before
+// the model loads (the tokenizer fixture dir has no weights, so the run then stops at the load);
+// with the model's own template there is no warning.
+TEST(EvalCli, WarnsWhenTheTemplateIsNotTheModelsOwn) {
+  QLORA_REQUIRE_FIXTURE(smol, "tokenizers/smollm2/tokenizer_config.json");
+  QLORA_REQUIRE_SHARED(data, "data/alpaca_en_demo.json");
+  const std::string base = "eval --model " + q(smol.parent_path()) + " --data " + q(data) + " --max-examples 2";
+  CliRun r = run(base);
+  EXPECT_NE(r.out.find("eval: data.template is chatml, but the model's own chat template is smollm2's"),
+            std::string::npos) << r.out;
+  r = run(base + " --set data.template=smollm2");
+  EXPECT_EQ(r.out.find("eval: data.template is"), std::string::npos) << r.out;
+  r = run(base + " --set data.template=auto");
+  EXPECT_EQ(r.out.find("eval: data.template is"), std::string::npos) << r.out;
+}
+
+}  // namespace
