@@ -19,6 +19,7 @@
 #include "test_util.h"
 #include "tiny_run.h"
 #include "trainer/checkpoint.h"
+#include "trainer/sync.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -63,13 +64,15 @@ class Sync : public qlora::test::TinyRunSuite<Sync> {
 
 // A Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while a sync command runs
 // stops the run with a checkpoint (75); the sync commands are not killed by it and finish before
-// qlora exits; each runs in its own process group with no signal blocked or ignored.
+// qlora exits; each runs in its own process group, and what it runs starts with no signal blocked
+// and neither SIGINT nor SIGTERM ignored (grep reads its own /proc/self/status: the shell itself
+// blocks signals while it waits for a child).
 TEST_F(Sync, CtrlCWhileASyncRunsStopsTheRunAndSparesTheSync) {
   const fs::path out = root / "ctrlc", marks = root / "ctrlc_marks";
   fs::create_directories(marks);
   const std::string m = marks.string();
   const std::string sync = "echo \"$$ $(cut -d' ' -f5 /proc/$$/stat)\" > " + m + "/{name}.pg; grep -E '^Sig(Blk|Ign)' "
-                           "/proc/$$/status >> " + m + "/{name}.pg; sleep 3; touch " + m + "/{name}.done";
+                           "/proc/self/status >> " + m + "/{name}.pg; sleep 3; touch " + m + "/{name}.done";
   const std::string lg =
       train_and(out, {"checkpoint.save_steps=1", "training.max_steps=12", "checkpoint.sync_command=" + sync},
                 "QLORA_FAULT_STEP_DELAY_MS=400",
@@ -207,6 +210,15 @@ TEST_F(Sync, SigtermDuringACheckpointWriteStopsAfterIt) {
   int lines = 0;
   for (std::string l; std::getline(metrics, l);) ++lines;
   EXPECT_EQ(lines, 2) << lg;
+}
+
+// The substitution itself: {dir} and {name} single-quoted where needed (' as '\''), every
+// occurrence, other braces untouched; what /bin/sh makes of it is PlaceholdersAreQuotedAndTheCopyResumes.
+TEST(SyncCommand, PlaceholdersAreShellQuoted) {
+  EXPECT_EQ(qlora::expand_sync_command("cp -r {dir} x/{name} && echo {dir} {other}", "/a/it's b/checkpoint-4"),
+            "cp -r '/a/it'\\''s b/checkpoint-4' x/checkpoint-4 && echo '/a/it'\\''s b/checkpoint-4' {other}");
+  EXPECT_EQ(qlora::expand_sync_command("rclone copy {dir} r:run/{name}", "/runs/a/checkpoints/checkpoint-40"),
+            "rclone copy /runs/a/checkpoints/checkpoint-40 r:run/checkpoint-40");
 }
 
 }  // namespace
