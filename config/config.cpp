@@ -892,6 +892,7 @@ void visit_fields(V& v, CheckpointConfig*) {
   v("resume", &K::resume, CustomSpec<K>{read_resume, emit_resume, equal_resume});
   v("resume_from_dir", &K::resume_from_dir, PathSpec{});
   v("sync_command", &K::sync_command, TextSpec{});
+  v("sync_timeout_seconds", &K::sync_timeout_seconds, NumberSpec{non_negative_number, "a number >= 0 (0: do not wait)"});
 }
 
 template <class V>

@@ -78,6 +78,9 @@ struct CheckpointConfig {
   std::string resume_path;     ///< the checkpoint dir when resume == kPath
   std::string resume_from_dir; ///< dir searched by `resume: auto`; "" = <output_dir>/checkpoints
   std::string sync_command;    ///< shell command run after each completed checkpoint; "" = none
+  /// Seconds the run waits, after its last checkpoint (end, signal, --max-time), for the sync
+  /// commands still running; 0 = do not wait (they are left running).
+  double sync_timeout_seconds = 600.0;
 };
 
 /// `cost:` — used to print the run's cost estimate.

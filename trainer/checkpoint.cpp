@@ -234,7 +234,8 @@ std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::str
   return "";
 }
 
-std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last, const std::string& run_id) {
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last, const std::string& run_id,
+                                           const std::set<std::string>& busy) {
   std::vector<std::string> removed;
   int64_t kept = 0;
   for (const std::string& c : list_checkpoints(dir)) {
@@ -244,6 +245,7 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_
       continue;
     }
     if (kept < keep_last) continue;  // never delete an unverified newer one before enough are kept
+    if (busy.count(c)) continue;     // its sync_command still reads it: pruned after the sync ends
     fs::remove_all(c);
     removed.push_back(c);
   }

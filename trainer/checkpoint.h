@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,8 +85,11 @@ std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::str
 
 /// Deletes all but the newest `keep_last` complete checkpoints under `dir` (call only after a new
 /// one is complete). With a non-empty `run_id` only that run's checkpoints are counted or deleted:
-/// another run's checkpoint is never pruned. Returns the deleted paths.
-std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last, const std::string& run_id = "");
+/// another run's checkpoint is never pruned. A checkpoint in `busy` (one whose
+/// checkpoint.sync_command still runs) is counted like the others but never deleted: prune again
+/// once its sync has ended. Returns the deleted paths.
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last, const std::string& run_id = "",
+                                           const std::set<std::string>& busy = {});
 
 /// The run id stored in `ckpt_dir`/trainer_state.json, or "" when absent or unreadable.
 std::string checkpoint_run_id(const std::string& ckpt_dir);

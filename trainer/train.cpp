@@ -15,6 +15,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/distributed.h"
 #include "trainer/fault.h"
+#include "trainer/sync.h"
 
 #include <csignal>
 #include <cstdio>
@@ -347,26 +348,54 @@ void append_line(const std::string& path, const std::string& line) {
 
 std::atomic<int> g_stop_signal{0};
 std::atomic<bool> g_announce_stop{false};  // rank 0: say at once that the signal was taken
+/// Where train() is, for the signal handler's message: in an optimizer step (or between steps: the
+/// stop check comes after the next one), after the step (eval, log, checkpoint write: the
+/// checkpoint is of this step), or waiting for the sync commands after the last checkpoint.
+enum Phase : int { kInStep = 0, kStepDone = 1, kWaitingSync = 2 };
+std::atomic<int> g_phase{kInStep};
+/// Writes the string literal `m` to stderr with write(2): async-signal-safe.
+template <size_t N>
+void signal_say(const char (&m)[N]) {
+  [[maybe_unused]] const ssize_t n = ::write(2, m, N - 1);
+}
 /// The first SIGTERM / SIGINT / SIGUSR1 asks for a checkpoint at the end of the step. A SIGINT
 /// after any of them (a second Ctrl-C) quits at once with 130 (128 + SIGINT), as a shell's
 /// interrupted job does: checkpoints are written atomically, so what the next run resumes from is
 /// the last complete one. A repeated SIGTERM / SIGUSR1 (schedulers resend them) changes nothing.
+/// While the run waits for checkpoint.sync_command after its last checkpoint, any SIGINT quits at
+/// once with 130 (the sync commands keep running in their own process group).
 /// Only write(2) and _exit(2) here: both are async-signal-safe, the log is not.
 extern "C" void on_stop_signal(int sig) {
+  const int phase = g_phase.load();
+  if (phase == kWaitingSync && sig == SIGINT) {
+    if (g_announce_stop.load())
+      signal_say("\nqlora: interrupt: quitting now without waiting for checkpoint.sync_command (it keeps "
+                 "running on its own)\n");
+    ::_exit(128 + SIGINT);
+  }
   int none = 0;
   const bool first = g_stop_signal.compare_exchange_strong(none, sig);
   if (first && g_announce_stop.load()) {
-    static const char kMsg[] =
-        "\nqlora: stop requested; finishing this step, then a checkpoint (Ctrl-C again: quit now without one)\n";
-    [[maybe_unused]] const ssize_t n = ::write(2, kMsg, sizeof kMsg - 1);
+    if (phase == kWaitingSync)
+      signal_say("\nqlora: stop requested; the last checkpoint is written, still waiting for "
+                 "checkpoint.sync_command (checkpoint.sync_timeout_seconds; Ctrl-C: quit without waiting)\n");
+    else if (sig == SIGINT && phase == kInStep)
+      signal_say("\nqlora: stop requested; finishing this step, then a checkpoint (Ctrl-C again: quit now "
+                 "without one)\n");
+    else if (sig == SIGINT)
+      signal_say("\nqlora: stop requested; this step is done: a checkpoint of it, then stop (Ctrl-C again: "
+                 "quit now without one)\n");
+    else if (phase == kInStep)
+      signal_say("\nqlora: stop requested by SIGTERM/SIGUSR1; finishing this step, then a checkpoint and exit "
+                 "75 (repeating the signal changes nothing)\n");
+    else
+      signal_say("\nqlora: stop requested by SIGTERM/SIGUSR1; this step is done: a checkpoint of it, then "
+                 "exit 75 (repeating the signal changes nothing)\n");
   }
   if (!first && sig == SIGINT) {
-    if (g_announce_stop.load()) {
-      static const char kMsg[] =
-          "\nqlora: second interrupt: quitting now without a checkpoint; the next run resumes from the "
-          "last saved one\n";
-      [[maybe_unused]] const ssize_t n = ::write(2, kMsg, sizeof kMsg - 1);
-    }
+    if (g_announce_stop.load())
+      signal_say("\nqlora: second interrupt: quitting now without a checkpoint; the next run resumes from the "
+                 "last saved one\n");
     ::_exit(128 + SIGINT);
   }
 }
@@ -377,6 +406,7 @@ struct StopSignals {
   static constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
   StopSignals() {
     g_stop_signal.store(0);
+    g_phase.store(kInStep);
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
@@ -425,6 +455,7 @@ void Trainer::train() {
     so.max_grad_norm = t.max_grad_norm;
     so.dist = dist_.get();
     StepResult r = train_step(*model_, *opt_, group, so);
+    g_phase.store(kStepDone);  // a signal from here on: the checkpoint is of this step
     memory_.after_step();
     ++step_;
     if (fault_.perturb_step == step_) {  // test hook (trainer/fault.h)
@@ -469,7 +500,7 @@ void Trainer::train() {
     std::vector<double> stop{static_cast<double>(g_stop_signal.load()),
                              run_.max_time_s > 0 && elapsed() + 2 * slowest_step > run_.max_time_s ? 1.0 : 0.0};
     dist_->max(stop);
-    const int sig = static_cast<int>(stop[0]);
+    int sig = static_cast<int>(stop[0]);
     const bool out_of_time = stop[1] > 0;
     std::string why;
     if (sig) why = std::string("signal ") + strsignal(sig);
@@ -487,6 +518,21 @@ void Trainer::train() {
       save_checkpoint(why, train_seconds_before_ + elapsed());
       last_save = elapsed();
     }
+    // A signal that came while the checkpoint was written stops right after it (not one step and
+    // one checkpoint later). Only where every rank knows a checkpoint was written (save_minutes is
+    // rank 0's own clock): the check is a collective.
+    const bool shared_save = last || (c.save_steps > 0 && step_ % c.save_steps == 0) ||
+                             loader_->state().epoch != epoch_before;
+    if (!sig && !out_of_time && !last && (dist_->active() ? shared_save : !why.empty())) {
+      std::vector<double> again{static_cast<double>(g_stop_signal.load())};
+      dist_->max(again);
+      if (again[0] > 0) {
+        sig = static_cast<int>(again[0]);
+        why = std::string("signal ") + strsignal(sig) + " (during the checkpoint write)";
+      }
+    }
+    g_phase.store(kInStep);
+    if (dist_->is_main()) prune_after_syncs();
     if (sig || (out_of_time && !last)) {
       model_->training = false;
       dist_->barrier();  // rank 0's checkpoint is complete before any rank exits
@@ -494,6 +540,7 @@ void Trainer::train() {
         throw Interrupted("stopped at step " + std::to_string(step_) + " by " + why + " (on some rank); rank 0 " +
                           (run_.launched ? std::string("wrote the checkpoint")
                                          : "wrote the checkpoint; run the same command on every rank again to resume"));
+      wait_for_syncs();
       throw Interrupted("stopped at step " + std::to_string(step_) + " by " + why + " after writing " +
                         last_checkpoint_ + "; " + resume_advice(last_checkpoint_));
     }
@@ -508,6 +555,29 @@ void Trainer::train() {
   }
   if (dist_->is_main()) save_outputs(train_seconds_before_ + elapsed());
   dist_->barrier();  // the other ranks end once rank 0 has written the adapter
+  if (dist_->is_main()) wait_for_syncs();
+}
+
+void Trainer::prune_after_syncs() {
+  if (!sync_ || !prune_held_back_ || !sync_->ended_since_last_call()) return;
+  const auto removed = prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last, run_id_, sync_->running());
+  for (const auto& r : removed) log::info("checkpoint ", r, " pruned (keep_last ", cfg_.checkpoint.keep_last,
+                                          "; its sync_command has ended)");
+  prune_held_back_ = static_cast<int64_t>(list_checkpoints(checkpoint_dir()).size()) > cfg_.checkpoint.keep_last;
+}
+
+void Trainer::wait_for_syncs() {
+  if (!sync_) return;
+  const auto running = sync_->running();
+  if (!running.empty()) {
+    const double timeout = cfg_.checkpoint.sync_timeout_seconds;
+    g_phase.store(kWaitingSync);  // before the line a Ctrl-C answers
+    log::info("waiting up to ", timeout, " s (checkpoint.sync_timeout_seconds) for checkpoint.sync_command of ",
+              running.size(), " checkpoint", running.size() == 1 ? "" : "s", " (Ctrl-C: quit without waiting)");
+    sync_->wait(timeout);
+    g_phase.store(kInStep);
+  }
+  prune_after_syncs();
 }
 
 void Trainer::check_replicas_agree() {
@@ -693,21 +763,21 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds) {
   const std::string path = write_checkpoint(checkpoint_dir(), st, peft_config(), model_->lora_weights(), ot,
                                             at::detail::getDefaultCPUGenerator().get_state(), rng_cuda, fault_);
   last_checkpoint_ = path;
-  const auto removed = prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last, run_id_);
+  // The sync starts before the pruning, which holds back every checkpoint whose sync still runs.
+  if (!cfg_.checkpoint.sync_command.empty()) {
+    if (!sync_) sync_ = std::make_unique<CheckpointSync>(cfg_.checkpoint.sync_command);
+    sync_->start(path);
+  }
+  const auto removed = prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last, run_id_,
+                                         sync_ ? sync_->running() : std::set<std::string>{});
+  if (sync_)
+    prune_held_back_ = static_cast<int64_t>(list_checkpoints(checkpoint_dir()).size()) > cfg_.checkpoint.keep_last;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t bytes = 0;
   for (const auto& e : fs::directory_iterator(path)) bytes += static_cast<int64_t>(fs::file_size(e.path()));
   preemption_["checkpoints"].push_back({{"step", step_}, {"reason", why}, {"seconds", secs}, {"bytes", bytes}});
   const std::string pruned = removed.empty() ? "" : ", pruned " + std::to_string(removed.size()) + " old";
   log::info("checkpoint ", path, " (", why, ", ", bytes, " bytes, ", secs, " s", pruned, ")");
-  if (!cfg_.checkpoint.sync_command.empty()) {
-    std::string cmd = cfg_.checkpoint.sync_command;
-    for (size_t at; (at = cmd.find("{dir}")) != std::string::npos;) cmd.replace(at, 5, path);
-    std::thread([cmd] {
-      const int rc = std::system(cmd.c_str());
-      if (rc != 0) log::warn("checkpoint.sync_command failed (status ", rc, "): ", cmd);
-    }).detach();
-  }
 }
 
 std::string shell_quote(const std::string& s) {

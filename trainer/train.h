@@ -22,6 +22,7 @@
 #include "trainer/fault.h"
 #include "model/model.h"
 #include "trainer/schedule.h"
+#include "trainer/sync.h"
 #include "common/error.h"
 #include "adapters/peft.h"
 
@@ -157,10 +158,16 @@ class Trainer {
   void resume_from(const std::string& ckpt);
   /// The message of the Interrupted thrown after the checkpoint `ckpt`: how to resume.
   std::string resume_advice(const std::string& ckpt) const;
-  /// Writes checkpoint-<step_> under checkpoint_dir(), prunes, starts the sync command.
+  /// Writes checkpoint-<step_> under checkpoint_dir(), starts its checkpoint.sync_command, prunes
+  /// (never a checkpoint whose sync still runs).
   /// `train_seconds`: training wall time of all invocations so far (TrainerState::train_seconds).
   void save_checkpoint(const std::string& why, double train_seconds);
   std::string checkpoint_dir() const;
+  /// Prunes the checkpoints held back for their sync once one has ended (rank 0; cheap otherwise).
+  void prune_after_syncs();
+  /// Rank 0: waits up to checkpoint.sync_timeout_seconds for the sync commands still running
+  /// (after the last checkpoint of this invocation), logging one line per command, then prunes.
+  void wait_for_syncs();
   /// Micro-batches per optimizer step over all ranks: gradient_accumulation_steps × world size.
   int64_t global_group_size() const;
   /// Data parallel: throws qlora::Error naming the differing keys when this rank's resolved config
@@ -197,6 +204,8 @@ class Trainer {
   /// Data parallel: throws qlora::Error naming the step and the ranks when any rank's
   /// parameter_checksum differs from rank 0's (every rank throws; nothing more is written).
   void check_replicas_agree();
+  std::unique_ptr<CheckpointSync> sync_;  ///< checkpoint.sync_command's running commands (rank 0)
+  bool prune_held_back_ = false;          ///< a prune kept a checkpoint back for its sync
   FaultHooks fault_;  ///< the QLORA_FAULT_* test hooks (trainer/fault.h), read in setup()
   torch::Device device_ = torch::kCPU;
   std::unique_ptr<LlamaModel> model_;
