@@ -374,6 +374,8 @@ std::vector<std::string> config_differences(const std::string& saved_yaml, const
 
 OutputDirLock::OutputDirLock(const std::string& output_dir) : dir_(output_dir) {
   std::error_code ec;
+  QLORA_CHECK(!fs::exists(output_dir) || fs::is_directory(output_dir), "output_dir: ", output_dir,
+              " exists and is not a directory");
   created_dir_ = fs::create_directories(output_dir, ec);
   QLORA_CHECK(!ec, "output_dir: cannot create ", output_dir, ": ", ec.message());
   const std::string path = (fs::path(output_dir) / kFile).string();
