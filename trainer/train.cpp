@@ -827,12 +827,13 @@ int64_t checkpoint_step(const std::string& ckpt) {
   return j.is_object() && j.contains("step") && j["step"].is_number_integer() ? j["step"].get<int64_t>() : -1;
 }
 
-/// True when `dir` holds a checkpoint's own files (what `resume: PATH` accepts as a checkpoint).
+/// True when the last component of `p` is a checkpoint's folder name, `checkpoint-<N>`.
 bool is_checkpoint_name(const fs::path& p) {
   const std::string n = p.filename().string();
   return n.size() > 11 && n.rfind("checkpoint-", 0) == 0 && std::all_of(n.begin() + 11, n.end(), ::isdigit);
 }
 
+/// True when `dir` holds a checkpoint's own files (what `resume: PATH` accepts as a checkpoint).
 bool is_checkpoint_dir(const fs::path& dir) {
   return fs::exists(dir / "manifest.json") || fs::exists(dir / "trainer_state.json");
 }
