@@ -39,17 +39,25 @@ void cmd_train(const TrainCliOptions& o) {
   run.overwrite_output_dir = o.overwrite_output_dir;
   // The resume command of the interrupt message: this command without --overwrite-output-dir.
   run.command = "qlora train " + shell_quote(o.config_path);
-  for (const std::string& ov : o.overrides) run.command += " --set " + shell_quote(ov);
-  if (o.force) run.command += " --force";
+  run.command_without_resume = run.command;
+  for (const std::string& ov : o.overrides) {
+    run.command += " --set " + shell_quote(ov);
+    if (ov.rfind("checkpoint.resume=", 0) != 0 && ov.rfind("checkpoint.resume_from_dir=", 0) != 0)
+      run.command_without_resume += " --set " + shell_quote(ov);
+  }
+  std::string tail;
+  if (o.force) tail += " --force";
   if (o.max_time_s > 0) {
     std::ostringstream t;
     t << std::setprecision(15) << o.max_time_s;  // "15", not std::to_string's "15.000000"
-    run.command += " --max-time " + shell_quote(t.str());
+    tail += " --max-time " + shell_quote(t.str());
   }
   if (const char* n = std::getenv("QLORA_LAUNCHED_NPROC"); n && *n) {  // a rank of `--nproc-per-node N`
-    run.command += " --nproc-per-node " + shell_quote(n);
+    tail += " --nproc-per-node " + shell_quote(n);
     run.launched = true;
   }
+  run.command += tail;
+  run.command_without_resume += tail;
   Trainer trainer(load_config(o.config_path, o.overrides), run);
   trainer.setup();
   trainer.train();

@@ -1,11 +1,15 @@
 #include "trainer/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <random>
@@ -366,6 +370,62 @@ std::vector<std::string> config_differences(const std::string& saved_yaml, const
   for (const auto& [k, v] : b)
     if (!ignored_key(k) && !a.count(k)) out.push_back(k + ": (absent) -> " + v);
   return out;
+}
+
+OutputDirLock::OutputDirLock(const std::string& output_dir) : dir_(output_dir) {
+  std::error_code ec;
+  QLORA_CHECK(!fs::exists(output_dir) || fs::is_directory(output_dir), "output_dir: ", output_dir,
+              " exists and is not a directory");
+  created_dir_ = fs::create_directories(output_dir, ec);
+  QLORA_CHECK(!ec, "output_dir: cannot create ", output_dir, ": ", ec.message());
+  const std::string path = (fs::path(output_dir) / kFile).string();
+  for (;;) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    QLORA_CHECK(fd_ >= 0, "cannot open ", path, ": ", std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      std::string holder = read_file(path);
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\r')) holder.pop_back();
+      ::close(fd_);
+      fd_ = -1;
+      QLORA_CHECK(err != EWOULDBLOCK, "output_dir ", output_dir, " is in use by another qlora train (",
+                  holder.empty() ? std::string("holder unknown") : holder, "; lock ", path,
+                  "): a run owns its output_dir; wait for that process to end (or stop it), or use another output_dir");
+      fail("cannot lock ", path, ": ", std::strerror(err));
+    }
+    // The file may have been removed (by a holder that created output_dir and failed) between our
+    // open and our lock: then the lock is on an orphan inode; take it again on the file in place.
+    struct stat a {}, b {};
+    if (::fstat(fd_, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) break;
+    ::close(fd_);
+    fd_ = -1;
+  }
+  char host[256] = {0};
+  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
+  const std::string id = new_run_id();  // UTC time + random bits: the time part says since when
+  const std::string rec = "pid " + std::to_string(::getpid()) + " on host " + host + " since " + id.substr(0, id.find('-'));
+  const bool ok = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, rec.data(), rec.size(), 0) == static_cast<ssize_t>(rec.size());
+  if (!ok) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    fail("cannot write ", path, ": ", std::strerror(err));
+  }
+}
+
+OutputDirLock::~OutputDirLock() {
+  if (fd_ < 0) return;
+  if (created_dir_) {
+    std::error_code ec;
+    bool only_lock = true;
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+      if (e.path().filename() != kFile) only_lock = false;
+    if (!ec && only_lock) {
+      fs::remove(fs::path(dir_) / kFile, ec);
+      fs::remove(dir_, ec);
+    }
+  }
+  ::close(fd_);
 }
 
 }  // namespace qlora

@@ -115,6 +115,29 @@ RunRecord read_run_record(const std::string& output_dir);
 /// Writes `output_dir`/run.json atomically. Throws qlora::Error naming the file on an I/O error.
 void write_run_record(const std::string& output_dir, const RunRecord& r);
 
+/// An exclusive lock on a run's output_dir (docs/checkpoints.md, "A run owns its output_dir"):
+/// flock(LOCK_EX | LOCK_NB) on `<output_dir>/run.lock`, which then records the holder's
+/// "pid <PID> host <HOST> since <UTC>". The kernel releases it when the process ends in any way
+/// (kill -9 included), so a lock is never stale; the descriptor is close-on-exec (a sync command's
+/// shell does not inherit it). The file itself stays; it does not make output_dir "used".
+class OutputDirLock {
+ public:
+  static constexpr const char* kFile = "run.lock";
+  /// Creates output_dir when absent and takes the lock. Throws qlora::Error (one line, naming the
+  /// holder's pid and host and the lock file) when another process holds it, or on an I/O error.
+  explicit OutputDirLock(const std::string& output_dir);
+  /// Releases the lock; when this lock created output_dir and it holds nothing but run.lock (the
+  /// run failed before writing anything), removes both.
+  ~OutputDirLock();
+  OutputDirLock(const OutputDirLock&) = delete;
+  OutputDirLock& operator=(const OutputDirLock&) = delete;
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
+  bool created_dir_ = false;
+};
+
 /// Loaded checkpoint contents.
 struct LoadedCheckpoint {
   TrainerState state;

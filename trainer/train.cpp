@@ -200,6 +200,7 @@ void Trainer::setup() {
   // later writes) output_dir, the others take its run id and checkpoint.
   check_same_run_as_main();
   const std::string claim = dist_->from_main("claim", [&] {
+    lock_ = std::make_unique<OutputDirLock>(cfg_.output_dir);  // a second run on output_dir stops here
     const std::string c = claim_output_dir();
     return run_id_ + "\n" + c;
   });
@@ -269,6 +270,7 @@ void Trainer::setup() {
     log::warn("output_dir: --overwrite-output-dir: moved the previous contents of ", cfg_.output_dir, " to ", aside_);
   }
   fs::create_directories(cfg_.output_dir);
+  if (!aside_.empty()) lock_ = std::make_unique<OutputDirLock>(cfg_.output_dir);  // the old lock moved aside with it
   if (read_run_record(cfg_.output_dir).run_id != run_id_) {
     RunRecord rr;
     rr.run_id = run_id_;
@@ -818,6 +820,63 @@ std::string resolve_resume_path(const std::string& path) {
   fail("checkpoint.resume: ", path, " holds no checkpoint (expected a checkpoint-<N> directory with manifest.json, ",
        "a checkpoints/ directory, or a run's output_dir)");
 }
+
+/// The step recorded in `ckpt`/trainer_state.json (-1 when unreadable; the checkpoint was verified).
+int64_t checkpoint_step(const std::string& ckpt) {
+  const json j = json::parse(read_file((fs::path(ckpt) / "trainer_state.json").string()), nullptr, false);
+  return j.is_object() && j.contains("step") && j["step"].is_number_integer() ? j["step"].get<int64_t>() : -1;
+}
+
+/// True when the last component of `p` is a checkpoint's folder name, `checkpoint-<N>`.
+bool is_checkpoint_name(const fs::path& p) {
+  const std::string n = p.filename().string();
+  return n.size() > 11 && n.rfind("checkpoint-", 0) == 0 && std::all_of(n.begin() + 11, n.end(), ::isdigit);
+}
+
+/// True when `dir` holds a checkpoint's own files (what `resume: PATH` accepts as a checkpoint).
+bool is_checkpoint_dir(const fs::path& dir) {
+  return fs::exists(dir / "manifest.json") || fs::exists(dir / "trainer_state.json");
+}
+
+/// The newest valid checkpoint that `checkpoint.resume_from_dir` DIR holds, in any layout a sync
+/// command produces: DIR/checkpoint-<N> (a copy of checkpoints/), DIR itself (a copy of one
+/// checkpoint's files: `rclone copy {dir} remote:run`), or DIR/checkpoints/checkpoint-<N> (a copy
+/// of an output_dir). "" when none verifies (each listed in `skipped`) or DIR holds no checkpoint
+/// files at all. With a non-empty `run_id`, only that run's checkpoints count. Throws qlora::Error
+/// (one line) when DIR holds checkpoint files at another level (e.g. DIR/x/checkpoint-6), which a
+/// fresh start would silently ignore.
+std::string newest_in_resume_from_dir(const std::string& dir, std::vector<std::string>* skipped,
+                                      const std::string& run_id) {
+  const fs::path d(dir);
+  if (!fs::is_directory(d)) return "";
+  if (is_checkpoint_dir(d)) {
+    std::string why = verify_checkpoint(dir);
+    if (why.empty() && !run_id.empty() && checkpoint_run_id(dir) != run_id)
+      why = "written by run " + checkpoint_run_id(dir) + ", not this run " + run_id;
+    if (why.empty()) return dir;
+    skipped->push_back(dir + ": " + why);
+    return "";
+  }
+  for (const fs::path& p : {d, d / "checkpoints"})
+    if (!list_checkpoints(p.string()).empty()) return newest_valid_checkpoint(p.string(), skipped, run_id);
+  // No checkpoint where resume looks: checkpoint files anywhere below (3 levels) are an error.
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(d, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (it.depth() >= 3 || name.rfind(".tmp-", 0) == 0) it.disable_recursion_pending();  // an interrupted write
+    if (it->path().parent_path().filename().string().rfind(".tmp-", 0) == 0) continue;
+    if (name != "manifest.json" && name != "trainer_state.json" && name != "optimizer.safetensors" &&
+        name != "adapter_model.safetensors")
+      continue;
+    const fs::path holder = it->path().parent_path();
+    fail("checkpoint.resume_from_dir: ", dir, " holds checkpoint files at another level (", it->path().string(),
+         ") but no checkpoint where resume looks (", dir, "/checkpoint-<N>/manifest.json, ", dir,
+         "/manifest.json or ", dir, "/checkpoints/checkpoint-<N>); not starting a new run: set checkpoint.resume_from_dir=",
+         is_checkpoint_name(holder) ? holder.parent_path().string() : holder.string(), " (or move the files)");
+  }
+  return "";
+}
 }  // namespace
 
 std::string Trainer::claim_output_dir() {
@@ -831,7 +890,8 @@ std::string Trainer::claim_output_dir() {
   if (fs::is_directory(out))
     for (const auto& e : fs::directory_iterator(out)) {
       const std::string name = e.path().filename().string();
-      if (!is_temp_leftover(name) && name != "memory_report.json" && name != "eval.json") entries.push_back(name);
+      if (!is_temp_leftover(name) && name != "memory_report.json" && name != "eval.json" && name != OutputDirLock::kFile)
+        entries.push_back(name);
     }
   const bool used = !entries.empty();
   if (used && run_.overwrite_output_dir) {
@@ -870,12 +930,31 @@ std::string Trainer::claim_output_dir() {
       return ckpt;
     }
     case ResumeMode::kAuto: {
-      const std::string dir = c.resume_from_dir.empty() ? checkpoint_dir() : c.resume_from_dir;
+      // Both places: the local checkpoints (only of the run that owns output_dir) and
+      // resume_from_dir (a sync command's copy, which may lag behind): the newer valid one wins.
       std::vector<std::string> skipped;
+      if (owned) QLORA_CHECK(!owner.run_id.empty(), describe(), ": ", fix);
+      const std::string rid = owned ? owner.run_id : "";
+      const std::string local = owned ? newest_valid_checkpoint(checkpoint_dir(), &skipped, rid) : "";
+      const std::string synced =
+          c.resume_from_dir.empty() ? "" : newest_in_resume_from_dir(c.resume_from_dir, &skipped, rid);
+      for (const std::string& s : skipped) log::warn("resume: skipping ", s);
+      const int64_t local_step = local.empty() ? -1 : checkpoint_step(local);
+      const int64_t synced_step = synced.empty() ? -1 : checkpoint_step(synced);
+      const std::string ckpt = synced_step > local_step ? synced : local;
+      if (!c.resume_from_dir.empty()) {
+        auto where = [](const std::string& p, int64_t step) {
+          return p.empty() ? std::string("none") : p + " (step " + std::to_string(step) + ")";
+        };
+        log::info("resume: newest valid checkpoint", owned ? " of run " + rid : std::string(), ": in ", checkpoint_dir(),
+                  ": ", where(local, local_step), "; in checkpoint.resume_from_dir ", c.resume_from_dir, ": ",
+                  where(synced, synced_step),
+                  ckpt.empty() ? std::string()
+                               : "; taking " + ckpt + (local.empty() || synced.empty() ? std::string()
+                                                       : ckpt == local ? " (the newer; the synced copy lags behind)"
+                                                                       : " (the newer)"));
+      }
       if (owned) {
-        QLORA_CHECK(!owner.run_id.empty(), describe(), ": ", fix);
-        const std::string ckpt = newest_valid_checkpoint(dir, &skipped, owner.run_id);
-        for (const std::string& s : skipped) log::warn("resume: skipping ", s);
         run_id_ = owner.run_id;
         if (!ckpt.empty()) return ckpt;
         QLORA_CHECK(owner.fingerprint == fingerprint_, describe(),
@@ -883,16 +962,12 @@ std::string Trainer::claim_output_dir() {
         log::info("resume: run ", run_id_, " has no complete checkpoint yet; starting it again from step 0");
         return "";
       }
-      if (!c.resume_from_dir.empty()) {
-        const std::string ckpt = newest_valid_checkpoint(dir, &skipped);
-        for (const std::string& s : skipped) log::warn("resume: skipping ", s);
-        if (!ckpt.empty()) {
-          const std::string rid = checkpoint_run_id(ckpt);
-          run_id_ = rid.empty() ? new_run_id() : rid;
-          return ckpt;
-        }
-        log::warn("resume: no complete checkpoint in ", dir, "; starting a new run");
+      if (!ckpt.empty()) {
+        const std::string id = checkpoint_run_id(ckpt);
+        run_id_ = id.empty() ? new_run_id() : id;
+        return ckpt;
       }
+      if (!c.resume_from_dir.empty()) log::warn("resume: no complete checkpoint in ", c.resume_from_dir, "; starting a new run");
       run_id_ = new_run_id();
       return "";
     }
@@ -903,10 +978,13 @@ std::string Trainer::claim_output_dir() {
 std::string Trainer::resume_advice(const std::string& ckpt) const {
   const CheckpointConfig& c = cfg_.checkpoint;
   const std::string cmd = run_.command.empty() ? "qlora train CONFIG" : run_.command;
-  if (c.resume == ResumeMode::kAuto && c.resume_from_dir.empty())
+  // resume: auto considers <output_dir>/checkpoints beside resume_from_dir, so it finds this one.
+  if (c.resume == ResumeMode::kAuto)
     return run_.overwrite_output_dir ? "to resume, run the same command without --overwrite-output-dir: " + cmd
                                      : "run the same command again to resume: " + cmd;
-  std::string how = cmd + " --set checkpoint.resume=" + shell_quote(ckpt);
+  // The invocation's own checkpoint.resume / resume_from_dir overrides give way to these (each key once).
+  std::string how = (run_.command_without_resume.empty() ? cmd : run_.command_without_resume) +
+                    " --set checkpoint.resume=" + shell_quote(ckpt);
   if (!c.resume_from_dir.empty()) how += " --set checkpoint.resume_from_dir=";
   if (c.resume == ResumeMode::kNever)
     return "checkpoint.resume is never, so the same command will NOT resume (it refuses the used output_dir); "
@@ -914,8 +992,7 @@ std::string Trainer::resume_advice(const std::string& ckpt) const {
   if (c.resume == ResumeMode::kPath)
     return "checkpoint.resume names " + c.resume_path + ", so the same command would go back to it; to resume from " +
            "this checkpoint, run: " + how;
-  return "checkpoint.resume_from_dir (" + c.resume_from_dir + ") may not hold this checkpoint; to resume from it, run: " +
-         how;
+  return "to resume, run: " + how;
 }
 
 void Trainer::resume_from(const std::string& ckpt) {
@@ -924,6 +1001,20 @@ void Trainer::resume_from(const std::string& ckpt) {
     if (f->lora) shapes[f->name] = {f->in_features(), f->out_features()};
   LoadedCheckpoint lc = read_checkpoint(ckpt, shapes);
   std::vector<std::string> diffs = config_differences(lc.state.config_yaml, to_yaml(cfg_));
+  // A data file that only moved (a new VM, another mount point) is the same run: the path differs,
+  // the content hash recorded in the checkpoint equals the new file's.
+  for (const auto& [key, now] : {std::pair<std::string, std::string>{"data.train", cfg_.data.train},
+                                 std::pair<std::string, std::string>{"data.eval", cfg_.data.eval}}) {
+    if (now.empty() || !data_sha_.count(now)) continue;
+    for (const auto& [old, sha] : lc.state.data_sha256) {
+      const auto it = std::find(diffs.begin(), diffs.end(), key + ": " + old + " -> " + now);
+      if (it == diffs.end() || sha != data_sha_.at(now)) continue;
+      diffs.erase(it);
+      log::info("resume: ", key, " moved: ", old, " -> ", now, " (same content, sha256 ", sha.substr(0, 12),
+                "); the same run");
+      break;
+    }
+  }
   // The same data path with other content is a different run too.
   for (const auto& [path, sha] : data_sha_) {
     auto it = lc.state.data_sha256.find(path);

@@ -18,6 +18,7 @@
 #include "data/tokenizer.h"
 #include "config/config.h"
 #include "trainer/distributed.h"
+#include "trainer/checkpoint.h"
 #include "trainer/estimate.h"
 #include "trainer/fault.h"
 #include "model/model.h"
@@ -107,6 +108,9 @@ struct RunOptions {
   /// The command line that started this run (shell-quoted), for the interrupt message's resume
   /// command; "" = "qlora train CONFIG".
   std::string command;
+  /// `command` without its `--set checkpoint.resume=...` / `--set checkpoint.resume_from_dir=...`
+  /// overrides: the base of a printed command that sets those keys itself (each once).
+  std::string command_without_resume;
   /// A rank that `qlora train --nproc-per-node N` started (`command` then ends with that option):
   /// the other ranks' interrupt message leaves the resume hint to rank 0.
   bool launched = false;
@@ -221,6 +225,7 @@ class Trainer {
   std::map<std::string, std::string> data_sha_;  ///< data file → SHA-256 of its content
   std::string fingerprint_;                      ///< run_fingerprint(config, data_sha_)
   std::string aside_;                            ///< where --overwrite-output-dir moves the old state
+  std::unique_ptr<OutputDirLock> lock_;          ///< rank 0's lock on output_dir, held for the whole run
   std::string last_checkpoint_;                  ///< path of the newest checkpoint written
   std::string kept_metrics_;                     ///< metrics.jsonl lines up to the resumed checkpoint
   std::unique_ptr<Distributed> dist_;            ///< the process group; identity when world_size is 1

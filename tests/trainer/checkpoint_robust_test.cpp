@@ -43,9 +43,11 @@ class CheckpointRobust : public qlora::test::TinyRunSuite<CheckpointRobust> {
  public:
   static constexpr const char* kTempName = "ckpt_robust";
   static constexpr int kSaveSteps = 1;
-  /// The same examples in another file (a data change that is not a content change).
+  /// The same examples in another file with other bytes (a changed data.train).
   static void prepare(const fs::path& dir) {
-    std::ofstream(dir / "data2.json") << qlora::read_file((dir / "data.json").string());
+    // Other bytes (one more newline) at another path: a changed data.train (a path-only move with
+    // the same content is the same run: Resume.MovedDataFileWithTheSameContentResumes).
+    std::ofstream(dir / "data2.json") << qlora::read_file((dir / "data.json").string()) << "\n";
   }
 
  protected:

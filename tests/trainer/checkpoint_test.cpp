@@ -237,6 +237,158 @@ TEST_F(Resume, ChangedMaxStepsWarnsThatTheScheduleChanges) {
   EXPECT_EQ(o.out.find("total steps changed"), std::string::npos) << o.out;
 }
 
+namespace {
+// The checkpoint-<N> directories under `dir`, as file names, newest first.
+std::vector<std::string> ckpt_names(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (const std::string& c : qlora::list_checkpoints(dir.string())) v.push_back(fs::path(c).filename().string());
+  return v;
+}
+size_t count_of(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+// checkpoint.resume_from_dir holding one checkpoint's files directly (what `rclone copy {dir}
+// remote:run` leaves) is that checkpoint: the run resumes from it, not from step 0. Checkpoint files
+// at another level (DIR/run/checkpoint-4/...) are a one-line error, never a silent fresh start, and
+// nothing is written (output_dir is not created).
+TEST_F(Resume, ResumeFromDirThatIsACheckpointResumes) {
+  const fs::path first = root / "flat_first", flat = root / "flat_sync", nested = root / "nested_sync";
+  Out o = train(first, "", "QLORA_FAULT_SIGTERM_AT=4:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  ASSERT_EQ(ckpt_names(first / "checkpoints"), (std::vector<std::string>{"checkpoint-4"}));
+  fs::create_directories(flat);
+  for (const auto& e : fs::directory_iterator(first / "checkpoints" / "checkpoint-4"))
+    fs::copy_file(e.path(), flat / e.path().filename());
+  const fs::path out = root / "flat_run";
+  o = train(out, "--set checkpoint.resume_from_dir=" + flat.string());
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("resume: from " + flat.string() + " at step 4 "), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("starting a new run"), std::string::npos) << o.out;
+  std::vector<int64_t> rest;
+  for (int64_t i = 5; i <= 18; ++i) rest.push_back(i);
+  EXPECT_EQ(logged_steps(o.out), rest) << o.out;
+
+  fs::create_directories(nested / "run");
+  fs::copy(first / "checkpoints" / "checkpoint-4", nested / "run" / "checkpoint-4", fs::copy_options::recursive);
+  const fs::path out2 = root / "nested_run";
+  o = train(out2, "--set checkpoint.resume_from_dir=" + nested.string());
+  EXPECT_EQ(o.status, 1) << o.out;
+  const std::string err = qlora::test::line_with(o.out, "error:");
+  EXPECT_NE(err.find("checkpoint.resume_from_dir: " + nested.string() + " holds checkpoint files at another level"),
+            std::string::npos) << o.out;
+  EXPECT_NE(err.find("set checkpoint.resume_from_dir=" + (nested / "run").string() + " "), std::string::npos) << err;
+  EXPECT_EQ(o.out.find("step 1/"), std::string::npos) << o.out;
+  EXPECT_FALSE(fs::exists(out2)) << "a refused run must not leave its output_dir behind";
+}
+
+// resume: auto with resume_from_dir considers both the synced copy and <output_dir>/checkpoints and
+// takes the newer valid checkpoint of the run, saying which; the SIGTERM hint is the same command
+// (which finds the local checkpoint), and a hint that sets checkpoint.resume sets each key once.
+TEST_F(Resume, ResumeFromDirAndLocalCheckpointsTakeTheNewer) {
+  const fs::path sync = root / "lag_sync", out = root / "lag_run";
+  fs::create_directories(sync);
+  const std::string extra = "--set checkpoint.save_steps=2 --set checkpoint.resume_from_dir=" + sync.string();
+  Out o = train(out, extra, "QLORA_FAULT_SIGTERM_AT=3:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  ASSERT_EQ(ckpt_names(out / "checkpoints"), (std::vector<std::string>{"checkpoint-3", "checkpoint-2"}));
+  const std::string hint = qlora::test::line_with(o.out, "interrupted:");
+  EXPECT_NE(hint.find("run the same command again to resume: qlora train "), std::string::npos) << hint;
+  EXPECT_EQ(count_of(hint, "checkpoint.resume_from_dir="), 1u) << hint;
+  // The sync lags behind: it holds checkpoint-2, the local directory checkpoint-3.
+  fs::copy(out / "checkpoints" / "checkpoint-2", sync / "checkpoint-2", fs::copy_options::recursive);
+  o = train(out, extra, "QLORA_FAULT_SIGTERM_AT=5:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  const std::string local3 = (out / "checkpoints" / "checkpoint-3").string();
+  EXPECT_NE(o.out.find("in checkpoint.resume_from_dir " + sync.string() + ": " + (sync / "checkpoint-2").string() +
+                       " (step 2); taking " + local3 + " (the newer; the synced copy lags behind)"),
+            std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("resume: from " + local3 + " at step 3 "), std::string::npos) << o.out;
+  ASSERT_EQ(ckpt_names(out / "checkpoints"), (std::vector<std::string>{"checkpoint-5", "checkpoint-4"}));
+  // Now the synced copy is the newer one (the local disk lost checkpoint-5).
+  fs::copy(out / "checkpoints" / "checkpoint-5", sync / "checkpoint-5", fs::copy_options::recursive);
+  fs::remove_all(out / "checkpoints" / "checkpoint-5");
+  o = train(out, extra);
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("resume: from " + (sync / "checkpoint-5").string() + " at step 5 "), std::string::npos) << o.out;
+  EXPECT_EQ(metrics(out).size(), 18u);
+
+  // resume: never: the hint sets checkpoint.resume and clears resume_from_dir, each once.
+  const fs::path never = root / "lag_never";
+  o = train(never, "--set checkpoint.resume=never --set checkpoint.resume_from_dir=" + sync.string(),
+            "QLORA_FAULT_SIGTERM_AT=2:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  const std::string h2 = qlora::test::line_with(o.out, "interrupted:");
+  EXPECT_EQ(count_of(h2, "checkpoint.resume_from_dir="), 1u) << h2;
+  EXPECT_EQ(count_of(h2, "checkpoint.resume="), 1u) << h2;
+  EXPECT_NE(h2.find("--set checkpoint.resume=" + (never / "checkpoints" / "checkpoint-2").string() +
+                    " --set checkpoint.resume_from_dir="),
+            std::string::npos) << h2;
+}
+
+// A run owns its output_dir: while one `qlora train` runs, a second one on the same output_dir is
+// refused with one line naming the holder's pid, exit 1, and writes nothing (the first run's
+// metrics.jsonl holds each step once); the first one's lock goes with it (SIGTERM), and the same
+// command then resumes.
+TEST_F(Resume, SecondRunOnTheSameOutputDirIsRefused) {
+  const fs::path out = root / "locked";
+  const std::string cmd = std::string(QLORA_BIN) + " train " + (root / "run.yaml").string() + " --set output_dir=" +
+                          out.string();
+  Out o = sh("QLORA_FAULT_STEP_DELAY_MS=1500 " + cmd + " > " + out.string() + ".log 2>&1 & L=$!; " +
+             "while kill -0 $L 2>/dev/null && [ \"$(cat " + (out / "metrics.jsonl").string() +
+             " 2>/dev/null | wc -l)\" -lt 1 ]; do sleep 0.05; done; echo pid=$L; " + cmd + " 2>&1; echo rc2=$?; " +
+             "kill -TERM $L; wait $L; echo rc1=$?");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(o.out, m, std::regex("pid=(\\d+)"))) << o.out;
+  const std::string pid = m[1];
+  EXPECT_NE(o.out.find("rc2=1"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("rc1=75"), std::string::npos) << o.out << qlora::read_file(out.string() + ".log");
+  const std::string err = qlora::test::line_with(o.out, "error:");
+  EXPECT_NE(err.find("output_dir " + out.string() + " is in use by another qlora train (pid " + pid + " on host "),
+            std::string::npos) << o.out;
+  EXPECT_EQ(count_of(o.out, "error:"), 1u) << o.out;
+  EXPECT_EQ(o.out.find("step 1/"), std::string::npos) << "the second run trained:\n" << o.out;
+  const auto first = metrics(out);  // steps 1..k, each once: nothing interleaved
+  ASSERT_FALSE(first.empty());
+  o = train(out);
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("resume: from "), std::string::npos) << o.out;
+  EXPECT_EQ(metrics(out).size(), 18u);
+}
+
+// A data file that only moved (same content, new path: a new VM) resumes with a note; other
+// content under the new path is still refused.
+TEST_F(Resume, MovedDataFileWithTheSameContentResumes) {
+  const fs::path out = root / "moved", moved = root / "moved_data" / "data.json";
+  fs::create_directories(moved.parent_path());
+  fs::copy_file(root / "data.json", moved);
+  Out o = train(out, "", "QLORA_FAULT_SIGTERM_AT=3:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  o = train(out, "--set data.train=" + moved.string(), "QLORA_FAULT_SIGTERM_AT=5:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  EXPECT_NE(o.out.find("resume: data.train moved: " + (root / "data.json").string() + " -> " + moved.string() +
+                       " (same content, sha256 "),
+            std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("resume: from " + (out / "checkpoints" / "checkpoint-3").string() + " at step 3 "),
+            std::string::npos) << o.out;
+  // Other content at another path: refused as before, naming the path change.
+  const fs::path other = root / "moved_data" / "other.json";
+  json d = json::parse(qlora::read_file(moved.string()));
+  d.erase(d.begin());
+  std::ofstream(other) << d.dump();
+  o = train(out, "--set data.train=" + other.string());
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(qlora::test::line_with(o.out, "error:").find("settings that change the run differ: data.train: " +
+                                                         moved.string() + " -> " + other.string()),
+            std::string::npos) << o.out;
+  o = train(out, "--set data.train=" + moved.string());
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_EQ(o.out.find("moved:"), std::string::npos) << "the checkpoint records the new path:\n" << o.out;
+}
+
 // The tiny run's model and data, used by configs written beside them (relative paths, bad values).
 class TinyCli : public qlora::test::TinyRunSuite<TinyCli> {
  public:

@@ -310,6 +310,29 @@ TEST_F(DataParallel, NprocPerNodeLaunchesTheRanksAndForwardsSigterm) {
             qlora::read_file((ref / "adapter_model.safetensors").string()));
 }
 
+// A run owns its output_dir with --nproc-per-node too: rank 0 holds the lock (the ranks do not
+// wait on each other for it), so a second launch on the same output_dir while the first job runs
+// fails at once, naming the holder, and the first job is untouched (it stops at SIGTERM with 75).
+TEST_F(DataParallel, NprocPerNodeSecondLaunchOnTheSameOutputDirIsRefused) {
+  const fs::path out = root / "np_lock";
+  const std::string ex = "--set training.micro_batch_size=5 --set training.num_epochs=2 "
+                         "--set training.gradient_accumulation_steps=1 --nproc-per-node 2";
+  const std::string launch = "env -u RANK -u WORLD_SIZE -u MASTER_PORT -u OMP_NUM_THREADS QLORA_DIST_TIMEOUT_S=60 ";
+  const fs::path log = out.string() + ".log", metrics = out / "metrics.jsonl";
+  Out o = qlora::test::run_command(launch + "QLORA_FAULT_STEP_DELAY_MS=1500 " + train_cmd(out, ex) + " > " +
+                                   log.string() + " 2>&1 & L=$!; while kill -0 $L 2>/dev/null && " + "[ \"$(cat " +
+                                   metrics.string() + " 2>/dev/null | wc -l)\" -lt 1 ]; do sleep 0.05; done; " +
+                                   launch + train_cmd(out, ex) + " 2>&1; echo rc2=$?; kill -TERM $L; wait $L; echo rc=$?");
+  const std::string lg = fs::exists(log) ? qlora::read_file(log.string()) : "";
+  EXPECT_NE(o.out.find("rc=75"), std::string::npos) << o.out << lg;
+  EXPECT_EQ(o.out.find("rc2=0"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("output_dir " + out.string() + " is in use by another qlora train (pid "), std::string::npos)
+      << o.out;
+  EXPECT_EQ(o.out.find("step 1/"), std::string::npos) << "the second launch trained:\n" << o.out;
+  EXPECT_NE(lg.find("launch: rank 0 exited with status 75"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("launch: rank 1 exited with status 75"), std::string::npos) << lg;
+}
+
 // Ctrl-C in a terminal signals the whole foreground process group (here: the launcher started in a
 // session of its own, and `kill -INT -PGID`). The ranks run in sessions of their own, so each
 // gets the launcher's one forwarded SIGINT per Ctrl-C: once = one checkpoint, every rank 75, the
