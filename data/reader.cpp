@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 
 #include "common/error.h"
@@ -497,16 +496,30 @@ size_t check_encoding(const std::string& path, const std::string& buf, bool skip
 
 namespace {
 
-// Counts a record holding a `{{name}}` placeholder (an identifier between double braces, as in
-// LLaMA-Factory's identity.json: "I am {{name}}, an AI assistant developed by {{author}}.").
+// The `{{name}}` placeholders in `text`: an identifier ([A-Za-z_][A-Za-z0-9_]*) between double
+// braces, spaces allowed inside, as in LLaMA-Factory's identity.json ("I am {{name}}, an AI
+// assistant developed by {{author}}."), each as written.
+std::vector<std::string> placeholders(const std::string& text) {
+  std::vector<std::string> out;
+  auto alpha = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
+  auto alnum = [&](char c) { return alpha(c) || (c >= '0' && c <= '9'); };
+  for (size_t at = text.find("{{"); at != std::string::npos; at = text.find("{{", at + 1)) {
+    size_t i = at + 2;
+    while (i < text.size() && text[i] == ' ') ++i;
+    if (i >= text.size() || !alpha(text[i])) continue;
+    while (i < text.size() && alnum(text[i])) ++i;
+    while (i < text.size() && text[i] == ' ') ++i;
+    if (text.compare(i, 2, "}}") == 0) out.push_back(text.substr(at, i + 2 - at));
+  }
+  return out;
+}
+
+// Counts a record holding a `{{name}}` placeholder in ReadStats (placeholder_*).
 void count_placeholders(const Record& r, ReadStats* s) {
-  static const std::regex kPlaceholder(R"(\{\{\s*[A-Za-z_][A-Za-z0-9_]*\s*\}\})");
   bool found = false;
   auto scan = [&](const std::string& text) {
-    if (text.find("{{") == std::string::npos) return;  // the regex only where it can match
-    for (auto it = std::sregex_iterator(text.begin(), text.end(), kPlaceholder); it != std::sregex_iterator(); ++it) {
+    for (const std::string& p : placeholders(text)) {
       found = true;
-      const std::string p = it->str();
       auto& names = s->placeholder_names;
       if (names.size() < 5 && std::find(names.begin(), names.end(), p) == names.end()) names.push_back(p);
     }

@@ -95,7 +95,7 @@ TEST(Readers, SharedFilesWithLlamaTokenizer) {
 }
 
 // LLaMA-Factory's identity set holds {{name}} / {{author}} placeholders the user is meant to replace:
-// counted (85 of its 91 records: Python's re.search(r"\{\{\s*[A-Za-z_]\w*\s*\}\}") over each record
+// counted (85 of its 91 records: Python's re.search(r"\{\{ *[A-Za-z_][A-Za-z0-9_]* *\}\}") over each record
 // finds the same 85) and named in the warning train / eval / data preview print; the alpaca demo has none.
 // data.default_system_message (Axolotl's key) becomes the first turn of a conversation without a
 // system turn, exactly as if the file had it; a record's own system turn is kept.
