@@ -68,8 +68,7 @@ Config eval_config(const EvalOptions& o) {
         const Config t =
             src == resolved
                 ? load_config(src.string())
-                : parse_config_string(json::parse(read_file(src.string())).at("config").get<std::string>(),
-                                      src.string() + " config");
+                : parse_config_string(checkpoint_config_yaml(o.adapter), src.string() + " config");
         base.data.template_name = t.data.template_name;
         base.data.sequence_len = t.data.sequence_len;
         log::info("eval: data.template ", t.data.template_name, ", data.sequence_len ", t.data.sequence_len, " from ",

@@ -309,6 +309,15 @@ std::string checkpoint_run_id(const std::string& ckpt_dir) {
   }
 }
 
+std::string checkpoint_config_yaml(const std::string& ckpt_dir) {
+  const std::string path = (fs::path(ckpt_dir) / "trainer_state.json").string();
+  try {
+    return json::parse(read_file(path)).at("config").get<std::string>();
+  } catch (const json::exception& e) {
+    fail(path, ": no resolved config (", e.what(), ")");
+  }
+}
+
 std::string new_run_id() {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};

@@ -94,6 +94,11 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_
 /// The run id stored in `ckpt_dir`/trainer_state.json, or "" when absent or unreadable.
 std::string checkpoint_run_id(const std::string& ckpt_dir);
 
+/// The resolved config (YAML text) the run that wrote `ckpt_dir` recorded in its
+/// trainer_state.json "config". Throws qlora::Error naming the file when it cannot be read or has
+/// no such string.
+std::string checkpoint_config_yaml(const std::string& ckpt_dir);
+
 /// A new run id: UTC time + 32 random bits, e.g. "20261130T170512Z-3fa9c2d1".
 std::string new_run_id();
 
