@@ -101,6 +101,13 @@ Hparams read_hparams(const GgufFile& f) {
   return h;
 }
 
+// "4096, 32000": a shape as the errors below print it.
+std::string dims_text(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (int64_t d : shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
 // ---- llama 3 RoPE scaling: rope_freqs.weight -> rope_parameters ------------------------------------
 constexpr const char* kRopeFreqs = "rope_freqs.weight";
 // The values of every Meta Llama 3.1 / 3.2 / 3.3 release's rope_scaling (only `factor` differs).
@@ -144,9 +151,7 @@ void read_llama3_rope(const GgufFile& f, Hparams* h) {
   if (h->arch != "llama" || t == nullptr) return;
   const int64_t n = h->head_dim / 2;
   const std::vector<int64_t> shape = t->shape();
-  std::string dims;
-  for (int64_t d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-  QLORA_CHECK(shape == std::vector<int64_t>{n}, f.path(), ": tensor '", kRopeFreqs, "': shape [", dims,
+  QLORA_CHECK(shape == std::vector<int64_t>{n}, f.path(), ": tensor '", kRopeFreqs, "': shape [", dims_text(shape),
               "] does not match the metadata ([", n, "] = head_dim / 2)");
   const bool f16 = t->type == gguf::GgmlType::F16, bf16 = t->type == gguf::GgmlType::BF16;
   QLORA_CHECK(t->type == gguf::GgmlType::F32 || f16 || bf16, f.path(), ": tensor '", kRopeFreqs,
@@ -234,10 +239,8 @@ std::vector<Planned> plan_tensors(const GgufFile& f, const Hparams& h) {
     const Want& w = it->second;
     const std::vector<int64_t> shape = t.shape();
     if (shape != w.shape) {
-      std::string got, exp;
-      for (int64_t d : shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
-      for (int64_t d : w.shape) exp += (exp.empty() ? "" : ", ") + std::to_string(d);
-      fail(f.path(), ": tensor '", t.name, "': shape [", got, "] does not match the metadata ([", exp, "])");
+      fail(f.path(), ": tensor '", t.name, "': shape [", dims_text(shape), "] does not match the metadata ([",
+           dims_text(w.shape), "])");
     }
     const gguf::GgmlTypeInfo& ti = gguf::ggml_type_info(t.type);
     QLORA_CHECK(ti.dequantize, f.path(), ": tensor '", t.name, "': ggml type ", ti.name,
