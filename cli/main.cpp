@@ -12,6 +12,7 @@
 #include "model/import_gguf.h"
 #include "model/options.h"
 #include "trainer/launch.h"
+#include "trainer/train.h"
 
 namespace {
 
@@ -236,11 +237,11 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit (ulimit -f) fails the write with EFBIG instead of killing
-  // QLORA_DETERMINISTIC=1: deterministic algorithms (torch.use_deterministic_algorithms(True,
-  // warn_only=True)); the CUDA resume-exactness test (tests/gpu) runs with it. Pair it with
-  // CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment for cuBLAS.
+  // QLORA_DETERMINISTIC=1: deterministic algorithms and math-only attention (trainer/train.h,
+  // set_deterministic_algorithms); the CUDA resume-exactness and NCCL tests (tests/gpu) run with
+  // it. Pair it with CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment for cuBLAS.
   if (const char* d = std::getenv("QLORA_DETERMINISTIC"); d && std::string(d) == "1")
-    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    qlora::set_deterministic_algorithms();
   try {
     return run(argc, argv);
   } catch (const qlora::Interrupted& e) {

@@ -99,6 +99,15 @@ uint64_t parameter_checksum(const std::vector<torch::Tensor>& params) {
   return std::stoull(sha256_hex(bytes).substr(0, 16), nullptr, 16);  // the digest's first 8 bytes, big-endian
 }
 
+void set_deterministic_algorithms() {
+  at::Context& ctx = at::globalContext();
+  ctx.setDeterministicAlgorithms(true, /*warn_only=*/true);
+  ctx.setSDPUseFlash(false);
+  ctx.setSDPUseMemEfficient(false);
+  ctx.setSDPUseCuDNN(false);
+  ctx.setSDPUseMath(true);
+}
+
 std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
                                          int64_t batch_size, const data::DataOptions& opts, int32_t pad_id) {
   if (examples.empty()) return {std::nan(""), 0};

@@ -75,6 +75,17 @@ constexpr int64_t kParamChecksumEverySteps = 50;
 /// probability 1 - 2^-64 for random damage.
 uint64_t parameter_checksum(const std::vector<torch::Tensor>& params);
 
+/// What QLORA_DETERMINISTIC=1 turns on (cli/main.cpp; the CUDA byte-identity tests of tests/gpu run
+/// `qlora train` with it and CUBLAS_WORKSPACE_CONFIG=:4096:8): torch.use_deterministic_algorithms(True,
+/// warn_only=True), and scaled-dot-product attention limited to its math backend (flash, memory-
+/// efficient and cuDNN attention off, on every device). With warn_only, CUDA's memory-efficient
+/// attention keeps its split-key backward, whose gradient of q is summed with atomic adds in an
+/// order that varies from run to run (≥ 3 key blocks of 64 when few batch × head blocks run: the
+/// tiny run's shape), and flash attention its non-deterministic backward (ATen
+/// transformers/cuda/attention_backward.cu); the math backend is matmuls and a softmax. warn_only
+/// stays: an op without a deterministic CUDA kernel warns instead of stopping the run.
+void set_deterministic_algorithms();
+
 /// Mean next-token CE (nats) over `examples` in batches of `batch_size`, no grad, dropout off.
 /// Returns {mean loss, targets counted}.
 std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,

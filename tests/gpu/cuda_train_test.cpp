@@ -152,8 +152,28 @@ TEST(GpuPrepParity, HarnessSeparatesFp32FromBf16) {
   EXPECT_GT(std::max({g.loss, g.grad, g.param}), kFp32Tol);
 }
 
+// The fp32 tolerance admits what CUDA changes: other kernels summing the same fp32 math in another
+// order. Here the CPU path with attention on SDPA's math backend instead of its flash kernel (the
+// default for these shapes): a visible gap, inside kFp32Tol.
+TEST(GpuPrepParity, Fp32ToleranceAdmitsAnotherAttentionKernel) {
+  const TrainRun& ref = cpu_fp32();
+  at::Context& ctx = at::globalContext();
+  const bool flash = ctx.userEnabledFlashSDP();
+  ctx.setSDPUseFlash(false);
+  const TrainRun other = train_run(torch::kCPU, torch::kFloat32);
+  ctx.setSDPUseFlash(flash);
+  const Gap g = gap(other, ref);
+  EXPECT_GT(std::max({g.loss, g.grad, g.param}), 0.0);
+  EXPECT_LT(g.loss, kFp32Tol);
+  EXPECT_LT(g.grad, kFp32Tol);
+  EXPECT_LT(g.param, kFp32Tol);
+}
+
 TEST(CudaTraining, Fp32MatchesTheCpuPath) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+  // torch's default; TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 in the environment would turn TF32 on (10-bit
+  // mantissas), and this tolerance is for IEEE fp32 matmuls
+  ASSERT_FALSE(at::globalContext().allowTF32CuBLAS()) << "TF32 cuBLAS matmuls are on";
   const Gap g = gap(train_run(torch::Device(torch::kCUDA), torch::kFloat32), cpu_fp32());
   EXPECT_LT(g.loss, kFp32Tol);
   EXPECT_LT(g.grad, kFp32Tol);
@@ -166,6 +186,43 @@ TEST(CudaTraining, Bf16WithinBf16ToleranceOfCpuFp32) {
   EXPECT_LT(g.loss, kBf16LossTol);
   EXPECT_LT(g.grad, kBf16GradTol);
   EXPECT_LT(g.param, kBf16TensorTol);
+}
+
+// What QLORA_DETERMINISTIC=1 does to attention on the GPU (set_deterministic_algorithms): the tiny
+// run's attention shape (fp32, 2 rows × 4 heads of 16, a padding mask, here 320 keys = 5 key blocks)
+// forward and backward five times, every gradient bit-identical. torch's default choice for it
+// (printed) is memory-efficient attention, whose backward then sums dq over key splits with atomics.
+TEST(CudaTraining, DeterministicModeAttentionBackwardRepeats) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+  at::Context& ctx = at::globalContext();
+  const bool det = ctx.deterministicAlgorithms(), warn = ctx.deterministicAlgorithmsWarnOnly();
+  const bool flash = ctx.userEnabledFlashSDP(), eff = ctx.userEnabledMemEfficientSDP(),
+             cudnn = ctx.userEnabledCuDNNSDP(), math = ctx.userEnabledMathSDP();
+  torch::manual_seed(3);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  const torch::Tensor q0 = torch::randn({2, 4, 320, 16}, opts), k0 = torch::randn({2, 4, 320, 16}, opts),
+                      v0 = torch::randn({2, 4, 320, 16}, opts), go = torch::randn({2, 4, 320, 16}, opts);
+  torch::Tensor mask = torch::ones({320, 320}, opts.dtype(torch::kBool)).tril().view({1, 1, 320, 320}).repeat({2, 1, 1, 1});
+  mask.index_put_({1, torch::indexing::Slice(), torch::indexing::Slice(), torch::indexing::Slice(250, torch::indexing::None)}, false);
+  mask = mask.logical_or(torch::eye(320, opts.dtype(torch::kBool)).view({1, 1, 320, 320}));
+  std::printf("  default SDPA backend for this shape: %d (0 math, 1 flash, 2 efficient, 3 cudnn)\n",
+              static_cast<int>(at::_fused_sdp_choice(q0, k0, v0, mask)));
+  set_deterministic_algorithms();
+  EXPECT_EQ(static_cast<at::SDPBackend>(at::_fused_sdp_choice(q0, k0, v0, mask)), at::SDPBackend::math);
+  std::vector<torch::Tensor> first;
+  for (int run = 0; run < 5; ++run) {
+    torch::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true),
+                  v = v0.clone().requires_grad_(true);
+    at::scaled_dot_product_attention(q, k, v, mask).backward(go);
+    const std::vector<torch::Tensor> got{q.grad().cpu(), k.grad().cpu(), v.grad().cpu()};
+    if (run == 0) first = got;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], first[i])) << "run " << run << " grad " << i;
+  }
+  ctx.setDeterministicAlgorithms(det, warn);
+  ctx.setSDPUseFlash(flash);
+  ctx.setSDPUseMemEfficient(eff);
+  ctx.setSDPUseCuDNN(cudnn);
+  ctx.setSDPUseMath(math);
 }
 
 // `qlora train` on CUDA (tiny NF4 model, fp32, LoRA dropout 0.1, checkpointing on: CUDA RNG restore

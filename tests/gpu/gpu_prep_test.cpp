@@ -19,6 +19,7 @@
 #include "test_util.h"
 #include "trainer/estimate.h"
 #include "trainer/memory.h"
+#include "trainer/train.h"
 #include "model/model_config.h"
 
 namespace qlora {
@@ -104,6 +105,39 @@ TEST(GpuPrepMemory, CpuDeviceNeverTouchesCuda) {
   EXPECT_TRUE(s.calls.empty());
   EXPECT_FALSE(j.contains("cuda_allocated_bytes"));
   EXPECT_GT(j["rss_bytes"].get<int64_t>(), 0);
+}
+
+// ---- QLORA_DETERMINISTIC: attention limited to the math backend ----
+
+// CUDA's memory-efficient attention keeps a backward that sums with atomics under warn_only (and the
+// tiny run's shape splits its keys), so the byte-identity tests (CudaTraining.ResumeAfterSigterm...,
+// CudaNccl.*) would differ in the last bits from run to run. torch's own backend choice shows the
+// setting: fp32 attention on the CPU takes the flash kernel by default, the math one after.
+TEST(GpuPrepDeterminism, DeterministicModeLeavesOnlyMathAttention) {
+  at::Context& ctx = at::globalContext();
+  const bool det = ctx.deterministicAlgorithms(), warn = ctx.deterministicAlgorithmsWarnOnly();
+  const bool flash = ctx.userEnabledFlashSDP(), eff = ctx.userEnabledMemEfficientSDP(),
+             cudnn = ctx.userEnabledCuDNNSDP(), math = ctx.userEnabledMathSDP();
+  const torch::Tensor q = torch::randn({2, 4, 160, 16});
+  const torch::Tensor mask = torch::ones({2, 1, 160, 160}, torch::kBool).tril();
+  auto choice = [&](bool with_mask) {
+    return static_cast<at::SDPBackend>(at::_fused_sdp_choice(q, q, q, with_mask ? c10::optional<at::Tensor>(mask)
+                                                                                 : c10::nullopt, 0.0, !with_mask));
+  };
+  ASSERT_EQ(choice(false), at::SDPBackend::flash_attention);  // the default, else this test shows nothing
+  set_deterministic_algorithms();
+  EXPECT_TRUE(ctx.deterministicAlgorithms());
+  EXPECT_TRUE(ctx.deterministicAlgorithmsWarnOnly());
+  EXPECT_FALSE(ctx.userEnabledFlashSDP());
+  EXPECT_FALSE(ctx.userEnabledMemEfficientSDP());
+  EXPECT_FALSE(ctx.userEnabledCuDNNSDP());
+  EXPECT_EQ(choice(false), at::SDPBackend::math);
+  EXPECT_EQ(choice(true), at::SDPBackend::math);
+  ctx.setDeterministicAlgorithms(det, warn);
+  ctx.setSDPUseFlash(flash);
+  ctx.setSDPUseMemEfficient(eff);
+  ctx.setSDPUseCuDNN(cudnn);
+  ctx.setSDPUseMath(math);
 }
 
 // ---- the caching allocator's segment rounding ----
