@@ -4,8 +4,10 @@
 // weights and adapter init, and compares losses, step-1 gradients and the final adapter.
 //   GpuPrepParity.*   (CPU) the harness tells fp32 from bf16 runs: it can fail.
 //   CudaTraining.*    (GPU) fp32 CUDA vs CPU within the fp32 tolerance, bf16 CUDA vs CPU fp32
-//                     within the bf16 tolerance, and `qlora train` stopped by SIGTERM after step 3
-//                     and resumed on CUDA byte-identical to the uninterrupted CUDA run.
+//                     within the bf16 tolerance, checkpointed LoRA dropout equal to the plain run
+//                     (CUDA RNG restore), QLORA_DETERMINISTIC's attention repeating bit for bit,
+//                     and `qlora train` stopped by SIGTERM after step 3 and resumed on CUDA
+//                     byte-identical to the uninterrupted CUDA run.
 // Cuda* cases skip without a GPU (tests/skip_allowlist.txt) and must report OK on the device.
 #include <gtest/gtest.h>
 
@@ -186,6 +188,50 @@ TEST(CudaTraining, Bf16WithinBf16ToleranceOfCpuFp32) {
   EXPECT_LT(g.loss, kBf16LossTol);
   EXPECT_LT(g.grad, kBf16GradTol);
   EXPECT_LT(g.param, kBf16TensorTol);
+}
+
+// LoRA dropout on CUDA under gradient checkpointing: the recompute in backward restores CUDA's
+// generator (model.cpp RngState), so the dropout masks, the loss and the gradients equal those of
+// the run without checkpointing; another seed gives other gradients (dropout is live). Only this
+// case shows a wrong CUDA RNG restore: the byte-identity cases compare two runs that would be wrong
+// alike. (LoraCheckpointing.DropoutSameGradsWithRngRestore is the CPU case.)
+TEST(CudaTraining, CheckpointedDropoutSameGradsAsWithout) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+  ModelConfig cfg = preset_config("small");
+  cfg.vocab_size = 2048;
+  QuantOptions q;
+  q.quant_type = kernels::Quant4Type::NF4;
+  LlamaModel m = LlamaModel::random_init(cfg, 11, torch::kFloat32, torch::Device(torch::kCUDA), q);
+  LoraOptions lo;
+  lo.target_modules = {"all-linear"};
+  lo.dropout = 0.1;
+  lo.seed = 12;
+  m.add_lora(lo);
+  m.training = true;
+  auto opt = make_adamw(m.lora_parameters(), TrainingConfig{});
+  StepOptions so;
+  so.lr = 0;  // the step leaves the adapter as it is (AdamW: p -= 0, p *= 1 - 0·wd)
+  const data::Batch batch = make_batch(2, 96, cfg.vocab_size, 7, 24);
+  auto run = [&](bool checkpointing, uint64_t seed) {
+    m.gradient_checkpointing = checkpointing;
+    torch::manual_seed(seed);
+    const StepResult r = train_step(m, *opt, {batch}, so);
+    std::vector<torch::Tensor> g;
+    for (const torch::Tensor& p : m.lora_parameters()) g.push_back(p.grad().detach().cpu().clone());
+    return std::make_pair(r.loss, g);
+  };
+  const auto off = run(false, 123), on = run(true, 123), other = run(false, 124);
+  EXPECT_NEAR(on.first, off.first, 1e-6 * std::fabs(off.first));
+  double worst = 0, moved = 0;
+  for (size_t i = 0; i < off.second.size(); ++i) {
+    const double scale = off.second[i].abs().max().item<double>();
+    if (scale == 0) continue;  // A's gradient while B = 0
+    worst = std::max(worst, (on.second[i] - off.second[i]).abs().max().item<double>() / scale);
+    moved = std::max(moved, (other.second[i] - off.second[i]).abs().max().item<double>() / scale);
+  }
+  std::printf("  checkpointing vs not: worst relative gradient gap %.3g; another seed: %.3g\n", worst, moved);
+  EXPECT_LT(worst, 1e-5) << "checkpointing with dropout changed a gradient (CUDA RNG not restored?)";
+  EXPECT_GT(moved, 1e-3) << "another seed gave the same gradients: dropout is not active";
 }
 
 // What QLORA_DETERMINISTIC=1 does to attention on the GPU (set_deterministic_algorithms): the tiny
