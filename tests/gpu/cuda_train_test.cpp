@@ -248,9 +248,10 @@ TEST(CudaTraining, DeterministicModeAttentionBackwardRepeats) {
   const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
   const torch::Tensor q0 = torch::randn({2, 4, 320, 16}, opts), k0 = torch::randn({2, 4, 320, 16}, opts),
                       v0 = torch::randn({2, 4, 320, 16}, opts), go = torch::randn({2, 4, 320, 16}, opts);
-  torch::Tensor mask = torch::ones({320, 320}, opts.dtype(torch::kBool)).tril().view({1, 1, 320, 320}).repeat({2, 1, 1, 1});
+  // causal, the second row padded from key 250 on, every query attending at least itself (as build_mask)
+  torch::Tensor mask = torch::ones({320, 320}, torch::kBool).tril().view({1, 1, 320, 320}).repeat({2, 1, 1, 1});
   mask.index_put_({1, torch::indexing::Slice(), torch::indexing::Slice(), torch::indexing::Slice(250, torch::indexing::None)}, false);
-  mask = mask.logical_or(torch::eye(320, opts.dtype(torch::kBool)).view({1, 1, 320, 320}));
+  mask = mask.logical_or(torch::eye(320, torch::kBool).view({1, 1, 320, 320})).to(torch::kCUDA);
   std::printf("  default SDPA backend for this shape: %d (0 math, 1 flash, 2 efficient, 3 cudnn)\n",
               static_cast<int>(at::_fused_sdp_choice(q0, k0, v0, mask)));
   set_deterministic_algorithms();
