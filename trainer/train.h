@@ -80,8 +80,8 @@ uint64_t parameter_checksum(const std::vector<torch::Tensor>& params);
 /// warn_only=True), and scaled-dot-product attention limited to its math backend (flash, memory-
 /// efficient and cuDNN attention off, on every device). With warn_only, CUDA's memory-efficient
 /// attention keeps its split-key backward, whose gradient of q is summed with atomic adds in an
-/// order that varies from run to run (≥ 3 key blocks of 64 when few batch × head blocks run: the
-/// tiny run's shape), and flash attention its non-deterministic backward (ATen
+/// order that varies from run to run (keys split in blocks of 64 when few batch × head blocks run:
+/// the tiny run's 135 keys make 3), and flash attention its non-deterministic backward (ATen
 /// transformers/cuda/attention_backward.cu); the math backend is matmuls and a softmax. warn_only
 /// stays: an op without a deterministic CUDA kernel warns instead of stopping the run.
 void set_deterministic_algorithms();
