@@ -27,13 +27,12 @@ using json = nlohmann::json;
 namespace {
 const char* kPrefix = "checkpoint-";
 
-// Step number of "checkpoint-<N>", or -1.
-int64_t step_of(const fs::path& p) {
-  const std::string n = p.filename().string();
-  if (n.rfind(kPrefix, 0) != 0) return -1;
-  const std::string digits = n.substr(std::char_traits<char>::length(kPrefix));
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
-  return std::stoll(digits);
+/// `ckpt_dir`/trainer_state.json parsed; a discarded value when missing or not JSON.
+json read_state_json(const std::string& ckpt_dir) {
+  const fs::path p = fs::path(ckpt_dir) / "trainer_state.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec)) return json(json::value_t::discarded);
+  return json::parse(read_file(p.string()), nullptr, /*allow_exceptions=*/false);
 }
 
 void fsync_file(const fs::path& p) {
@@ -62,7 +61,8 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"fingerprint", s.fingerprint},
           {"data_sha256", s.data_sha256},
           {"world_size", s.world_size},
-          {"total_steps", s.total_steps}};
+          {"total_steps", s.total_steps},
+          {"setup_seconds", s.setup_seconds}};
 }
 
 /// Dotted key -> value text of every leaf of a config tree (lists and maps below a key: flow text).
@@ -155,6 +155,7 @@ std::string write_checkpoint(const std::string& dir, const TrainerState& state, 
     if (rng_cuda.defined()) rng.emplace_back("cuda", rng_cuda);
     save_tensors((tmp / "rng.safetensors").string(), rng);
     atomic_write_string((tmp / "trainer_state.json").string(), state_to_json(state, opt).dump(2) + "\n");
+    if (!state.metrics_jsonl.empty()) atomic_write_string((tmp / "metrics.jsonl").string(), state.metrics_jsonl);
     json manifest = json::object();
     for (const auto& e : fs::directory_iterator(tmp)) {
       fsync_file(e.path());
@@ -209,7 +210,7 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   if (fs::is_directory(dir))
     for (const auto& e : fs::directory_iterator(dir))
-      if (e.is_directory() && step_of(e.path()) >= 0) found.emplace_back(step_of(e.path()), e.path().string());
+      if (e.is_directory() && checkpoint_name_step(e.path().string()) >= 0) found.emplace_back(checkpoint_name_step(e.path().string()), e.path().string());
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::string> out;
   for (auto& f : found) out.push_back(f.second);
@@ -283,6 +284,7 @@ LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
     QLORA_CHECK(c.state.world_size >= 1, sp, ": world_size must be >= 1, got ", c.state.world_size);
     c.state.total_steps = j.value("total_steps", int64_t{0});
     QLORA_CHECK(c.state.total_steps >= 0, sp, ": total_steps must be >= 0, got ", c.state.total_steps);
+    c.state.setup_seconds = j.value("setup_seconds", 0.0);
   } catch (const json::exception& e) {
     fail(sp, ": ", e.what());
   }
@@ -294,19 +296,30 @@ LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
       c.opt.exp_avg_sq.push_back(load_tensor(f, f.info("exp_avg_sq." + std::to_string(i))).clone());
     }
   }
+  const fs::path mp = fs::path(ckpt_dir) / "metrics.jsonl";  // verified above when the manifest lists it
+  if (fs::exists(mp)) c.state.metrics_jsonl = read_file(mp.string());
   st::SafetensorsFile r((fs::path(ckpt_dir) / "rng.safetensors").string());
   c.rng_cpu = load_tensor(r, r.info("cpu")).clone();
   if (r.contains("cuda")) c.rng_cuda = load_tensor(r, r.info("cuda")).clone();
   return c;
 }
 
+int64_t checkpoint_name_step(const std::string& path) {
+  const std::string n = fs::path(path).filename().string();
+  if (n.rfind(kPrefix, 0) != 0) return -1;
+  const std::string digits = n.substr(std::char_traits<char>::length(kPrefix));
+  if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
 std::string checkpoint_run_id(const std::string& ckpt_dir) {
-  try {
-    const json j = json::parse(read_file((fs::path(ckpt_dir) / "trainer_state.json").string()));
-    return j.value("run_id", std::string());
-  } catch (const std::exception&) {
-    return "";
-  }
+  const json j = read_state_json(ckpt_dir);
+  return j.is_object() && j.contains("run_id") && j["run_id"].is_string() ? j["run_id"].get<std::string>() : "";
+}
+
+int64_t checkpoint_step(const std::string& ckpt_dir) {
+  const json j = read_state_json(ckpt_dir);
+  return j.is_object() && j.contains("step") && j["step"].is_number_integer() ? j["step"].get<int64_t>() : -1;
 }
 
 std::string checkpoint_config_yaml(const std::string& ckpt_dir) {

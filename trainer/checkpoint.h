@@ -4,6 +4,8 @@
 //   rng.safetensors                                  CPU (and CUDA) generator states, uint8
 //   trainer_state.json                               step, sampler state, optimizer step counts,
 //                                                    counters, the run's resolved config
+//   metrics.jsonl                                    the run's metrics lines of steps 1..step (as
+//                                                    HF's trainer_state.json log_history)
 //   manifest.json                                    every other file's size and SHA-256
 // It is written into a temporary sibling directory, every file and the directory fsync'd, then
 // renamed into place and the parent fsync'd: on disk a checkpoint is complete and verifiable, or
@@ -42,6 +44,12 @@ struct TrainerState {
   /// The run's total optimizer steps when it was written (training.max_steps, or num_epochs'
   /// steps); the LR schedule is computed over it. Absent in older files: 0 = unknown.
   int64_t total_steps = 0;
+  /// Model load + data preparation (setup) seconds of the invocations up to this checkpoint, this
+  /// one's included (absent in older files: 0).
+  double setup_seconds = 0;
+  /// output_dir/metrics.jsonl's lines of steps 1..step, in order, each ending in "\n" (the file
+  /// metrics.jsonl in the checkpoint; "" = none written: older checkpoints have none).
+  std::string metrics_jsonl;
 };
 
 /// The tensors of a checkpoint besides the adapter.
@@ -91,8 +99,16 @@ std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::str
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last, const std::string& run_id = "",
                                            const std::set<std::string>& busy = {});
 
+/// The step N of a checkpoint folder named `checkpoint-<N>` (the last component of `path`), or -1
+/// for any other name.
+int64_t checkpoint_name_step(const std::string& path);
+
 /// The run id stored in `ckpt_dir`/trainer_state.json, or "" when absent or unreadable.
 std::string checkpoint_run_id(const std::string& ckpt_dir);
+
+/// The step stored in `ckpt_dir`/trainer_state.json, or -1 when absent or unreadable (callers
+/// verify the checkpoint first).
+int64_t checkpoint_step(const std::string& ckpt_dir);
 
 /// The resolved config (YAML text) the run that wrote `ckpt_dir` recorded in its
 /// trainer_state.json "config". Throws qlora::Error naming the file when it cannot be read or has

@@ -172,6 +172,7 @@ std::string honour_quant_request(LlamaModel& model, const QuantOptions& q) {
 Trainer::Trainer(Config cfg, RunOptions run) : cfg_(std::move(cfg)), run_(run) { progress_.tty = ::isatty(2) != 0; }
 
 void Trainer::setup() {
+  setup_start_ = std::chrono::steady_clock::now();
   const TrainingConfig& t = cfg_.training;
   device_ = training_device(run_.dist);  // CPU, or CUDA (cuda:LOCAL_RANK in a launched job)
   torch::manual_seed(t.seed);
@@ -289,7 +290,7 @@ void Trainer::setup() {
     write_run_record(cfg_.output_dir, rr);
   }
   atomic_write_string((fs::path(cfg_.output_dir) / "config.resolved.yaml").string(), to_yaml(cfg_));
-  atomic_write_string((fs::path(cfg_.output_dir) / "metrics.jsonl").string(), step_ == 0 ? std::string() : kept_metrics_);
+  atomic_write_string((fs::path(cfg_.output_dir) / "metrics.jsonl").string(), step_ == 0 ? std::string() : metrics_history_);
   log::info("run: ", run_id_, step_ == 0 ? " (from step 0)" : " (resumed)", " in ", cfg_.output_dir);
   log::info("train: ", total_steps_, " steps of ", t.micro_batch_size, " x ", t.gradient_accumulation_steps,
             " rows, warmup ", warmup_steps_, ", device ", device_.str());
@@ -439,6 +440,26 @@ bool Trainer::outputs_written() const {
 
 void Trainer::train() {
   if (already_complete_) return;
+  setup_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start_).count();
+  try {
+    train_steps();
+  } catch (const Interrupted&) {
+    throw;  // a stop: it waited for its checkpoint's sync itself
+  } catch (...) {
+    // An error after a checkpoint (a full disk, non-finite steps, a lost rank): the last checkpoint
+    // still reaches its off-machine copy before the error ends the process.
+    if (dist_->is_main() && sync_ && !sync_->running().empty()) {
+      log::warn("stopping on an error; the last checkpoint's sync_command still runs");
+      try {
+        wait_for_syncs();
+      } catch (...) {  // the error that stopped the run is the one to report
+      }
+    }
+    throw;
+  }
+}
+
+void Trainer::train_steps() {
   const TrainingConfig& t = cfg_.training;
   const CheckpointConfig& c = cfg_.checkpoint;
   StopSignals signals;
@@ -574,6 +595,10 @@ void Trainer::prune_after_syncs() {
   const auto removed = prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last, run_id_, sync_->running());
   for (const auto& r : removed) log::info("checkpoint ", r, " pruned (keep_last ", cfg_.checkpoint.keep_last,
                                           "; its sync_command has ended)");
+  note_held_back();
+}
+
+void Trainer::note_held_back() {
   prune_held_back_ = static_cast<int64_t>(list_checkpoints(checkpoint_dir()).size()) > cfg_.checkpoint.keep_last;
 }
 
@@ -638,6 +663,7 @@ void Trainer::log_step(const StepLog& s) {
             {"memory", memory_snapshot(device_)}};
   if (!std::isnan(eval_loss)) j["eval_loss"] = eval_loss;
   append_line((fs::path(cfg_.output_dir) / "metrics.jsonl").string(), j.dump());
+  metrics_history_ += j.dump() + "\n";
   const double eta_s = progress_.record(step, seconds, total_steps_);
   if (!std::isnan(eval_loss)) progress_.last_eval = eval_loss;
   auto hms = [](double secs) {
@@ -702,20 +728,26 @@ void Trainer::save_outputs(double seconds) {
             {"skipped_steps", skipped_steps_},
             {"tokens_trained", tokens_trained_},
             {"wall_seconds", seconds},
+            {"setup_seconds", setup_seconds_before_ + setup_seconds_},
             {"tokens_per_s", seconds > 0 ? tokens_trained_ / seconds : 0.0},
             {"final_loss", losses_.empty() ? 0.0 : losses_.back()},
             {"peak_memory", memory_snapshot(device_)},
             {"preemption", preemption_}};
   if (cfg_.cost.gpu_hour_price > 0) {
-    // cost.gpu_hour_price is currency-free: the same unit comes back.
+    // cost.gpu_hour_price is currency-free: the same unit comes back. The billed time: training
+    // (wall_seconds), every invocation's setup (model load, quantization, data) and the step time
+    // that resumes redid; the gaps between invocations (a machine being replaced) are not known.
     // Data parallel: every rank's device is billed for the run's wall time.
-    const double run_cost = cfg_.cost.gpu_hour_price * seconds / 3600.0 * dist_->world_size();
+    const double billed = seconds + setup_seconds_before_ + setup_seconds_ + preemption_["time_lost_s"].get<double>();
+    const double run_cost = cfg_.cost.gpu_hour_price * billed / 3600.0 * dist_->world_size();
     s["cost"] = {{"gpu_hour_price", cfg_.cost.gpu_hour_price},
                  {"devices", dist_->world_size()},
+                 {"billed_seconds", billed},
                  {"run", run_cost},
                  {"per_million_tokens", tokens_trained_ > 0 ? run_cost / tokens_trained_ * 1e6 : 0.0}};
     log::info("cost: ", run_cost, " for this run, ", s["cost"]["per_million_tokens"].get<double>(),
-              " per 1M training tokens (at ", cfg_.cost.gpu_hour_price, " per GPU-hour",
+              " per 1M training tokens (", billed, " s: training, model loading and redone steps, at ",
+              cfg_.cost.gpu_hour_price, " per GPU-hour",
               dist_->active() ? " x " + std::to_string(dist_->world_size()) + " devices" : std::string(), ")");
   }
   atomic_write_string((fs::path(cfg_.output_dir) / "summary.json").string(), s.dump(2) + "\n");
@@ -768,6 +800,8 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds) {
   st.data_sha256 = data_sha_;
   st.world_size = dist_->world_size();
   st.total_steps = total_steps_;
+  st.setup_seconds = setup_seconds_before_ + setup_seconds_;
+  st.metrics_jsonl = metrics_history_;
   const OptimizerTensors ot = capture_adamw_state(*opt_, model_->lora_parameters());
   torch::Tensor rng_cuda;
   if (device_.is_cuda()) rng_cuda = at::globalContext().defaultGenerator(c10::DeviceType::CUDA).get_state();
@@ -781,8 +815,7 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds) {
   }
   const auto removed = prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last, run_id_,
                                          sync_ ? sync_->running() : std::set<std::string>{});
-  if (sync_)
-    prune_held_back_ = static_cast<int64_t>(list_checkpoints(checkpoint_dir()).size()) > cfg_.checkpoint.keep_last;
+  if (sync_) note_held_back();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t bytes = 0;
   for (const auto& e : fs::directory_iterator(path)) bytes += static_cast<int64_t>(fs::file_size(e.path()));
@@ -830,18 +863,6 @@ std::string resolve_resume_path(const std::string& path) {
        "a checkpoints/ directory, or a run's output_dir)");
 }
 
-/// The step recorded in `ckpt`/trainer_state.json (-1 when unreadable; the checkpoint was verified).
-int64_t checkpoint_step(const std::string& ckpt) {
-  const json j = json::parse(read_file((fs::path(ckpt) / "trainer_state.json").string()), nullptr, false);
-  return j.is_object() && j.contains("step") && j["step"].is_number_integer() ? j["step"].get<int64_t>() : -1;
-}
-
-/// True when the last component of `p` is a checkpoint's folder name, `checkpoint-<N>`.
-bool is_checkpoint_name(const fs::path& p) {
-  const std::string n = p.filename().string();
-  return n.size() > 11 && n.rfind("checkpoint-", 0) == 0 && std::all_of(n.begin() + 11, n.end(), ::isdigit);
-}
-
 /// True when `dir` holds a checkpoint's own files (what `resume: PATH` accepts as a checkpoint).
 bool is_checkpoint_dir(const fs::path& dir) {
   return fs::exists(dir / "manifest.json") || fs::exists(dir / "trainer_state.json");
@@ -882,7 +903,7 @@ std::string newest_in_resume_from_dir(const std::string& dir, std::vector<std::s
     fail("checkpoint.resume_from_dir: ", dir, " holds checkpoint files at another level (", it->path().string(),
          ") but no checkpoint where resume looks (", dir, "/checkpoint-<N>/manifest.json, ", dir,
          "/manifest.json or ", dir, "/checkpoints/checkpoint-<N>); not starting a new run: set checkpoint.resume_from_dir=",
-         is_checkpoint_name(holder) ? holder.parent_path().string() : holder.string(), " (or move the files)");
+         checkpoint_name_step(holder.string()) >= 0 ? holder.parent_path().string() : holder.string(), " (or move the files)");
   }
   return "";
 }
@@ -1089,30 +1110,38 @@ void Trainer::resume_from(const std::string& ckpt) {
   nonfinite_in_a_row_ = lc.state.nonfinite_in_a_row;
   tokens_trained_ = lc.state.tokens_trained;
   train_seconds_before_ = lc.state.train_seconds;
-  // metrics.jsonl: keep the lines up to the checkpoint (written in setup()); steps past it were
-  // lost and are redone. A checkpoint from another output_dir (or one moved aside) brings none.
-  const fs::path mp = fs::path(cfg_.output_dir) / "metrics.jsonl";
+  // metrics.jsonl (rewritten in setup()): the lines of steps 1..step_, from output_dir's own file
+  // (whose lines past the checkpoint were lost work and are redone) and, for the steps it lacks (a
+  // new machine resuming a synced copy, a checkpoint from another output_dir, a run moved aside),
+  // from the copy inside the checkpoint.
   double lost = 0;
-  std::set<int64_t> steps_kept;
-  if (aside_.empty() && fs::exists(mp)) {
-    std::istringstream in(read_file(mp.string()));
+  std::map<int64_t, std::string> kept;  // step -> line; the first line of a step wins
+  auto take = [&](const std::string& text, bool local) {
+    std::istringstream in(text);
     for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
       const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+      if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
       const int64_t s = j["step"].get<int64_t>();
-      if (s <= step_) {
-        if (!steps_kept.insert(s).second) continue;  // a duplicate line
-        kept_metrics_ += line + "\n";
-        losses_.push_back(j.value("loss", 0.0));
-      } else {
-        lost += j.value("step_seconds", 0.0);
-      }
+      if (s >= 1 && s <= step_) kept.emplace(s, line);
+      else if (local && s > step_ && j.contains("step_seconds") && j["step_seconds"].is_number())
+        lost += j["step_seconds"].get<double>();
     }
+  };
+  const fs::path mp = fs::path(cfg_.output_dir) / "metrics.jsonl";
+  if (aside_.empty() && fs::exists(mp)) take(read_file(mp.string()), /*local=*/true);
+  const size_t local_lines = kept.size();
+  take(lc.state.metrics_jsonl, /*local=*/false);
+  for (const auto& [s, line] : kept) {
+    metrics_history_ += line + "\n";
+    const json j = json::parse(line);
+    losses_.push_back(j.contains("loss") && j["loss"].is_number() ? j["loss"].get<double>() : 0.0);
   }
-  if (static_cast<int64_t>(steps_kept.size()) < step_)
-    log::warn("resume: metrics.jsonl has lines for ", steps_kept.size(), " of the ", step_,
+  if (kept.size() > local_lines)
+    log::info("resume: metrics of ", kept.size() - local_lines, " steps restored from ", ckpt, "/metrics.jsonl");
+  if (static_cast<int64_t>(kept.size()) < step_)
+    log::warn("resume: metrics.jsonl has lines for ", kept.size(), " of the ", step_,
               " steps before the checkpoint; summary.json records the gap (metrics_complete: false)");
+  setup_seconds_before_ = lc.state.setup_seconds;
   preemption_["interruptions"] = lc.state.interruptions + 1;
   preemption_["time_lost_s"] = lc.state.time_lost_s + lost;
   log::info("resume: from ", ckpt, " at step ", step_, " (epoch ", lc.state.sampler.epoch, ", cursor ",

@@ -140,8 +140,11 @@ class Trainer {
   /// Runs to max_steps / num_epochs; writes metrics.jsonl as it goes, then the PEFT adapter,
   /// config.resolved.yaml and summary.json into output_dir. summary.json's wall_seconds and
   /// tokens_per_s cover every invocation of the run (interrupted ones included, from the
-  /// checkpoint's train_seconds). A run resumed at its last step whose summary.json is written
-  /// already does nothing (setup() says so).
+  /// checkpoint's train_seconds); setup_seconds their model loads. A run resumed at its last step
+  /// whose summary.json is written already does nothing (setup() says so). When it throws (any
+  /// error but Interrupted, which waits itself), rank 0 first waits for the running
+  /// checkpoint.sync_command (bounded by checkpoint.sync_timeout_seconds), so the last checkpoint
+  /// still reaches its off-machine copy.
   void train();
 
   const LlamaModel& model() const { return *model_; }
@@ -162,6 +165,8 @@ class Trainer {
   /// Appends the step's line to metrics.jsonl and draws the progress line (or logs it).
   void log_step(const StepLog& s);
   void save_outputs(double seconds);
+  /// train()'s loop: the optimizer steps, checkpoints and the final outputs.
+  void train_steps();
   /// Decides which run this invocation is and which checkpoint (if any) it continues, from
   /// output_dir/run.json, checkpoint.resume and --overwrite-output-dir (docs/checkpoints.md, "Run
   /// safety"). Sets run_id_; returns the checkpoint to resume or "". Throws qlora::Error (nothing
@@ -221,6 +226,8 @@ class Trainer {
   void check_replicas_agree();
   std::unique_ptr<CheckpointSync> sync_;  ///< checkpoint.sync_command's running commands (rank 0)
   bool prune_held_back_ = false;          ///< a prune kept a checkpoint back for its sync
+  /// Sets prune_held_back_ after a prune: more checkpoints remain than checkpoint.keep_last.
+  void note_held_back();
   FaultHooks fault_;  ///< the QLORA_FAULT_* test hooks (trainer/fault.h), read in setup()
   torch::Device device_ = torch::kCPU;
   std::unique_ptr<LlamaModel> model_;
@@ -238,7 +245,12 @@ class Trainer {
   std::string aside_;                            ///< where --overwrite-output-dir moves the old state
   std::unique_ptr<OutputDirLock> lock_;          ///< rank 0's lock on output_dir, held for the whole run
   std::string last_checkpoint_;                  ///< path of the newest checkpoint written
-  std::string kept_metrics_;                     ///< metrics.jsonl lines up to the resumed checkpoint
+  /// metrics.jsonl's lines of steps 1..step_ (rank 0), in order: written into each checkpoint
+  /// (TrainerState::metrics_jsonl), so a resume on a new machine brings the run's history back.
+  std::string metrics_history_;
+  std::chrono::steady_clock::time_point setup_start_;  ///< when setup() began (its duration: setup_seconds_)
+  double setup_seconds_ = 0;         ///< this invocation's setup (model load, quantization, data)
+  double setup_seconds_before_ = 0;  ///< setup of the earlier invocations (from the checkpoint)
   std::unique_ptr<Distributed> dist_;            ///< the process group; identity when world_size is 1
 };
 

@@ -197,7 +197,7 @@ TEST_F(CheckpointRobust, CorruptFileInNewestCheckpointFallsBackToPrevious) {
   const fs::path base = root / "corrupt_base";
   stopped_run(base, 5);  // checkpoint-4 and checkpoint-5
   const std::vector<std::string> files = {"adapter_model.safetensors", "optimizer.safetensors", "trainer_state.json",
-                                          "rng.safetensors", "manifest.json"};
+                                          "rng.safetensors", "metrics.jsonl", "manifest.json"};
   const std::vector<std::string> modes = {"truncate", "delete", "flip"};
   std::cout << "corruption of checkpoint-5 → resume from checkpoint-4\n";
   for (const std::string& file : files) {

@@ -161,7 +161,9 @@ TEST_F(DataParallel, TwoRanksEqualOneRankWithAccumulation) {
   // summary.json: tokens count both ranks; the cost bills both devices for the wall time.
   const json sum = json::parse(qlora::read_file((two / "summary.json").string()));
   EXPECT_EQ(sum["cost"]["devices"], 2);
-  EXPECT_NEAR(sum["cost"]["run"].get<double>(), 3.6 * sum["wall_seconds"].get<double>() / 3600.0 * 2, 1e-12);
+  EXPECT_NEAR(sum["cost"]["run"].get<double>(), 3.6 * sum["cost"]["billed_seconds"].get<double>() / 3600.0 * 2, 1e-12);
+  EXPECT_NEAR(sum["cost"]["billed_seconds"].get<double>(),
+              sum["wall_seconds"].get<double>() + sum["setup_seconds"].get<double>(), 1e-9);  // no resume: no redone steps
   int64_t tokens = 0;
   for (const Step& st : steps(two)) tokens += st.tokens;
   EXPECT_EQ(sum["tokens_trained"].get<int64_t>(), tokens);

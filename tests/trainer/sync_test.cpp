@@ -9,6 +9,7 @@
 // the synced copies) and the resumed run's log.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -183,10 +184,52 @@ TEST_F(Sync, PlaceholdersAreQuotedAndTheCopyResumes) {
   ASSERT_EQ(o.status, 75) << o.out;
   EXPECT_FALSE(has(o.out, "failed")) << o.out;
   ASSERT_EQ(qlora::verify_checkpoint((copies / "checkpoint-3").string()), "") << o.out;
+  const std::string history = qlora::read_file((out / "metrics.jsonl").string());
   fs::remove_all(out);  // the machine is gone
-  o = train(root / "new machine", {"checkpoint.resume_from_dir=" + copies.string(), "training.max_steps=4"});
+  const fs::path fresh = root / "new machine";
+  o = train(fresh, {"checkpoint.resume_from_dir=" + copies.string(), "training.max_steps=4", "cost.gpu_hour_price=3.6"});
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_TRUE(has(o.out, "resume: from " + (copies / "checkpoint-3").string() + " at step 3")) << o.out;
+  // The run's history came with the checkpoint (as HF's log_history in trainer_state.json): the
+  // new machine's metrics.jsonl starts with the lost machine's 3 lines, byte for byte, then step 4.
+  EXPECT_TRUE(has(o.out, "resume: metrics of 3 steps restored from " + (copies / "checkpoint-3").string())) << o.out;
+  const std::string now = qlora::read_file((fresh / "metrics.jsonl").string());
+  ASSERT_EQ(std::count(history.begin(), history.end(), '\n'), 3) << history;
+  EXPECT_EQ(now.substr(0, history.size()), history);
+  EXPECT_EQ(std::count(now.begin(), now.end(), '\n'), 4) << now;
+  EXPECT_EQ(nlohmann::json::parse(now.substr(history.size()))["step"], 4) << now;
+  // summary.json: complete metrics; setup_seconds counts both invocations' model loads (the
+  // checkpoint's record plus this one's); the cost bills training + setup + redone steps.
+  const auto sum = nlohmann::json::parse(qlora::read_file((fresh / "summary.json").string()));
+  EXPECT_TRUE(sum["metrics_complete"].get<bool>()) << sum.dump();
+  const auto state = nlohmann::json::parse(qlora::read_file((copies / "checkpoint-3" / "trainer_state.json").string()));
+  const double setup_before = state["setup_seconds"].get<double>();
+  EXPECT_GT(setup_before, 0.0) << state.dump();
+  EXPECT_GT(sum["setup_seconds"].get<double>(), setup_before) << sum.dump();
+  const double billed = sum["wall_seconds"].get<double>() + sum["setup_seconds"].get<double>() +
+                        sum["preemption"]["time_lost_s"].get<double>();
+  EXPECT_NEAR(sum["cost"]["billed_seconds"].get<double>(), billed, 1e-9) << sum.dump();
+  EXPECT_NEAR(sum["cost"]["run"].get<double>(), billed * 3.6 / 3600, 1e-12) << sum.dump();
+}
+
+// An error that ends the run after a checkpoint (here: metrics.jsonl became a directory, so the
+// next step's line cannot be written) still lets that checkpoint's sync finish before qlora exits
+// with the error: the off-machine copy is complete the moment the process is gone.
+TEST_F(Sync, AnErrorAfterACheckpointStillWaitsForItsSync) {
+  const fs::path out = root / "error_exit", copies = root / "error_copies";
+  fs::create_directories(copies);
+  const std::string m = q((out / "metrics.jsonl").string());
+  const Out o = train(out, {"checkpoint.save_steps=1", "training.max_steps=6",
+                            "checkpoint.sync_command=rm -f " + m + " && mkdir " + m + "; sleep 1.5; cp -r {dir} " +
+                                q(copies.string()) + "/"},
+                      "QLORA_FAULT_STEP_DELAY_MS=300");
+  EXPECT_NE(o.status, 0) << o.out;
+  EXPECT_NE(o.status, 75) << o.out;
+  EXPECT_TRUE(has(o.out, "cannot write " + (out / "metrics.jsonl").string() + ": Is a directory")) << o.out;
+  EXPECT_TRUE(has(o.out, "stopping on an error; the last checkpoint's sync_command still runs")) << o.out;
+  EXPECT_EQ(qlora::verify_checkpoint((copies / "checkpoint-1").string()), "") << o.out;
+  EXPECT_TRUE(has(o.out, "checkpoint.sync_command for " + (out / "checkpoints" / "checkpoint-1").string() + ": ok ("))
+      << o.out;
 }
 
 // A SIGTERM while a checkpoint is being written (test hook: the write sleeps 1.5 s before its
