@@ -129,8 +129,9 @@ void restore_adamw_state(torch::optim::AdamW& opt, const std::vector<torch::Tens
 }
 
 std::string write_checkpoint(const std::string& dir, const TrainerState& state, const PeftConfig& peft,
-                             const LoraWeights& adapter, const OptimizerTensors& opt, const torch::Tensor& rng_cpu,
-                             const torch::Tensor& rng_cuda, const FaultHooks& faults) {
+                             const LoraWeights& adapter, const OptimizerTensors& opt, const std::vector<RngState>& rng,
+                             const FaultHooks& faults) {
+  QLORA_CHECK(!rng.empty() && rng[0].cpu.defined(), "write_checkpoint: no random-number state of rank 0");
   fs::create_directories(dir);
   // Leftovers of a process killed mid-write (never loaded: no manifest, or not renamed) go first;
   // one trainer owns a checkpoint directory at a time.
@@ -151,9 +152,13 @@ std::string write_checkpoint(const std::string& dir, const TrainerState& state, 
       ot.emplace_back("exp_avg_sq." + std::to_string(i), opt.exp_avg_sq[i]);
     }
     if (!ot.empty()) save_tensors((tmp / "optimizer.safetensors").string(), ot);
-    std::vector<std::pair<std::string, torch::Tensor>> rng = {{"cpu", rng_cpu}};
-    if (rng_cuda.defined()) rng.emplace_back("cuda", rng_cuda);
-    save_tensors((tmp / "rng.safetensors").string(), rng);
+    std::vector<std::pair<std::string, torch::Tensor>> rt;
+    for (size_t r = 0; r < rng.size(); ++r) {
+      const std::string suffix = r == 0 ? "" : ".rank" + std::to_string(r);
+      if (rng[r].cpu.defined()) rt.emplace_back("cpu" + suffix, rng[r].cpu);
+      if (rng[r].cuda.defined()) rt.emplace_back("cuda" + suffix, rng[r].cuda);
+    }
+    save_tensors((tmp / "rng.safetensors").string(), rt);
     atomic_write_string((tmp / "trainer_state.json").string(), state_to_json(state, opt).dump(2) + "\n");
     if (!state.metrics_jsonl.empty()) atomic_write_string((tmp / "metrics.jsonl").string(), state.metrics_jsonl);
     json manifest = json::object();
@@ -299,8 +304,13 @@ LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
   const fs::path mp = fs::path(ckpt_dir) / "metrics.jsonl";  // verified above when the manifest lists it
   if (fs::exists(mp)) c.state.metrics_jsonl = read_file(mp.string());
   st::SafetensorsFile r((fs::path(ckpt_dir) / "rng.safetensors").string());
-  c.rng_cpu = load_tensor(r, r.info("cpu")).clone();
-  if (r.contains("cuda")) c.rng_cuda = load_tensor(r, r.info("cuda")).clone();
+  for (int64_t rank = 0; rank == 0 || r.contains("cpu.rank" + std::to_string(rank)); ++rank) {
+    const std::string suffix = rank == 0 ? "" : ".rank" + std::to_string(rank);
+    RngState st;
+    st.cpu = load_tensor(r, r.info("cpu" + suffix)).clone();
+    if (r.contains("cuda" + suffix)) st.cuda = load_tensor(r, r.info("cuda" + suffix)).clone();
+    c.rng.push_back(std::move(st));
+  }
   return c;
 }
 

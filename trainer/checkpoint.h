@@ -1,7 +1,7 @@
 // qlora-cpp: spot-safe checkpoints. A checkpoint directory `checkpoint-<step>` holds
 //   adapter_model.safetensors + adapter_config.json   the LoRA weights (PEFT layout: usable as an adapter)
 //   optimizer.safetensors                            AdamW exp_avg / exp_avg_sq per LoRA tensor
-//   rng.safetensors                                  CPU (and CUDA) generator states, uint8
+//   rng.safetensors                                  CPU (and CUDA) generator states of every rank, uint8
 //   trainer_state.json                               step, sampler state, optimizer step counts,
 //                                                    counters, the run's resolved config
 //   metrics.jsonl                                    the run's metrics lines of steps 1..step (as
@@ -52,6 +52,13 @@ struct TrainerState {
   std::string metrics_jsonl;
 };
 
+/// One process's random-number generator states (torch's default generators' get_state(), uint8
+/// on the CPU): the CPU one always, the CUDA one (of the current device) on a GPU run, else
+/// undefined. LoRA dropout draws its masks from them.
+struct RngState {
+  torch::Tensor cpu, cuda;
+};
+
 /// The tensors of a checkpoint besides the adapter.
 struct OptimizerTensors {
   /// Per LoRA tensor in lora_parameters() order: exp_avg, exp_avg_sq (fp32), and the step count.
@@ -70,12 +77,14 @@ void restore_adamw_state(torch::optim::AdamW& opt, const std::vector<torch::Tens
                          const OptimizerTensors& ot, const torch::Device& device, const std::string& ckpt);
 
 /// Writes `<dir>/checkpoint-<state.step>` atomically (see the file comment) and returns its path.
+/// `rng`: every rank's generator states, indexed by rank (at least rank 0's); rng.safetensors
+/// holds rank 0's as "cpu" / "cuda" and rank r's as "cpu.rank<r>" / "cuda.rank<r>".
 /// An existing checkpoint of the same step is replaced only after the new one is complete.
 /// `faults.slow_checkpoint_ms` (test hook, trainer/fault.h) sleeps before that final rename.
 /// Throws qlora::Error on an I/O error; a half-written temporary directory is removed.
 std::string write_checkpoint(const std::string& dir, const TrainerState& state, const PeftConfig& peft,
-                             const LoraWeights& adapter, const OptimizerTensors& opt, const torch::Tensor& rng_cpu,
-                             const torch::Tensor& rng_cuda, const FaultHooks& faults = {});
+                             const LoraWeights& adapter, const OptimizerTensors& opt, const std::vector<RngState>& rng,
+                             const FaultHooks& faults = {});
 
 /// Why a checkpoint directory does not verify, or "" when every file in its manifest exists with
 /// the recorded size and SHA-256.
@@ -165,7 +174,9 @@ struct LoadedCheckpoint {
   PeftConfig peft;
   LoraWeights adapter;
   OptimizerTensors opt;
-  torch::Tensor rng_cpu, rng_cuda;
+  /// Generator states by rank: rng[0] always; ranks 1.. when the writing job was data parallel
+  /// (checkpoints of older versions hold rank 0's alone).
+  std::vector<RngState> rng;
 };
 
 /// Reads a checkpoint (verifying its manifest first). `shapes`: LoRA module → {in, out} as in

@@ -271,7 +271,9 @@ std::vector<std::string> Distributed::gather_to_main(const std::string& key, con
   std::vector<std::string> out{value};
   for (int r = 1; r < env_.world_size; ++r) {
     try {
-      out.push_back(impl_->store->get_to_str("qlora/" + key + "/" + std::to_string(r)));
+      const std::string k = "qlora/" + key + "/" + std::to_string(r);
+      out.push_back(impl_->store->get_to_str(k));
+      impl_->store->deleteKey(k);  // the store lives as long as the job: keep it small
     } catch (const std::exception& e) {
       fail("distributed: rank 0 got no '", key, "' from rank ", r, " within ", env_.timeout.count() / 1000,
            " s (it exited or was killed?): ", first_line(e.what()));

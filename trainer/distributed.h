@@ -95,7 +95,8 @@ class Distributed {
   /// rank filling its own two with the 32-bit halves, so the sum is exact). Inactive: {value}.
   std::vector<uint64_t> all_gather(uint64_t value);
   /// Every rank's `value` on rank 0, indexed by rank (through the store, keys "qlora/<key>/<rank>",
-  /// `key` unique per call); the other ranks get {} back. Inactive: {value}. Throws
+  /// `key` unique per call; rank 0 deletes each key once read); the other ranks get {} back.
+  /// Inactive: {value}. Throws
   /// qlora::Error on rank 0 when a rank's value does not arrive within the timeout.
   std::vector<std::string> gather_to_main(const std::string& key, const std::string& value);
   /// Blocks until every rank has called it.

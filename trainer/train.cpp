@@ -528,9 +528,13 @@ void Trainer::train_steps() {
     }
 
     // Checkpoint triggers: signal, time budget, steps, minutes, end of epoch, end of run. A signal
-    // or the time budget on any rank stops all of them at this step (one small allreduce).
+    // or the time budget on any rank stops all of them at this step, and rank 0's clock decides
+    // save_minutes for all (one small allreduce): every rank knows when a checkpoint is written.
     std::vector<double> stop{static_cast<double>(g_stop_signal.load()),
-                             run_.max_time_s > 0 && elapsed() + 2 * slowest_step > run_.max_time_s ? 1.0 : 0.0};
+                             run_.max_time_s > 0 && elapsed() + 2 * slowest_step > run_.max_time_s ? 1.0 : 0.0,
+                             dist_->is_main() && c.save_minutes > 0 && elapsed() - last_save >= 60 * c.save_minutes
+                                 ? 1.0
+                                 : 0.0};
     dist_->max(stop);
     int sig = static_cast<int>(stop[0]);
     const bool out_of_time = stop[1] > 0;
@@ -539,23 +543,18 @@ void Trainer::train_steps() {
     else if (out_of_time) why = "--max-time budget";
     else if (last) why = "end of run";
     else if (c.save_steps > 0 && step_ % c.save_steps == 0) why = "save_steps";
-    else if (c.save_minutes > 0 && elapsed() - last_save >= 60 * c.save_minutes) why = "save_minutes";
+    else if (stop[2] > 0) why = "save_minutes";
     else if (loader_->state().epoch != epoch_before) why = "end of epoch";
-    // The replicas must still be equal before a checkpoint is written from rank 0's copy; only
-    // triggers every rank shares (save_minutes is each rank's own clock).
-    if (dist_->active() && (step_ % kParamChecksumEverySteps == 0 || last || sig || out_of_time ||
-                            (c.save_steps > 0 && step_ % c.save_steps == 0) || loader_->state().epoch != epoch_before))
-      check_replicas_agree();
-    if (!why.empty() && dist_->is_main()) {
-      save_checkpoint(why, train_seconds_before_ + elapsed());
+    // The replicas must still be equal before a checkpoint is written from rank 0's copy.
+    if (dist_->active() && (step_ % kParamChecksumEverySteps == 0 || !why.empty())) check_replicas_agree();
+    if (!why.empty()) {
+      const std::vector<RngState> rng = gather_rng_states();  // every rank's dropout generators
+      if (dist_->is_main()) save_checkpoint(why, train_seconds_before_ + elapsed(), rng);
       last_save = elapsed();
     }
     // A signal that came while the checkpoint was written stops right after it (not one step and
-    // one checkpoint later). Only where every rank knows a checkpoint was written (save_minutes is
-    // rank 0's own clock): the check is a collective.
-    const bool shared_save = last || (c.save_steps > 0 && step_ % c.save_steps == 0) ||
-                             loader_->state().epoch != epoch_before;
-    if (!sig && !out_of_time && !last && (dist_->active() ? shared_save : !why.empty())) {
+    // one checkpoint later); every rank knows a checkpoint was written, so the check is collective.
+    if (!sig && !out_of_time && !last && !why.empty()) {
       std::vector<double> again{static_cast<double>(g_stop_signal.load())};
       dist_->max(again);
       if (again[0] > 0) {
@@ -783,7 +782,37 @@ std::string Trainer::checkpoint_dir() const {
   return (fs::path(cfg_.output_dir) / "checkpoints").string();
 }
 
-void Trainer::save_checkpoint(const std::string& why, double train_seconds) {
+std::vector<RngState> Trainer::gather_rng_states() {
+  RngState mine;
+  mine.cpu = at::detail::getDefaultCPUGenerator().get_state();
+  if (device_.is_cuda()) mine.cuda = at::globalContext().defaultGenerator(c10::DeviceType::CUDA).get_state();
+  if (!dist_->active()) return {mine};
+  // Through the store as bytes: the CPU state's length (decimal, then ':'), the CPU state, then
+  // on CUDA the CUDA state.
+  auto bytes = [](const torch::Tensor& t) {
+    const torch::Tensor c = t.contiguous();
+    return std::string(reinterpret_cast<const char*>(c.data_ptr<uint8_t>()), static_cast<size_t>(c.numel()));
+  };
+  const std::string cpu = bytes(mine.cpu);
+  const std::string packed = std::to_string(cpu.size()) + ":" + cpu + (mine.cuda.defined() ? bytes(mine.cuda) : "");
+  std::vector<RngState> out;
+  for (const std::string& p : dist_->gather_to_main("rng/" + std::to_string(step_), packed)) {
+    const size_t colon = p.find(':');
+    const size_t n = std::stoull(p.substr(0, colon));
+    auto tensor = [](const std::string& b) {
+      torch::Tensor t = torch::empty({static_cast<int64_t>(b.size())}, torch::kUInt8);
+      std::memcpy(t.data_ptr<uint8_t>(), b.data(), b.size());
+      return t;
+    };
+    RngState st;
+    st.cpu = tensor(p.substr(colon + 1, n));
+    if (p.size() > colon + 1 + n) st.cuda = tensor(p.substr(colon + 1 + n));
+    out.push_back(std::move(st));
+  }
+  return out;  // {} on the other ranks
+}
+
+void Trainer::save_checkpoint(const std::string& why, double train_seconds, const std::vector<RngState>& rng) {
   const auto t0 = std::chrono::steady_clock::now();
   TrainerState st;
   st.step = step_;
@@ -803,10 +832,7 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds) {
   st.setup_seconds = setup_seconds_before_ + setup_seconds_;
   st.metrics_jsonl = metrics_history_;
   const OptimizerTensors ot = capture_adamw_state(*opt_, model_->lora_parameters());
-  torch::Tensor rng_cuda;
-  if (device_.is_cuda()) rng_cuda = at::globalContext().defaultGenerator(c10::DeviceType::CUDA).get_state();
-  const std::string path = write_checkpoint(checkpoint_dir(), st, peft_config(), model_->lora_weights(), ot,
-                                            at::detail::getDefaultCPUGenerator().get_state(), rng_cuda, fault_);
+  const std::string path = write_checkpoint(checkpoint_dir(), st, peft_config(), model_->lora_weights(), ot, rng, fault_);
   last_checkpoint_ = path;
   // The sync starts before the pruning, which holds back every checkpoint whose sync still runs.
   if (!cfg_.checkpoint.sync_command.empty()) {
@@ -1098,11 +1124,20 @@ void Trainer::resume_from(const std::string& ckpt) {
   loader_ = std::make_unique<data::DataLoader>(&data_.train, cfg_.training.micro_batch_size, cfg_.data, pad_id_,
                                                lc.state.sampler);
   {
+    // This rank's own generator states; a checkpoint without them (another WORLD_SIZE under
+    // --force, or one of an older version that kept rank 0's alone) gives rank 0's.
+    const int rank = dist_->rank();
+    const bool own = rank < static_cast<int>(lc.rng.size());
+    if (!own && lc.state.world_size == dist_->world_size())
+      log::warn("resume: ", ckpt, " holds no random-number state of rank ", rank,
+                " (written by an older version): this rank continues from rank 0's, so its LoRA dropout masks "
+                "differ from the uninterrupted run's");
+    const RngState& st = lc.rng[own ? rank : 0];
     at::Generator g = at::detail::getDefaultCPUGenerator();
-    g.set_state(lc.rng_cpu);
-    if (lc.rng_cuda.defined() && device_.is_cuda()) {
+    g.set_state(st.cpu);
+    if (st.cuda.defined() && device_.is_cuda()) {
       at::Generator gc = at::globalContext().defaultGenerator(c10::DeviceType::CUDA);
-      gc.set_state(lc.rng_cuda);
+      gc.set_state(st.cuda);
     }
   }
   step_ = lc.state.step;

@@ -180,8 +180,13 @@ class Trainer {
   std::string resume_advice(const std::string& ckpt) const;
   /// Writes checkpoint-<step_> under checkpoint_dir(), starts its checkpoint.sync_command, prunes
   /// (never a checkpoint whose sync still runs).
-  /// `train_seconds`: training wall time of all invocations so far (TrainerState::train_seconds).
-  void save_checkpoint(const std::string& why, double train_seconds);
+  /// `train_seconds`: training wall time of all invocations so far (TrainerState::train_seconds);
+  /// `rng`: every rank's generator states (gather_rng_states). Rank 0 only.
+  void save_checkpoint(const std::string& why, double train_seconds, const std::vector<RngState>& rng);
+  /// Every rank's random-number generator states (CPU, and CUDA on a GPU run), indexed by rank, on
+  /// rank 0 ({} on the others): a collective, called by every rank when a checkpoint is written,
+  /// so a resumed rank continues its own LoRA dropout stream. One process: its own states.
+  std::vector<RngState> gather_rng_states();
   std::string checkpoint_dir() const;
   /// Prunes the checkpoints held back for their sync once one has ended (rank 0; cheap otherwise).
   void prune_after_syncs();

@@ -9,7 +9,7 @@
 // errors naming the variable or key, exit 1, nothing written; QLORA_DIST_FORCE_PG=1 at world size 1
 // (the process group over one rank) equals the plain single process to the byte. The tiny model of
 // tiny_run.h, LoRA dropout off (its masks come from each process's generator: see
-// docs/distributed.md).
+// docs/distributed.md) except in the resume case, which checks each rank resumes its own.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -189,14 +189,23 @@ TEST_F(DataParallel, ShortGroupAtEpochEndLeavesARankIdle) {
 
 // SIGTERM to rank 1 alone (test hook: while step 4 draws global micro-batch 1) stops BOTH ranks
 // after step 4: one checkpoint-4 by rank 0, exit 75 on both; the rerun resumes and ends
-// byte-identical to the uninterrupted 2-rank run.
+// byte-identical to the uninterrupted 2-rank run. With LoRA dropout on: each rank resumes its own
+// generator (rng.safetensors "cpu.rank1"); with rank 0's restored on both, rank 1's masks after
+// the resume differ and so does the adapter. The interrupted run also saves by save_minutes
+// (rank 0's clock, shared with the other rank: every rank takes part in each checkpoint).
 TEST_F(DataParallel, SigtermOnOneRankStopsAllAtTheSameStepAndResumesExactly) {
   const fs::path ref = root / "sig_ref", out = root / "sig";
   const std::string ex = "--set training.micro_batch_size=5 --set training.num_epochs=2 "
-                         "--set training.gradient_accumulation_steps=1";
+                         "--set training.gradient_accumulation_steps=1 --set lora.dropout=0.1";
+  const std::string minutes = ex + " --set checkpoint.save_minutes=0.0001";
   auto r = two_ranks(ref, {ex, ex});
   ASSERT_EQ(r[0].status, 0) << r[0].out;
-  r = two_ranks(out, {ex, ex}, {"", "QLORA_FAULT_SIGTERM_AT=4:1"});
+  r = two_ranks(out, {minutes, minutes}, {"", "QLORA_FAULT_SIGTERM_AT=4:1"});
+  EXPECT_NE(r[0].out.find("save_minutes"), std::string::npos) << r[0].out;
+  {
+    qlora::st::SafetensorsFile rng((out / "checkpoints" / "checkpoint-4" / "rng.safetensors").string());
+    EXPECT_TRUE(rng.contains("cpu") && rng.contains("cpu.rank1") && !rng.contains("cpu.rank2"));
+  }
   EXPECT_EQ(r[0].status, 75) << r[0].out;
   EXPECT_EQ(r[1].status, 75) << r[1].out;
   EXPECT_NE(r[0].out.find("stopped at step 4 by signal"), std::string::npos) << r[0].out;
