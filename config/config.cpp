@@ -537,7 +537,10 @@ class Section {
         {"bnb_4bit_quant_type", "quantization.method"},
         {"bnb_4bit_use_double_quant", "quantization.double_quant"},
         {"adapter", " is \"quantization.method\" here (adapter: qlora is method: nf4, adapter: lora is method: none)"},
-        {"datasets", "data.train"},
+        {"datasets", " is \"data.train\" here: one file per run (several files: concatenate them into one JSONL "
+                     "of one format first, docs/data.md)"},
+        {"lora_model_dir", " has no key here: a run starts from a new adapter (an interrupted run of ours "
+                           "continues with \"checkpoint.resume\")"},
         {"chat_template", " is \"data.template\" here (its tokenizer_default is template: auto)"},
         {"default_system_message", "data.default_system_message"},
         {"per_device_train_batch_size", "training.micro_batch_size"},

@@ -200,6 +200,12 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
   EXPECT_EQ(top("save_strategy: steps"),
             p + "save_strategy: unknown key; Axolotl / Hugging Face's \"save_strategy\" is \"checkpoint.save_steps\" here "
                 "(we count optimizer steps; checkpoint.save_minutes saves by wall time) (docs/config.md)");
+  EXPECT_EQ(top("datasets: [a.jsonl]"),
+            p + "datasets: unknown key; Axolotl / Hugging Face's \"datasets\" is \"data.train\" here: one file per run "
+                "(several files: concatenate them into one JSONL of one format first, docs/data.md) (docs/config.md)");
+  EXPECT_EQ(top("lora_model_dir: ./old"),
+            p + "lora_model_dir: unknown key; Axolotl / Hugging Face's \"lora_model_dir\" has no key here: a run starts "
+                "from a new adapter (an interrupted run of ours continues with \"checkpoint.resume\") (docs/config.md)");
   EXPECT_EQ(top("chat_template: tokenizer_default"),
             p + "chat_template: unknown key; Axolotl / Hugging Face's \"chat_template\" is \"data.template\" here (its "
                 "tokenizer_default is template: auto) (docs/config.md)");
