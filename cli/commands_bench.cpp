@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <random>
 #include <sstream>
@@ -78,8 +79,11 @@ void drop_lora(LlamaModel& m) {
   for (FrozenLinear* f : m.linears()) f->lora = nullptr;
 }
 
+/// One grid point: o.steps optimizer steps (the first untimed unless it is the only one). Stops
+/// after a step when `out_of_time()` says the --max-time-s budget is spent; `stopped` then says so,
+/// and a point stopped before any timed step has step_s 0 (not measured).
 BenchPoint run_point(LlamaModel& model, const BenchOptions& o, int64_t seq, int64_t mb, int64_t rss_base,
-                     double peak_flops) {
+                     double peak_flops, const std::function<bool()>& out_of_time, bool* stopped) {
   const torch::Device dev = model.device();
   BenchPoint p;
   p.seq_len = seq;
@@ -117,6 +121,10 @@ BenchPoint run_point(LlamaModel& model, const BenchOptions& o, int64_t seq, int6
         timed += dt;
         ++timed_steps;
       }
+      if (s + 1 < o.steps && out_of_time()) {
+        *stopped = true;
+        break;
+      }
     }
   } catch (const c10::OutOfMemoryError& e) {
     p.fits = false;
@@ -140,6 +148,14 @@ BenchPoint run_point(LlamaModel& model, const BenchOptions& o, int64_t seq, int6
   }
   reset_peak_memory(dev);
   return p;
+}
+
+/// `x` with `digits` decimals ("107.6"), or as the stream prints it by default when digits < 0 ("30").
+std::string format_number(double x, int digits = -1) {
+  std::ostringstream os;
+  if (digits >= 0) os << std::fixed << std::setprecision(digits);
+  os << x;
+  return os.str();
 }
 
 std::string pct(double x) {
@@ -175,6 +191,8 @@ std::string svg_chart(const std::vector<BenchPoint>& pts, const std::string& tit
 }  // namespace
 
 std::string cmd_bench(const BenchOptions& o) {
+  const auto start = std::chrono::steady_clock::now();  // --max-time-s counts from here
+  auto since_start = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   QLORA_CHECK(o.preset.empty() != o.model_dir.empty(), "bench: give exactly one of --preset NAME, --model DIR");
   QLORA_CHECK(o.steps > 0, "bench: --steps must be > 0, got ", o.steps);
   QLORA_CHECK(o.lora_r > 0, "bench: --lora-r must be > 0, got ", o.lora_r);
@@ -215,8 +233,29 @@ std::string cmd_bench(const BenchOptions& o) {
   const int64_t rss_base = memory_snapshot(dev).value("rss_bytes", int64_t{0});
   torch::manual_seed(o.seed);
   const auto t0 = std::chrono::steady_clock::now();
-  // On CUDA the random weights are drawn on the device (one CPU thread needs ~70 s for 7B).
-  LlamaModel model = LlamaModel::random_init(cfg, o.seed, dtype, dev, q, 0.02, /*draw_on_device=*/cuda);
+  // On CUDA the random weights are drawn on the device (one CPU thread needs ~70-110 s for 7B).
+  log::info("bench: making random NF4 weights for ", what, " (", cfg.num_parameters(), " parameters) on ", dev.str(),
+            o.max_time_s > 0 ? ", within --max-time-s " + format_number(o.max_time_s) + " s" : std::string(),
+            "; the time it needs is said after the first layer's worth");
+  bool told = false;
+  auto progress = [&](int64_t done, int64_t total) {
+    const double made_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const bool known = done * cfg.num_hidden_layers >= total || done == total;  // about one layer made
+    const double expect = made_s * static_cast<double>(total) / static_cast<double>(done);
+    const double pct_done = 100.0 * static_cast<double>(done) / static_cast<double>(total);
+    if (known && !told && expect > 5 && done < total) {
+      told = true;
+      log::info("bench: weights ", format_number(pct_done, 0), "% made in ", format_number(made_s, 1),
+                " s; expect about ", format_number(expect, 0), " s for all of them");
+    }
+    const double before = since_start() - made_s;  // CUDA init etc. before the weights
+    if (o.max_time_s > 0 && (since_start() > o.max_time_s || (known && before + expect > o.max_time_s)))
+      fail("bench: nothing measured: the --max-time-s budget of ", format_number(o.max_time_s), " s ",
+           since_start() > o.max_time_s ? "ended" : "would end", " while making the random weights of ", what, " (",
+           format_number(pct_done, 0), "% made in ", format_number(made_s, 1), " s on ", dev.str(), ", about ",
+           format_number(expect, 0), " s for all); raise --max-time-s, use a smaller --preset, or a GPU");
+  };
+  LlamaModel model = LlamaModel::random_init(cfg, o.seed, dtype, dev, q, 0.02, /*draw_on_device=*/cuda, progress);
   if (cuda) torch::cuda::synchronize();
   const double init_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   model.gradient_checkpointing = !o.no_gradient_checkpointing;
@@ -243,8 +282,9 @@ std::string cmd_bench(const BenchOptions& o) {
   std::vector<std::string> rows, not_started;
   double last_wall = 0;
   int64_t last_tokens = 0;
+  auto out_of_time = [&] { return o.max_time_s > 0 && since_start() > o.max_time_s; };
   for (const auto& [t, mb] : grid) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double elapsed = since_start();
     const double predicted = last_tokens > 0 ? last_wall * static_cast<double>(t * mb) / static_cast<double>(last_tokens) : 0;
     if (o.max_time_s > 0 && elapsed + predicted > o.max_time_s) {
       not_started.push_back(std::to_string(t) + "x" + std::to_string(mb));
@@ -255,9 +295,15 @@ std::string cmd_bench(const BenchOptions& o) {
       return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     };
     const double start_unix = unix_now();
-    const BenchPoint p = run_point(model, o, t, mb, rss_base, peak_flops);
+    bool stopped = false;
+    const BenchPoint p = run_point(model, o, t, mb, rss_base, peak_flops, out_of_time, &stopped);
     last_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
     last_tokens = t * mb;
+    if (stopped && p.fits && p.step_s <= 0) {  // stopped before a timed step: no measurement
+      not_started.push_back(std::to_string(t) + "x" + std::to_string(mb) + " (stopped after its untimed first step)");
+      continue;
+    }
+    if (stopped) log::info("bench: seq_len ", t, " × micro-batch ", mb, ": --max-time-s reached, timed fewer steps");
     pts.push_back(p);
     // error of the allocated estimate against peak allocated (CUDA) or peak RSS growth (CPU)
     const double err = p.measured_peak > 0 ? (static_cast<double>(p.estimated_allocated) - p.measured_peak) / p.measured_peak : 0;
@@ -287,8 +333,12 @@ std::string cmd_bench(const BenchOptions& o) {
   os << "\n";
   for (const std::string& r : rows) os << r << "\n";
   if (pts.empty()) {
-    // An honest line: nothing was measured, which is no verdict on memory.
-    os << "no point was run: the --max-time-s budget of " << o.max_time_s << " s ended before the first point\n";
+    // Nothing was measured, which is no verdict on memory or speed: an error, not a result.
+    if (o.sweep)
+      atomic_write_string(o.out_prefix + ".svg", svg_chart(pts, "qlora bench " + what + ": no point run", cuda));
+    fail("bench: nothing measured: the --max-time-s budget of ", format_number(o.max_time_s), " s ended before the "
+         "first point finished a timed step (the random weights took ", format_number(init_s, 1), " s on ", dev.str(),
+         "); raise --max-time-s, or use a smaller --preset or --seq-len");
   } else if (std::none_of(pts.begin(), pts.end(), [](const BenchPoint& p) { return p.fits; })) {
     os << "every point that ran was out of memory on " << device_name(dev) << "\n";
   }
@@ -302,8 +352,6 @@ std::string cmd_bench(const BenchOptions& o) {
         "HFU adds the checkpoint recompute (docs/memory.md)\n";
   if (!cuda) os << "CPU: measured = peak RSS − RSS before the model (includes allocator caching; docs/memory.md)\n";
   if (o.sweep) {
-    if (pts.empty())
-      atomic_write_string(o.out_prefix + ".svg", svg_chart(pts, "qlora bench " + what + ": no point run", cuda));
     os << "wrote " << o.out_prefix << ".csv (" << pts.size() << " rows) and " << o.out_prefix << ".svg\n";
   }
   return os.str();

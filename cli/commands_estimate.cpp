@@ -30,6 +30,21 @@ std::string preset_list() {
   return s;
 }
 
+/// --lora-targets read as the training config reads lora.target_modules (parse_target_modules):
+/// "all-linear" alone, or the arguments as the items of one YAML flow list, so `q_proj v_proj`,
+/// "q_proj, v_proj" and "[q_proj, v_proj]" are the same two modules. Throws qlora::Error naming
+/// the value and an unknown module, as the config does.
+std::vector<std::string> lora_targets_arg(const std::vector<std::string>& args) {
+  std::string value;
+  if (args.size() == 1 && (args[0] == kAllLinear || args[0].rfind('[', 0) == 0)) {
+    value = args[0];
+  } else {
+    for (const std::string& a : args) value += (value.empty() ? "" : ", ") + a;
+    value = "[" + value + "]";
+  }
+  return parse_target_modules(value, "estimate: --lora-targets " + value);
+}
+
 }  // namespace
 
 std::string cmd_estimate(const EstimateCliOptions& o) {
@@ -79,7 +94,7 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
       note("--lora-r", std::to_string(o.lora_r));
     }
     if (given("--lora-targets")) {
-      e.lora_targets = o.lora_targets;
+      e.lora_targets = lora_targets_arg(o.lora_targets);
       std::string t;
       for (const std::string& s : o.lora_targets) t += (t.empty() ? "" : ",") + s;
       note("--lora-targets", t);
@@ -109,7 +124,7 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
     e.blocksize = o.blocksize;
     e.double_quant = o.double_quant;
     e.lora_r = o.lora_r;
-    e.lora_targets = o.lora_targets;
+    if (given("--lora-targets")) e.lora_targets = lora_targets_arg(o.lora_targets);
     e.micro_batch_size = o.micro_batch_size;
     e.seq_len = o.seq_len;
     e.gradient_checkpointing = !o.no_gradient_checkpointing;

@@ -2,12 +2,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -142,16 +144,43 @@ std::string cmd_inspect(const InspectOptions& o) {
   };
   std::map<std::string, Comp> comps;
   Comp total;
+  // A bitsandbytes 4-bit linear is stored as packed bytes plus absmax / quant_map / [nested_*] /
+  // quant_state entries: it counts as one tensor of its quant_state's shape, with all its entries'
+  // bytes as stored.
+  std::map<std::string, Bnb4StoredWeight> bnb;
+  std::set<std::string> bnb_parts, bnb_kinds;
+  int64_t bnb_params = 0, bnb_bytes = 0;
+  for (const std::string& name : ckpt.names())
+    if (std::optional<Bnb4StoredWeight> w = bnb4_stored_weight(ckpt, name)) {
+      bnb_parts.insert(w->tensors.begin() + 1, w->tensors.end());
+      const QuantizedWeight& h = w->header;
+      bnb_kinds.insert(std::string(kernels::quant_type_name(h.type)) + " blocksize " + std::to_string(h.blocksize) +
+                       (h.double_quant ? ", double quant" : ""));
+      bnb_params += h.numel();
+      bnb_bytes += w->stored_bytes;
+      bnb.emplace(name, std::move(*w));
+    }
   for (const std::string& name : ckpt.names()) {
+    if (bnb_parts.count(name)) continue;  // counted with its weight
     const st::TensorInfo& t = ckpt.info(name);
+    const auto q = bnb.find(name);
+    const int64_t params = q != bnb.end() ? q->second.header.numel() : t.numel();
+    const int64_t bytes = q != bnb.end() ? q->second.stored_bytes : static_cast<int64_t>(t.nbytes());
+    std::string dtype = st::dtype_name(t.dtype);
+    if (q != bnb.end()) {
+      dtype = kernels::quant_type_name(q->second.header.type);
+      std::transform(dtype.begin(), dtype.end(), dtype.begin(), [](unsigned char ch) { return std::toupper(ch); });
+    }
     Comp& c = comps[component_of(name)];
     for (Comp* x : {&c, &total}) {
-      x->params += t.numel();
-      x->bytes += static_cast<int64_t>(t.nbytes());
+      x->params += params;
+      x->bytes += bytes;
       x->tensors += 1;
-      x->dtypes.insert(st::dtype_name(t.dtype));
+      x->dtypes.insert(dtype);
     }
   }
+  std::string bnb_kind;
+  for (const std::string& k : bnb_kinds) bnb_kind += (bnb_kind.empty() ? "" : "; ") + k;
   json j;
   j["model_dir"] = o.model_dir;
   j["architecture"] = cfg.architecture;
@@ -160,6 +189,8 @@ std::string cmd_inspect(const InspectOptions& o) {
   j["parameters"] = total.params;
   j["parameters_expected"] = cfg.num_parameters();
   j["bytes"] = total.bytes;
+  if (!bnb.empty())
+    j["bnb_4bit"] = {{"weights", bnb.size()}, {"format", bnb_kind}, {"parameters", bnb_params}, {"stored_bytes", bnb_bytes}};
   for (const auto& [name, c] : comps)
     j["components"][name] = {{"parameters", c.params}, {"bytes", c.bytes}, {"tensors", c.tensors},
                              {"dtypes", std::vector<std::string>(c.dtypes.begin(), c.dtypes.end())}};
@@ -173,8 +204,12 @@ std::string cmd_inspect(const InspectOptions& o) {
        << "), vocab " << cfg.vocab_size << ", rope " << cfg.rope.type << " theta " << cfg.rope.theta
        << (cfg.tie_word_embeddings ? ", tied embeddings" : "") << ", " << ckpt.num_shards()
        << " shard(s)\n";
+    if (!bnb.empty())
+      os << bnb.size() << " linear weights stored by bitsandbytes in 4 bits (" << bnb_kind << "): "
+         << bnb_params << " parameters (their quant_state shapes), " << human_bytes(static_cast<double>(bnb_bytes))
+         << " stored (packed weights + absmax, quant_map, quant_state)\n";
     os << std::left << std::setw(14) << "component" << std::right << std::setw(16) << "parameters"
-       << std::setw(14) << "bytes" << "  dtypes\n";
+       << std::setw(14) << "stored bytes" << "  dtypes\n";
     auto row = [&](const std::string& name, const Comp& c) {
       std::string d;
       for (const auto& x : c.dtypes) d += (d.empty() ? "" : ",") + x;

@@ -1248,6 +1248,28 @@ Config config_with_overrides(const Config& base, const std::vector<std::string>&
   return read_config(root, ctx, base, /*sections_optional=*/true);
 }
 
+std::vector<std::string> parse_target_modules(const std::string& value, const std::string& source_name) {
+  Context ctx{source_name, {{"lora", source_name}, {"lora.target_modules", source_name}}, {}};
+  yaml::Node node;
+  try {
+    const auto docs = yaml::parse_all(value, source_name);
+    if (docs.size() > 1) fail(source_name, ": value is more than one YAML document");
+    if (!docs.empty()) node = docs[0];
+  } catch (const Error& e) {
+    fail(source_name, ": value is not valid YAML (", one_line(e.what(), 160), ")");
+  }
+  if (!node.is_defined()) node.kind = yaml::Node::Kind::kScalar, node.plain = true;
+  yaml::Node key;
+  key.kind = yaml::Node::Kind::kScalar;
+  key.value = "target_modules";
+  yaml::Node section = yaml::Node::map();
+  section.entries.emplace_back(std::move(key), std::move(node));
+  const Section lora(ctx, "lora", section, yaml::Mark{}, section_keys("lora"));
+  LoraConfig l;
+  read_target_modules(lora, "target_modules", l);  // the config's own reader and checks
+  return l.target_modules;
+}
+
 std::vector<ConfigKey> config_keys() {
   std::vector<ConfigKey> keys;
   KeyLister lister{&keys, ""};

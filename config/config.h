@@ -128,6 +128,13 @@ Config parse_config_string(const std::string& yaml_text, const std::string& sour
 Config config_with_overrides(const Config& base, const std::vector<std::string>& overrides,
                              const std::string& source_name);
 
+/// LoRA target modules given outside a config file (`qlora estimate --lora-targets`): `value` is
+/// read as the YAML value of lora.target_modules, as `--set lora.target_modules=VALUE` reads it
+/// ("all-linear", or a flow list "[q_proj, v_proj]"), by the config's own reader, so the same
+/// names are accepted and refused. Returns the names ({"all-linear"} for all-linear). Throws
+/// qlora::Error with one line starting with `source_name`, e.g. "<source_name>:
+/// lora.target_modules[1]: unknown module \"v_prj\"; did you mean \"v_proj\"?".
+std::vector<std::string> parse_target_modules(const std::string& value, const std::string& source_name);
 /// Runs `f()` and returns its result. A qlora::Error thrown by it whose message starts with a
 /// dotted key of `c.key_sources` and ": " (the form data/model errors take: "data.val_set_size: 5000
 /// leaves no training example out of 681") is rethrown with that key's source in front, as config

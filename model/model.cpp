@@ -275,14 +275,10 @@ std::string bnb_state_key(const st::SafetensorsCheckpoint& ck, const std::string
   return found;
 }
 
-/// Reads one bitsandbytes 4-bit weight as stored by Linear4bit._save_to_state_dict
-/// (bnb functional.QuantState.as_dict(packed=True)): "<w>" packed bytes (U8 [ceil(n/2), 1], or any
-/// storage dtype of that many bytes), "<w>.absmax" (F32 [nblocks], or U8 with double quant),
-/// "<w>.quant_map" F32 [16], double quant: "<w>.nested_absmax" F32 [ceil(nblocks/256)],
-/// "<w>.nested_quant_map" F32 [256]; "<state_key>" U8 = UTF-8 JSON {quant_type, blocksize, dtype,
-/// shape[, nested_blocksize, nested_dtype, nested_offset]}.
-QuantizedWeight read_bnb_weight(const st::SafetensorsCheckpoint& ck, const std::string& wname,
-                                const std::string& state_key, const std::vector<int64_t>& shape) {
+/// The header of a bitsandbytes 4-bit weight from its quant_state tensor `state_key` (U8, UTF-8
+/// JSON): type, blocksize, shape, dtype, double_quant and the nested offset; no tensor data.
+/// Throws qlora::Error naming the tensor for a malformed or unsupported quant_state.
+QuantizedWeight read_bnb_state(const st::SafetensorsCheckpoint& ck, const std::string& state_key) {
   const std::string where = ck.file_of(state_key).path() + ": tensor '" + state_key + "'";
   const st::TensorInfo& si = ck.info(state_key);
   QLORA_CHECK(si.dtype == st::DType::U8, where, ": expected U8 (packed JSON), got ", st::dtype_name(si.dtype));
@@ -321,6 +317,19 @@ QuantizedWeight read_bnb_weight(const st::SafetensorsCheckpoint& ck, const std::
   }
   QLORA_CHECK(kernels::quant4_valid_blocksize(q.blocksize), where, ": blocksize ", q.blocksize,
               " is not a power of two in 32..4096");
+  return q;
+}
+
+/// Reads one bitsandbytes 4-bit weight as stored by Linear4bit._save_to_state_dict
+/// (bnb functional.QuantState.as_dict(packed=True)): "<w>" packed bytes (U8 [ceil(n/2), 1], or any
+/// storage dtype of that many bytes), "<w>.absmax" (F32 [nblocks], or U8 with double quant),
+/// "<w>.quant_map" F32 [16], double quant: "<w>.nested_absmax" F32 [ceil(nblocks/256)],
+/// "<w>.nested_quant_map" F32 [256]; "<state_key>" U8 = UTF-8 JSON {quant_type, blocksize, dtype,
+/// shape[, nested_blocksize, nested_dtype, nested_offset]}.
+QuantizedWeight read_bnb_weight(const st::SafetensorsCheckpoint& ck, const std::string& wname,
+                                const std::string& state_key, const std::vector<int64_t>& shape) {
+  const std::string where = ck.file_of(state_key).path() + ": tensor '" + state_key + "'";
+  QuantizedWeight q = read_bnb_state(ck, state_key);
   QLORA_CHECK(q.shape == shape, where, ": quant_state shape ", c10::IntArrayRef(q.shape),
               " differs from the expected ", c10::IntArrayRef(shape));
   const int64_t n = q.numel(), nblocks = kernels::quant4_num_blocks(n, q.blocksize);
@@ -427,6 +436,20 @@ LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::D
   return m;
 }
 
+std::optional<Bnb4StoredWeight> bnb4_stored_weight(const st::SafetensorsCheckpoint& ck, const std::string& wname) {
+  const std::string state_key = bnb_state_key(ck, wname);
+  if (state_key.empty() || !ck.contains(wname)) return std::nullopt;
+  Bnb4StoredWeight w;
+  w.header = read_bnb_state(ck, state_key);
+  for (const std::string& n : {wname, wname + ".absmax", wname + ".quant_map", wname + ".nested_absmax",
+                               wname + ".nested_quant_map", state_key})
+    if (ck.contains(n)) {
+      w.tensors.push_back(n);
+      w.stored_bytes += static_cast<int64_t>(ck.info(n).nbytes());
+    }
+  return w;
+}
+
 LlamaModel LlamaModel::random_init(const ModelConfig& cfg, uint64_t seed, torch::Dtype dtype,
                                    torch::Device device, double std) {
   return random_init(cfg, seed, dtype, device, QuantOptions{}, std);
@@ -434,7 +457,8 @@ LlamaModel LlamaModel::random_init(const ModelConfig& cfg, uint64_t seed, torch:
 
 LlamaModel LlamaModel::random_init(const ModelConfig& cfg, uint64_t seed, torch::Dtype dtype,
                                    torch::Device device, const QuantOptions& q, double std,
-                                   bool draw_on_device) {
+                                   bool draw_on_device,
+                                   const std::function<void(int64_t done, int64_t total)>& progress) {
   check_quant_options(q);
   LlamaModel m(cfg, dtype, device);
   const bool on_device = draw_on_device && !device.is_cpu();
@@ -446,7 +470,10 @@ LlamaModel LlamaModel::random_init(const ModelConfig& cfg, uint64_t seed, torch:
     gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   }
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(on_device ? device : torch::Device(torch::kCPU));
-  for (const Shape& w : expected_weights(m)) {
+  const std::vector<Shape> weights = expected_weights(m);
+  int64_t total = 0, done = 0;
+  for (const Shape& w : weights) total += c10::multiply_integers(w.shape);
+  for (const Shape& w : weights) {
     const bool is_norm = w.name.find("norm") != std::string::npos;
     const bool is_bias = w.name.size() > 5 && w.name.compare(w.name.size() - 5, 5, ".bias") == 0;
     torch::Tensor t;
@@ -458,6 +485,8 @@ LlamaModel LlamaModel::random_init(const ModelConfig& cfg, uint64_t seed, torch:
           quantize(t.to(device, dtype), q.type(), q.blocksize, q.double_quant));
     else
       *w.slot = t.to(device, dtype);
+    done += c10::multiply_integers(w.shape);
+    if (progress) progress(done, total);
   }
   if (cfg.tie_word_embeddings) m.lm_head = m.embed_tokens;
   return m;

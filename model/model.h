@@ -14,14 +14,17 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "adapters/lora.h"
 #include "adapters/peft.h"
+#include "common/safetensors.h"
 #include "kernels/quant_tensor.h"
 #include "model/model_config.h"
 #include "model/options.h"
@@ -84,6 +87,20 @@ torch::Dtype torch_dtype(DType d, const torch::Device& device);
 /// any other.
 DType dtype_of(torch::Dtype d);
 
+/// A linear weight stored by bitsandbytes in 4 bits (Linear4bit's save layout): the logical
+/// weight, not its storage. `tensors` are the checkpoint entries that hold it: "<w>" (packed U8),
+/// "<w>.absmax", "<w>.quant_map", with double quant "<w>.nested_absmax" and
+/// "<w>.nested_quant_map", and the quant_state "<w>.quant_state.bitsandbytes__<type>".
+struct Bnb4StoredWeight {
+  QuantizedWeight header;             ///< type, blocksize, shape, dtype, double_quant (no data)
+  std::vector<std::string> tensors;   ///< the entries present in the checkpoint, "<w>" first
+  int64_t stored_bytes = 0;           ///< Σ their bytes in the files
+};
+/// The bitsandbytes 4-bit weight named `wname` ("model.layers.0.self_attn.q_proj.weight"), or
+/// nullopt when the checkpoint has no quant_state for it. Reads only the quant_state JSON.
+/// Throws qlora::Error naming the tensor for a malformed quant_state, or both an nf4 and an fp4 one.
+std::optional<Bnb4StoredWeight> bnb4_stored_weight(const st::SafetensorsCheckpoint& ck, const std::string& wname);
+
 class LlamaModel {
  public:
   /// Empty (all tensors undefined) model of the given shape; use load() or random_init().
@@ -117,9 +134,12 @@ class LlamaModel {
   /// `seed`) instead of the CPU one; for a CUDA device the values then differ from the CPU draw
   /// (still deterministic per seed and device type) but a 7B model is made in seconds, not the
   /// ~70 s one CPU thread needs (`qlora bench`, issue 15). Ignored for a CPU device.
+  /// `progress` (optional) is called after each tensor with (elements made, elements in all); an
+  /// exception it throws stops the build and propagates (`qlora bench --max-time-s`).
   static LlamaModel random_init(const ModelConfig& cfg, uint64_t seed, torch::Dtype dtype,
                                 torch::Device device, const QuantOptions& q, double std = 0.02,
-                                bool draw_on_device = false);
+                                bool draw_on_device = false,
+                                const std::function<void(int64_t done, int64_t total)>& progress = nullptr);
 
   /// Final hidden states [B, T, hidden] (after the last RMSNorm). With `cache`, appends this
   /// chunk's keys/values and attends to everything cached before it.

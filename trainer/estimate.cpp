@@ -61,6 +61,11 @@ int64_t MemoryEstimate::component(const std::string& name) const {
 
 namespace {
 
+/// Why a CPU estimate judges no GPU card.
+constexpr const char* kCpuFitsNote =
+    "not applicable to --device cpu (no CUDA context, cuBLAS workspaces or allocator rounding); "
+    "--device cuda judges GPU cards";
+
 /// One decoder linear of one layer: {suffix, in, out, has_bias}.
 struct LinearShape {
   std::string name;
@@ -110,8 +115,10 @@ void validate(const ModelConfig& cfg, const EstimateOptions& o) {
       QLORA_CHECK(o.lora_r <= std::min(l.in, l.out), "estimate: --lora-r ", o.lora_r, " is larger than ", l.name,
                   "'s width ", std::min(l.in, l.out));
     }
-    QLORA_CHECK(any, "estimate: the LoRA targets match no linear (q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                     "up_proj, down_proj, all-linear)");
+    std::string given;
+    for (const std::string& t : o.lora_targets) given += (given.empty() ? "" : ", ") + t;
+    QLORA_CHECK(any, "estimate: the LoRA targets [", given, "] match no linear (q_proj, k_proj, v_proj, o_proj, "
+                "gate_proj, up_proj, down_proj, all-linear)");
   }
 }
 
@@ -177,6 +184,11 @@ MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o)
   MemoryEstimate e;
   e.model = cfg;
   e.options = o;
+  if (cfg.max_position_embeddings > 0 && o.seq_len > cfg.max_position_embeddings)
+    e.warnings.push_back("sequence length " + std::to_string(o.seq_len) + " exceeds the model's max_position_embeddings " +
+                         std::to_string(cfg.max_position_embeddings) +
+                         " (config.json): positions past it were never trained (RoPE extrapolation); the memory "
+                         "below is for the length given");
   e.num_parameters = cfg.num_parameters();
   const int64_t L = cfg.num_hidden_layers, H = cfg.hidden_size, V = cfg.vocab_size, b = o.compute_bytes;
   const int64_t B = o.micro_batch_size, T = o.seq_len, N = B * T;
@@ -364,10 +376,26 @@ json rule_of_thumb(const MemoryEstimate& e) {
   r.push_back({{"rule", "weights = params × 0.5 byte (4-bit)"}, {"bytes", static_cast<int64_t>(P / 2)}});
   r.push_back({{"rule", "inference = weights × 1.2 (at --bits)"}, {"bytes", static_cast<int64_t>(P * wb * 1.2)}});
   r.push_back({{"rule", "full fine-tune = params × 16 bytes"}, {"bytes", static_cast<int64_t>(P * 16)}});
-  if (P > 6e9 && P < 8e9)
-    r.push_back({{"rule", "claim: a 7B QLoRA fine-tune fits in 16 GB"}, {"bytes", 16LL * 1000 * 1000 * 1000}});
+  return r;
+}
+
+json claim_checks(const MemoryEstimate& e) {
+  const double P = static_cast<double>(e.num_parameters);
+  json r = json::array();
+  if (P > 6e9 && P < 8e9) {
+    const GpuCard& card = common_gpu_cards().front();  // the 16 GB class: a T4's 15360 MiB
+    r.push_back({{"claim", "a 7B QLoRA fine-tune fits in 16 GB"},
+                 {"compared_with", card.name + ": a T4's nvidia-smi memory.total, 15,360 MiB"},
+                 {"limit_bytes", card.capacity_bytes},
+                 {"total_bytes", e.total_bytes},
+                 {"holds", e.total_bytes <= card.capacity_bytes}});
+  }
   if (P > 12e9 && P < 14e9)
-    r.push_back({{"rule", "claim: a 13B QLoRA fine-tune needs ~28 GB"}, {"bytes", 28LL * 1000 * 1000 * 1000}});
+    r.push_back({{"claim", "a 13B QLoRA fine-tune needs ~28 GB"},
+                 {"compared_with", "28 GB = 28e9 bytes"},
+                 {"limit_bytes", 28LL * 1000 * 1000 * 1000},
+                 {"total_bytes", e.total_bytes},
+                 {"holds", e.total_bytes >= 28LL * 1000 * 1000 * 1000}});
   return r;
 }
 
@@ -380,12 +408,13 @@ json estimate_to_json(const MemoryEstimate& e) {
   for (const MemoryComponent& c : layer_activation_terms(e.model, o))
     per_layer.push_back({{"name", c.name}, {"bytes", c.bytes}, {"formula", c.note}});
   json fits = json::array();
-  for (const GpuCard& g : common_gpu_cards())
+  if (o.cuda)
+    for (const GpuCard& g : common_gpu_cards())
     fits.push_back({{"card", g.name},
                     {"capacity_bytes", g.capacity_bytes},
                     {"headroom_bytes", g.capacity_bytes - e.total_bytes},
                     {"fits", e.total_bytes <= g.capacity_bytes}});
-  return {{"model",
+  json j = {{"model",
            {{"architecture", e.model.architecture}, {"hidden_size", e.model.hidden_size},
             {"intermediate_size", e.model.intermediate_size}, {"num_hidden_layers", e.model.num_hidden_layers},
             {"vocab_size", e.model.vocab_size}, {"num_parameters", e.num_parameters},
@@ -403,12 +432,17 @@ json estimate_to_json(const MemoryEstimate& e) {
           {"components", comps},
           {"total_bytes", e.total_bytes},
           {"fits", fits},
-          {"rule_of_thumb", rule_of_thumb(e)}};
+          {"rule_of_thumb", rule_of_thumb(e)},
+          {"claims", claim_checks(e)},
+          {"warnings", e.warnings}};
+  if (!o.cuda) j["fits_note"] = kCpuFitsNote;
+  return j;
 }
 
 std::string format_estimate(const MemoryEstimate& e) {
   const EstimateOptions& o = e.options;
   std::ostringstream os;
+  for (const std::string& w : e.warnings) os << "warning: " << w << "\n";
   os << "model: " << e.model.architecture << ", " << e.num_parameters << " parameters (" << e.model.num_hidden_layers
      << " layers, hidden " << e.model.hidden_size << ", vocab " << e.model.vocab_size << ")\n"
      << "method " << to_string(o.method) << ", " << o.bits << "-bit base";
@@ -432,8 +466,9 @@ std::string format_estimate(const MemoryEstimate& e) {
     os << "activations per layer: " << human_bytes(static_cast<double>(e.activation_bytes_per_layer))
        << " without checkpointing, " << human_bytes(static_cast<double>(e.activation_bytes_per_layer_checkpointed))
        << " with\n";
-  os << "\nfits on (capacity: nvidia-smi memory.total of the class's smallest card):\n";
-  for (const GpuCard& g : common_gpu_cards()) {
+  if (!o.cuda) os << "\nfits on: " << kCpuFitsNote << "\n";
+  else os << "\nfits on (capacity: nvidia-smi memory.total of the class's smallest card):\n";
+  for (const GpuCard& g : o.cuda ? common_gpu_cards() : std::vector<GpuCard>{}) {
     const int64_t headroom = g.capacity_bytes - e.total_bytes;
     const std::string verdict = headroom >= 0 ? "yes, " + human_bytes(static_cast<double>(headroom)) + " spare"
                                               : "no, " + human_bytes(static_cast<double>(-headroom)) + " short";
@@ -444,6 +479,15 @@ std::string format_estimate(const MemoryEstimate& e) {
   for (const json& r : rule_of_thumb(e))
     os << "  " << std::left << std::setw(46) << r["rule"].get<std::string>()
        << human_bytes(static_cast<double>(r["bytes"].get<int64_t>())) << "\n";
+  for (const json& c : claim_checks(e)) {
+    const int64_t limit = c["limit_bytes"].get<int64_t>();
+    const bool fits_claim = c["claim"].get<std::string>().find("fits in") != std::string::npos;
+    os << "\nclaim \"" << c["claim"].get<std::string>() << "\": this config's total "
+       << human_bytes(static_cast<double>(e.total_bytes)) << (fits_claim ? (c["holds"].get<bool>() ? " fits" : " does not fit")
+                                                                        : (c["holds"].get<bool>() ? " reaches" : " is below"))
+       << " the " << human_bytes(static_cast<double>(limit)) << " it is compared with (" << c["compared_with"].get<std::string>()
+       << ")" << (o.cuda ? "" : "; a GPU claim, and this is a --device cpu estimate without the CUDA terms") << "\n";
+  }
   return os.str();
 }
 

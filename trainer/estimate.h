@@ -103,6 +103,8 @@ struct MemoryEstimate {
   int64_t activation_bytes_per_layer_checkpointed = 0;  ///< saved per layer with checkpointing (its input)
   std::vector<MemoryComponent> components;
   int64_t total_bytes = 0;           ///< sum of components with in_total
+  /// What the user should know about the options (a seq_len beyond max_position_embeddings).
+  std::vector<std::string> warnings;
   /// Bytes of the component named `name` (0 when absent).
   int64_t component(const std::string& name) const;
 };
@@ -116,14 +118,22 @@ MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o)
 /// in training, no checkpointing), itemised; docs/memory.md "Activations" derives each term.
 std::vector<MemoryComponent> layer_activation_terms(const ModelConfig& cfg, const EstimateOptions& o);
 
-/// The rule-of-thumb numbers (params × bytes, ×1.2 inference, 16 B/param full fine-tune) and the
-/// "7B QLoRA in 16 GB" / "13B in ~28 GB" claims, as {label, bytes or -1, text}.
+/// The rule-of-thumb numbers (params × bytes, ×1.2 inference, 16 B/param full fine-tune), as
+/// [{"rule", "bytes"}].
 nlohmann::json rule_of_thumb(const MemoryEstimate& e);
 
-/// {"model", "options", "components", "total_bytes", "fits", "rule_of_thumb", ...}; "fits" is
-/// [{"card", "capacity_bytes", "headroom_bytes" (capacity − total; negative: short), "fits"}].
+/// The common claims for this shape checked against this estimate's total: for 6–8 B parameters
+/// "a 7B QLoRA fine-tune fits in 16 GB", compared with the 16 GB card row of common_gpu_cards()
+/// (a T4's nvidia-smi memory.total, 15,360 MiB); for 12–14 B "a 13B QLoRA fine-tune needs ~28 GB",
+/// compared with 28e9 bytes. [{"claim", "compared_with", "limit_bytes", "total_bytes",
+/// "holds" (fits-claim: total ≤ limit; needs-claim: total ≥ limit)}]; empty for other sizes.
+nlohmann::json claim_checks(const MemoryEstimate& e);
+
+/// {"model", "options", "components", "total_bytes", "fits", "rule_of_thumb", "claims",
+/// "warnings", ...}; "fits" is [{"card", "capacity_bytes", "headroom_bytes" (capacity − total;
+/// negative: short), "fits"}] for a CUDA estimate, empty for a CPU one (then "fits_note" says why).
 nlohmann::json estimate_to_json(const MemoryEstimate& e);
-/// A readable table: components, total, card verdicts, rule of thumb.
+/// A readable table: warnings, components, total, card verdicts (CUDA only), rule of thumb, claims.
 std::string format_estimate(const MemoryEstimate& e);
 
 /// FLOPs per trained token (one forward + backward, and the recompute when checkpointing).

@@ -238,7 +238,7 @@ TEST(EstimateCli, TableJsonAndErrors) {
                  "--utilization 0.5");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("TOTAL (peak)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("claim: a 7B QLoRA fine-tune fits in 16 GB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("claim \"a 7B QLoRA fine-tune fits in 16 GB\": this config's total"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("GPU-hours"), std::string::npos) << r.out;
   r = run("estimate --preset tiny --json");
   ASSERT_EQ(r.status, 0) << r.out;
@@ -313,6 +313,60 @@ TEST(Estimate, PresetsMatchTransformersAndPeft) {
 }
 
 std::string config_path(const std::string& rel) { return "'" + (test::source_dir() / "configs" / rel).string() + "'"; }
+
+// --lora-targets is read by the training config's own lora.target_modules reader: `q_proj v_proj`,
+// "q_proj, v_proj", "[q_proj, v_proj]" and " q_proj" "v_proj" are the same two modules, whose
+// trainable count is PEFT's for target_modules=["q_proj", "v_proj"] (make_preset_refs.py); an
+// unknown name (a typo next to a good one) is the config's one-line error naming it, with or
+// without --config. Before: the typo was silently dropped and "[q_proj, v_proj]" counted q_proj only.
+TEST(EstimateCli, LoraTargetsAreReadAsTheConfigReadsThem) {
+  QLORA_REQUIRE_FIXTURE(refs_path, "preset_refs.json");
+  std::ifstream in(refs_path);
+  const nlohmann::json refs = nlohmann::json::parse(in);
+  const int64_t peft_qv = refs["llama2-7b"]["lora_parameters_r16_q_v"].get<int64_t>();
+  EXPECT_EQ(peft_qv, 8388608);
+  for (const char* spelling : {"q_proj v_proj", "'q_proj, v_proj'", "'[q_proj, v_proj]'", "' q_proj' v_proj",
+                                      "q_proj,v_proj"}) {
+    SCOPED_TRACE(spelling);
+    const CliRun r = run(std::string("estimate --preset llama2-7b --json --lora-targets ") + spelling);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["lora_parameters"].get<int64_t>(), peft_qv);
+    EXPECT_EQ(j["options"]["lora_targets"], nlohmann::json({"q_proj", "v_proj"}));
+  }
+  CliRun r = run("estimate --preset llama2-7b --lora-targets all-linear --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["lora_parameters"].get<int64_t>(),
+            refs["llama2-7b"]["lora_parameters_r16_all_linear"].get<int64_t>());
+  // The config's message for the same value (--set lora.target_modules=[q_proj, v_proj_typo]).
+  std::string config_msg;
+  try {
+    load_config((test::source_dir() / "configs/llama3/8b_qlora.yaml").string(), {"lora.target_modules=[q_proj, v_proj_typo]"});
+  } catch (const Error& e) {
+    config_msg = e.what();
+  }
+  const std::string unknown = "lora.target_modules[1]: unknown module \"v_proj_typo\" (known: q_proj, k_proj, v_proj, "
+                              "o_proj, gate_proj, up_proj, down_proj)";
+  EXPECT_NE(config_msg.find(unknown), std::string::npos) << config_msg;
+  for (const std::string& cmd : {std::string("estimate --preset llama2-7b --lora-targets q_proj v_proj_typo"),
+                                 "estimate --config " + config_path("llama3/8b_qlora.yaml") +
+                                     " --preset llama3-8b --lora-targets q_proj v_proj_typo"}) {
+    SCOPED_TRACE(cmd);
+    r = run(cmd);
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_NE(r.out.find("--lora-targets [q_proj, v_proj_typo]: " + unknown), std::string::npos) << r.out;
+  }
+  r = run("estimate --preset llama2-7b --lora-targets qq");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("unknown module \"qq\" (known: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"),
+            std::string::npos) << r.out;
+  // The estimator's own check (EstimateOptions built in code) names the value it could not match.
+  EstimateOptions o = qlora_opts();
+  o.lora_targets = {"nothing", "lm_head"};
+  const std::string e = test::error_of([&] { estimate_memory(preset_config("tiny"), o); });
+  EXPECT_NE(e.find("the LoRA targets [nothing, lm_head] match no linear"), std::string::npos) << e;
+}
 
 // `estimate --config`: options given on the command line override the config's values (and the
 // header says which), --set works as for train; a model.path that is not there yet says how to
@@ -430,6 +484,60 @@ TEST(EstimateCli, CostFromConfigAndHints) {
   EXPECT_NE(r.out.find("\n  at utilization 0.50: 27.78 GPU-hours, cost 55.56\n"), std::string::npos) << r.out;
 }
 
+// The "7B in 16 GB" claim is a verdict on this config against the number it is compared with (the
+// 16 GB row's T4 15,360 MiB); a --device cpu estimate judges no GPU card; a sequence longer than
+// config.json's max_position_embeddings (4096 for Llama 2, as the hub config) is warned about.
+// Before: "claim: a 7B QLoRA fine-tune fits in 16 GB   14.90 GiB" (16e9 bytes, no verdict), the
+// card table on --device cpu, and no warning at 8192.
+TEST(EstimateCli, ClaimVerdictCpuCardsAndLengthWarning) {
+  const int64_t t4 = int64_t{15360} << 20;
+  CliRun r = run("estimate --preset llama2-7b --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["claims"].size(), 1u) << j["claims"];
+  EXPECT_EQ(j["claims"][0]["limit_bytes"].get<int64_t>(), t4);
+  EXPECT_EQ(j["claims"][0]["total_bytes"], j["total_bytes"]);
+  EXPECT_TRUE(j["claims"][0]["holds"].get<bool>());
+  EXPECT_TRUE(j["warnings"].empty()) << j["warnings"];
+  for (const nlohmann::json& rule : j["rule_of_thumb"])
+    EXPECT_EQ(rule["rule"].get<std::string>().find("claim"), std::string::npos) << rule;
+  r = run("estimate --preset llama2-7b");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string total = human_bytes(static_cast<double>(j["total_bytes"].get<int64_t>()));
+  EXPECT_NE(r.out.find("claim \"a 7B QLoRA fine-tune fits in 16 GB\": this config's total " + total +
+                       " fits the 15.00 GiB it is compared with (16 GB (T4 / V100-16 / A4000): a T4's nvidia-smi "
+                       "memory.total, 15,360 MiB)\n"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("warning:"), std::string::npos) << r.out;
+  // 8192 × 4: too long for Llama 2 and too big for a T4.
+  r = run("estimate --preset llama2-7b --seq-len 8192 --micro-batch-size 4");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\nwarning: sequence length 8192 exceeds the model's max_position_embeddings 4096"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("does not fit the 15.00 GiB it is compared with"), std::string::npos) << r.out;
+  r = run("estimate --preset llama2-7b --seq-len 8192 --micro-batch-size 4 --json");
+  j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["claims"][0]["holds"].get<bool>());
+  EXPECT_GT(j["total_bytes"].get<int64_t>(), t4);
+  ASSERT_EQ(j["warnings"].size(), 1u);
+  // --device cpu: no card verdicts, said why; the claim is labelled a GPU claim.
+  r = run("estimate --preset llama2-7b --device cpu");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("fits on (capacity"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("spare"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fits on: not applicable to --device cpu"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a GPU claim, and this is a --device cpu estimate"), std::string::npos) << r.out;
+  r = run("estimate --preset llama2-7b --device cpu --json");
+  j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["fits"].empty());
+  EXPECT_NE(j["fits_note"].get<std::string>().find("--device cpu"), std::string::npos);
+  // The 13B claim: compared with 28e9 bytes.
+  r = run("estimate --preset llama2-13b --json");
+  j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["claims"].size(), 1u);
+  EXPECT_EQ(j["claims"][0]["limit_bytes"].get<int64_t>(), 28000000000);
+}
+
 // The shipped configs' "Memory:" comment lines state what `qlora estimate` prints for them.
 TEST(EstimateCli, ShippedConfigMemoryCommentsAreTrue) {
   const std::regex line(R"(# Memory: `qlora estimate --config (\S+) --preset (\S+)` \(no download needed\) gives ([0-9.]+ GiB) per GPU\.)");
@@ -462,6 +570,23 @@ TEST(BenchCli, TinySmoke) {
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(\n\s+128\s+2\s+[0-9.]+\s+[0-9]+)"))) << r.out;
+}
+
+// --max-time-s bounds the whole command, the weight build included, and a bench that measured no
+// point is an error (exit 1) saying why, after a line saying what it was doing. Before: the
+// weights of llama2-7b took 107 s of silence past a 30 s budget, then exit 0 with no number.
+TEST(BenchCli, MaxTimeBoundsTheWeightBuildAndNothingMeasuredIsAnError) {
+  test::TempDir d("bench_budget");
+  for (const std::string& extra : {std::string(), " --sweep --seq-lens 64 --batch-sizes 1 --out " + (d.path / "b").string()}) {
+    SCOPED_TRACE(extra);
+    const CliRun r = run("bench --preset small --steps 2 --seq-len 64 --max-time-s 0.001" + extra);
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_NE(r.out.find("bench: making random NF4 weights for small"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("error: bench: nothing measured: the --max-time-s budget of 0.001 s ended while making the "
+                         "random weights of small"),
+              std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("tokens/s"), std::string::npos) << r.out;
+  }
 }
 
 // The activation term against a measurement: `qlora bench --preset small` (H 256, I 688, 4 layers,

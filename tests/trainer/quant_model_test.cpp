@@ -357,6 +357,54 @@ TEST(InspectQuant, ReportsBytesPerComponentAndBitsPerParam) {
   EXPECT_NE(text.find("rule of thumb"), std::string::npos) << text;
 }
 
+// Plain `qlora inspect` on a bitsandbytes 4-bit dir (packed U8 weights + absmax, quant_map,
+// nested_*, quant_state entries) counts each linear once, with its quant_state's shape: the
+// parameters and tensors are the unquantized model's (transformers' num_parameters() and the
+// entries of its model.safetensors, bnb/param_counts.json), component by component the same as
+// inspect on the 16-bit source dir; the bytes are the stored ones. Before: 720 "tensors" on
+// SmolLM2 and the packed bytes counted as parameters.
+TEST(InspectBnb, CountsLogicalWeightsAndStoredBytes) {
+  QLORA_REQUIRE_FIXTURE(counts_path, "bnb/param_counts.json");
+  QLORA_REQUIRE_FIXTURE(src, "bnb/llama_fp32");
+  std::ifstream in(counts_path);
+  const json ref = json::parse(in);
+  InspectOptions o;
+  o.json = true;
+  o.model_dir = src.string();
+  const json plain = json::parse(cmd_inspect(o));
+  EXPECT_EQ(plain["parameters"].get<int64_t>(), ref["num_parameters"].get<int64_t>());
+  for (const char* name : {"llama_nf4_dq", "llama_nf4", "llama_fp4_dq", "llama_fp4"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = src.parent_path() / name;
+    o.model_dir = dir.string();
+    const json j = json::parse(cmd_inspect(o));
+    EXPECT_EQ(j["parameters"].get<int64_t>(), ref["num_parameters"].get<int64_t>());
+    EXPECT_EQ(j["parameters"], j["parameters_expected"]);
+    int64_t tensors = 0;
+    for (const auto& [comp, c] : j["components"].items()) {
+      tensors += c["tensors"].get<int64_t>();
+      EXPECT_EQ(c["parameters"], plain["components"][comp]["parameters"]) << comp;
+      EXPECT_EQ(c["tensors"], plain["components"][comp]["tensors"]) << comp;
+    }
+    EXPECT_EQ(tensors, ref["num_tensors"].get<int64_t>());
+    // Stored bytes: every entry of the files, the 4-bit ones included.
+    int64_t file_bytes = 0;
+    const st::SafetensorsCheckpoint ck(dir.string());
+    for (const std::string& n : ck.names()) file_bytes += static_cast<int64_t>(ck.info(n).nbytes());
+    EXPECT_EQ(j["bytes"].get<int64_t>(), file_bytes);
+    const int64_t linear_params = j["bnb_4bit"]["parameters"].get<int64_t>();
+    EXPECT_EQ(j["bnb_4bit"]["weights"].get<int64_t>(), 14);  // 2 layers × 7 linears
+    EXPECT_LT(j["bnb_4bit"]["stored_bytes"].get<int64_t>(), linear_params);  // ≈ 4.1–4.5 bits each
+    EXPECT_EQ(j["components"]["mlp"]["dtypes"], json({std::string(name).find("nf4") != std::string::npos ? "NF4" : "FP4"}));
+    o.json = false;
+    const std::string text = cmd_inspect(o);
+    o.json = true;
+    EXPECT_NE(text.find("14 linear weights stored by bitsandbytes in 4 bits"), std::string::npos) << text;
+    EXPECT_NE(text.find("stored bytes"), std::string::npos) << text;
+    EXPECT_NE(text.find(std::to_string(ref["num_parameters"].get<int64_t>())), std::string::npos) << text;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Streaming: peak RSS
 
