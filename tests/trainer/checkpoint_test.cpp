@@ -215,7 +215,8 @@ TEST_F(Resume, EvalStepsZeroEvaluatesAtEachEpochEndAndSummaryCountsTargets) {
 // A finished run resumed into a NEW output_dir (checkpoint.resume: the run) runs no step: it says
 // the run is complete at step 18 and writes the run's adapter (byte-identical), its 18 metrics
 // lines and a summary of the run (steps 18, steps_this_invocation 0, its losses, no interruption
-// counted), and memory_report.json compares nothing (no step was measured).
+// counted), and memory_report.json compares nothing (no step was measured). From an older
+// version's checkpoint (no metrics.jsonl) the unknown losses are null, not 0.0.
 TEST_F(Resume, AFinishedRunResumedIntoANewDirRunsNoStep) {
   const fs::path done = root / "finished", copy = root / "finished_copy";
   Out o = train(done);
@@ -240,6 +241,25 @@ TEST_F(Resume, AFinishedRunResumedIntoANewDirRunsNoStep) {
   const json mem = json::parse(qlora::read_file((copy / "memory_report.json").string()));
   EXPECT_TRUE(mem["comparison"].empty()) << mem.dump();
   EXPECT_NE(mem.value("note", ""), "");
+
+  // The same from a checkpoint of an older version (no metrics.jsonl inside): no step's loss is
+  // known, so final_loss and train_loss are null (not 0.0) and the record says it is incomplete.
+  const fs::path old_ckpt = root / "old_version" / "checkpoint-18", bare = root / "finished_bare";
+  fs::create_directories(old_ckpt.parent_path());
+  fs::copy(done / "checkpoints" / "checkpoint-18", old_ckpt);
+  fs::remove(old_ckpt / "metrics.jsonl");
+  json manifest = json::parse(qlora::read_file((old_ckpt / "manifest.json").string()));
+  manifest["files"].erase("metrics.jsonl");
+  std::ofstream(old_ckpt / "manifest.json") << manifest.dump(2);
+  o = train(bare, "--set checkpoint.resume=" + old_ckpt.string());
+  ASSERT_EQ(o.status, 0) << o.out;
+  const json c = json::parse(qlora::read_file((bare / "summary.json").string()));
+  EXPECT_EQ(c["steps"], 18);
+  EXPECT_EQ(c["steps_this_invocation"], 0);
+  EXPECT_EQ(c["metrics_complete"], false);
+  EXPECT_TRUE(c["final_loss"].is_null()) << c.dump();
+  EXPECT_TRUE(c["train_loss"].is_null()) << c.dump();
+  EXPECT_TRUE(c["eval_loss"].is_null()) << c.dump();
 }
 
 // Ctrl-C twice: the first asks for a checkpoint after the step, the second (test hook: while the
