@@ -56,7 +56,8 @@ const std::vector<std::string> kDTypes = {dtype_name(DType::kBF16), dtype_name(D
 const std::vector<std::string> kQuantMethods = {quant_method_name(kernels::Quant4Type::NF4),
                                                 quant_method_name(kernels::Quant4Type::FP4),
                                                 quant_method_name(std::nullopt)};
-const std::vector<std::string> kSchedulers = {"constant", "linear", "cosine"};
+const std::vector<std::string> kSchedulers = {"constant", "linear", "cosine", "constant_with_warmup", "polynomial",
+                                              "cosine_with_restarts"};
 const std::vector<std::string> kInits = {"pretrained", "random"};
 const std::vector<std::string> kFormats = {"auto", "alpaca", "sharegpt", "messages", "completion"};
 // = data::template_names() plus "auto" (resolved from the model's chat template when the data
@@ -781,6 +782,9 @@ void check_training(const Section& s, Config& c) {
       s.error("warmup_ratio", "set training.warmup_steps or training.warmup_ratio, not both");
     t.warmup_steps = 0;  // the ratio replaces the default step count
   }
+  if (t.lr_scheduler == LrScheduler::kPolynomial && !(t.learning_rate > kPolynomialLrEnd))
+    s.error("learning_rate", "must be larger than 1e-07, the learning rate that lr_scheduler polynomial decays to "
+                             "(transformers' lr_end)");
   if (t.eval_steps > 0 && d.eval.empty() && d.val_set_size <= 0)
     s.error("eval_steps", "no eval data: set data.eval or data.val_set_size > 0, or eval_steps: 0");
   if (t.max_steps > 0 && t.warmup_steps >= t.max_steps)

@@ -22,8 +22,13 @@
 
 namespace qlora {
 
-/// Learning-rate schedule after warmup (`training.lr_scheduler`).
-enum class LrScheduler { kConstant, kLinear, kCosine };
+/// Learning-rate schedule after warmup (`training.lr_scheduler`; trainer/schedule.h). The order is
+/// the spelling list's (config.cpp kSchedulers).
+enum class LrScheduler { kConstant, kLinear, kCosine, kConstantWithWarmup, kPolynomial, kCosineWithRestarts };
+/// `polynomial`'s end learning rate and power: transformers' get_scheduler defaults (lr_end 1e-7,
+/// power 1.0 of get_polynomial_decay_schedule_with_warmup).
+constexpr double kPolynomialLrEnd = 1e-7;
+constexpr double kPolynomialPower = 1.0;
 /// What `checkpoint.resume` asks for: the newest complete checkpoint, none, or the one at a path.
 enum class ResumeMode { kAuto, kNever, kPath };
 

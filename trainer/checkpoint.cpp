@@ -52,6 +52,7 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"skipped_steps", s.skipped_steps},
           {"nonfinite_in_a_row", s.nonfinite_in_a_row},
           {"tokens_trained", s.tokens_trained},
+          {"target_tokens", s.target_tokens},
           {"train_seconds", s.train_seconds},
           {"interruptions", s.interruptions},
           {"time_lost_s", s.time_lost_s},
@@ -277,6 +278,7 @@ LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
     c.state.skipped_steps = j.at("skipped_steps").get<int64_t>();
     c.state.nonfinite_in_a_row = j.at("nonfinite_in_a_row").get<int64_t>();
     c.state.tokens_trained = j.at("tokens_trained").get<int64_t>();
+    c.state.target_tokens = j.value("target_tokens", int64_t{0});
     c.state.train_seconds = j.at("train_seconds").get<double>();
     c.state.interruptions = j.value("interruptions", int64_t{0});
     c.state.time_lost_s = j.value("time_lost_s", 0.0);

@@ -32,7 +32,12 @@ struct TrainerState {
   data::SamplerState sampler;       ///< position of the data loader after `step`
   int64_t skipped_steps = 0;        ///< non-finite steps skipped so far
   int64_t nonfinite_in_a_row = 0;
+  /// Non-padding input tokens of the steps so far (prompt and answer; summary.json `input_tokens`;
+  /// the file's key is `tokens_trained`, its name before the target count existed).
   int64_t tokens_trained = 0;
+  /// Next-token targets (labels ≠ -100 the loss counted) of the steps so far (summary.json
+  /// `target_tokens`; absent in older files: 0).
+  int64_t target_tokens = 0;
   double train_seconds = 0;         ///< wall time spent training up to this checkpoint, all invocations
   int64_t interruptions = 0;        ///< resumes before this checkpoint (absent in older files: 0)
   double time_lost_s = 0;           ///< step time those resumes redid (absent: 0)

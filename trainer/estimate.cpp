@@ -656,6 +656,13 @@ void MemoryTracker::record(const std::string& phase) {
 json MemoryTracker::finish() {
   if (!active_) return json::object();
   report_["phases"]["peak"] = memory_snapshot(device_);
+  if (!first_step_done_) {  // the estimate is of training: with no step there is nothing to compare
+    report_["comparison"] = json::array();
+    report_["note"] = "no optimizer step ran in this invocation: no comparison with the estimate";
+    write();
+    log::info("memory: no optimizer step ran in this invocation, so no comparison with the estimate");
+    return report_;
+  }
   report_["comparison"] = compare_memory(estimate_, report_["phases"], device_.is_cuda());
   write();
   log::info("memory: estimated vs measured\n", format_comparison(report_["comparison"]));

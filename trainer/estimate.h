@@ -205,7 +205,8 @@ class MemoryTracker {
     first_step_done_ = true;
   }
   /// Records "peak", compares with the estimate, writes the report and logs the comparison table.
-  /// Returns the report.
+  /// When no step ran (after_step never called: a resume of a finished run) "comparison" is [] and
+  /// "note" says why. Returns the report.
   nlohmann::json finish();
   bool active() const { return active_; }
 

@@ -57,6 +57,7 @@ StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std
   opt.zero_grad();
   double loss_sum = 0;
   for (const data::Batch& b : micro_batches) {
+    for (int32_t m : b.attention_mask) r.tokens += m;  // the non-padding positions
     ForwardInputs in = batch_inputs(b, model.device());
     torch::Tensor hidden = model.hidden_states(in);
     auto [rows, targets] = next_token_rows(hidden, batch_labels(b, model.device()), in.segment_ids);
@@ -64,7 +65,6 @@ StepResult train_step(LlamaModel& model, torch::optim::Optimizer& opt, const std
     torch::Tensor loss = chunked_cross_entropy_sum(rows, model.lm_head, targets, ce_chunk_tokens);
     (loss / static_cast<double>(r.targets)).backward();
     loss_sum += loss.item<double>();
-    for (int32_t m : b.attention_mask) r.tokens += m;
   }
   std::vector<torch::Tensor> params = model.lora_parameters();
   if (dist && dist->active()) {  // global gradient, loss sum and token count
@@ -262,6 +262,9 @@ void Trainer::setup() {
   preemption_ = {{"interruptions", 0}, {"time_lost_s", 0.0}, {"checkpoints", json::array()}};
   if (!ckpt.empty()) resume_from(ckpt);         // may refuse (changed settings, data, shapes)
   already_complete_ = !ckpt.empty() && step_ >= total_steps_ && outputs_written();
+  if (!ckpt.empty() && step_ >= total_steps_ && !already_complete_ && dist_->is_main())
+    log::info("train: run ", run_id_, " is already complete at step ", step_, " of ", total_steps_, " in ", ckpt,
+              ": no step runs; writing its adapter, metrics.jsonl and summary.json into ", cfg_.output_dir);
   if (!ckpt.empty()) memory_.set_writes(dist_->is_main() && !already_complete_);
   dist_->barrier();  // every rank has read the checkpoint before rank 0 writes into output_dir
   if (already_complete_) {  // the same command again after the run ended: nothing to do, nothing rewritten
@@ -505,14 +508,22 @@ void Trainer::train_steps() {
       nonfinite_in_a_row_ = 0;
     }
     losses_.push_back(r.loss);
-    tokens_trained_ += r.tokens;
+    input_tokens_ += r.tokens;
+    target_tokens_ += r.targets;
+    ++steps_this_invocation_;
     double eval_loss = std::nan("");
     const bool last = step_ == total_steps_;
+    // This step drew the last micro-batch of an epoch (the loader moved on to the next one).
+    const bool epoch_ended = loader_->state().epoch != epoch_before;
     const double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
-    if (dist_->is_main() && ((t.eval_steps > 0 && step_ % t.eval_steps == 0) || last)) {
+    // eval_steps N > 0: every N steps; 0: at the end of each epoch (HF eval_strategy "epoch"); and
+    // always after the last step.
+    const bool eval_now = t.eval_steps > 0 ? step_ % t.eval_steps == 0 : epoch_ended;
+    if (dist_->is_main() && (eval_now || last)) {
       model_->training = false;
       eval_loss = evaluate_loss(*model_, data_.eval, t.micro_batch_size, cfg_.data, pad_id_).first;
       model_->training = true;
+      if (!std::isnan(eval_loss)) last_eval_loss_ = eval_loss;
     }
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     slowest_step = std::max(slowest_step, step_s);
@@ -544,7 +555,7 @@ void Trainer::train_steps() {
     else if (last) why = "end of run";
     else if (c.save_steps > 0 && step_ % c.save_steps == 0) why = "save_steps";
     else if (stop[2] > 0) why = "save_minutes";
-    else if (loader_->state().epoch != epoch_before) why = "end of epoch";
+    else if (epoch_ended) why = "end of epoch";
     // The replicas must still be equal before a checkpoint is written from rank 0's copy.
     if (dist_->active() && (step_ % kParamChecksumEverySteps == 0 || !why.empty())) check_replicas_agree();
     if (!why.empty()) {
@@ -657,6 +668,7 @@ void Trainer::log_step(const StepLog& s) {
             {"lr", lr},
             {"grad_norm", r.grad_norm},
             {"tokens", r.tokens},
+            {"target_tokens", r.targets},
             {"tokens_per_s", train_s > 0 ? r.tokens / train_s : 0.0},
             {"skipped", r.skipped},
             {"memory", memory_snapshot(device_)}};
@@ -720,16 +732,27 @@ void Trainer::save_outputs(double seconds) {
   const bool complete = static_cast<int64_t>(logged.size()) == step_ && (logged.empty() || *logged.rbegin() == step_);
   if (!complete)
     log::warn("metrics.jsonl holds ", logged.size(), " of ", step_, " steps (summary.json: metrics_complete false)");
+  // train_loss: the mean per-step loss of the run, as transformers' TrainOutput.training_loss
+  // (tr_loss / global_step), over the steps metrics.jsonl records with a finite loss.
+  double loss_sum = 0;
+  int64_t loss_n = 0;
+  for (const double l : losses_)
+    if (std::isfinite(l)) loss_sum += l, ++loss_n;
+  auto number_or_null = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
   json s = {{"steps", step_},
+            {"steps_this_invocation", steps_this_invocation_},
             {"run_id", run_id_},
             {"metrics_lines", static_cast<int64_t>(logged.size())},
             {"metrics_complete", complete},
             {"skipped_steps", skipped_steps_},
-            {"tokens_trained", tokens_trained_},
+            {"input_tokens", input_tokens_},
+            {"target_tokens", target_tokens_},
             {"wall_seconds", seconds},
             {"setup_seconds", setup_seconds_before_ + setup_seconds_},
-            {"tokens_per_s", seconds > 0 ? tokens_trained_ / seconds : 0.0},
-            {"final_loss", losses_.empty() ? 0.0 : losses_.back()},
+            {"tokens_per_s", seconds > 0 ? input_tokens_ / seconds : 0.0},
+            {"train_loss", loss_n > 0 ? json(loss_sum / static_cast<double>(loss_n)) : json(nullptr)},
+            {"final_loss", losses_.empty() ? json(nullptr) : number_or_null(losses_.back())},
+            {"eval_loss", number_or_null(last_eval_loss_)},
             {"peak_memory", memory_snapshot(device_)},
             {"preemption", preemption_}};
   if (cfg_.cost.gpu_hour_price > 0) {
@@ -743,14 +766,14 @@ void Trainer::save_outputs(double seconds) {
                  {"devices", dist_->world_size()},
                  {"billed_seconds", billed},
                  {"run", run_cost},
-                 {"per_million_tokens", tokens_trained_ > 0 ? run_cost / tokens_trained_ * 1e6 : 0.0}};
+                 {"per_million_tokens", input_tokens_ > 0 ? run_cost / input_tokens_ * 1e6 : 0.0}};
     log::info("cost: ", run_cost, " for this run, ", s["cost"]["per_million_tokens"].get<double>(),
-              " per 1M training tokens (", billed, " s: training, model loading and redone steps, at ",
+              " per 1M input tokens (", billed, " s: training, model loading and redone steps, at ",
               cfg_.cost.gpu_hour_price, " per GPU-hour",
               dist_->active() ? " x " + std::to_string(dist_->world_size()) + " devices" : std::string(), ")");
   }
   atomic_write_string((fs::path(cfg_.output_dir) / "summary.json").string(), s.dump(2) + "\n");
-  log::info("done: ", step_, " steps, ", tokens_trained_, " tokens in ", seconds, " s; adapter in ",
+  log::info("done: ", step_, " steps, ", input_tokens_, " input tokens (", target_tokens_, " trained) in ", seconds, " s; adapter in ",
             cfg_.output_dir);
 }
 
@@ -819,7 +842,8 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds, cons
   st.sampler = loader_->state();
   st.skipped_steps = skipped_steps_;
   st.nonfinite_in_a_row = nonfinite_in_a_row_;
-  st.tokens_trained = tokens_trained_;
+  st.tokens_trained = input_tokens_;
+  st.target_tokens = target_tokens_;
   st.train_seconds = train_seconds;
   st.interruptions = preemption_["interruptions"].get<int64_t>();
   st.time_lost_s = preemption_["time_lost_s"].get<double>();
@@ -1143,7 +1167,8 @@ void Trainer::resume_from(const std::string& ckpt) {
   step_ = lc.state.step;
   skipped_steps_ = lc.state.skipped_steps;
   nonfinite_in_a_row_ = lc.state.nonfinite_in_a_row;
-  tokens_trained_ = lc.state.tokens_trained;
+  input_tokens_ = lc.state.tokens_trained;
+  target_tokens_ = lc.state.target_tokens;
   train_seconds_before_ = lc.state.train_seconds;
   // metrics.jsonl (rewritten in setup()): the lines of steps 1..step_, from output_dir's own file
   // (whose lines past the checkpoint were lost work and are redone) and, for the steps it lacks (a
@@ -1169,7 +1194,8 @@ void Trainer::resume_from(const std::string& ckpt) {
   for (const auto& [s, line] : kept) {
     metrics_history_ += line + "\n";
     const json j = json::parse(line);
-    losses_.push_back(j.contains("loss") && j["loss"].is_number() ? j["loss"].get<double>() : 0.0);
+    losses_.push_back(j.contains("loss") && j["loss"].is_number() ? j["loss"].get<double>() : std::nan(""));
+    if (j.contains("eval_loss") && j["eval_loss"].is_number()) last_eval_loss_ = j["eval_loss"].get<double>();
   }
   if (kept.size() > local_lines)
     log::info("resume: metrics of ", kept.size() - local_lines, " steps restored from ", ckpt, "/metrics.jsonl");
@@ -1177,7 +1203,10 @@ void Trainer::resume_from(const std::string& ckpt) {
     log::warn("resume: metrics.jsonl has lines for ", kept.size(), " of the ", step_,
               " steps before the checkpoint; summary.json records the gap (metrics_complete: false)");
   setup_seconds_before_ = lc.state.setup_seconds;
-  preemption_["interruptions"] = lc.state.interruptions + 1;
+  // A resume with steps left continues the run: one more interruption. At the last step (a
+  // finished run copied into a new output_dir, or one stopped after its last checkpoint) nothing
+  // is continued.
+  preemption_["interruptions"] = lc.state.interruptions + (step_ < total_steps_ ? 1 : 0);
   preemption_["time_lost_s"] = lc.state.time_lost_s + lost;
   log::info("resume: from ", ckpt, " at step ", step_, " (epoch ", lc.state.sampler.epoch, ", cursor ",
             lc.state.sampler.cursor, "); ", lost, " s of work past it redone");

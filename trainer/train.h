@@ -33,8 +33,12 @@ namespace qlora {
 struct StepResult {
   double loss = 0;        ///< token-weighted mean CE over the accumulated batch (nats)
   double grad_norm = 0;   ///< total L2 norm of the LoRA gradients before clipping
-  int64_t tokens = 0;     ///< input tokens processed (real, not padding)
-  int64_t targets = 0;    ///< label tokens the loss counted
+  /// Input tokens of the micro-batches (attention_mask 1: prompt and answer, BOS/EOS included,
+  /// padding not: transformers' num_input_tokens_seen with include_num_input_tokens_seen "non_padding").
+  int64_t tokens = 0;
+  /// Next-token targets the loss counted: labels ≠ -100 at positions 1.. of each example (the
+  /// first position is never predicted), i.e. transformers' (labels[..., 1:] != -100).sum().
+  int64_t targets = 0;
   bool skipped = false;   ///< non-finite loss or gradient: no update was applied
 };
 
@@ -243,7 +247,11 @@ class Trainer {
   int64_t total_steps_ = 0, warmup_steps_ = 0;
   int32_t pad_id_ = 0;
   std::vector<double> losses_;
-  int64_t tokens_trained_ = 0, skipped_steps_ = 0;
+  int64_t input_tokens_ = 0;   ///< StepResult::tokens summed over the run (summary.json input_tokens)
+  int64_t target_tokens_ = 0;  ///< StepResult::targets summed over the run (summary.json target_tokens)
+  int64_t skipped_steps_ = 0;
+  int64_t steps_this_invocation_ = 0;      ///< optimizer steps this invocation ran
+  double last_eval_loss_ = std::nan("");  ///< the run's newest eval loss (NaN: none yet)
   std::string run_id_;                           ///< this run (output_dir/run.json)
   std::map<std::string, std::string> data_sha_;  ///< data file → SHA-256 of its content
   std::string fingerprint_;                      ///< run_fingerprint(config, data_sha_)

@@ -104,7 +104,7 @@ rows = [json.loads(l) for l in open(out + "/metrics.jsonl")]
 s = json.load(open(out + "/summary.json"))
 timed = [r for r in rows if r["step"] > warm]
 secs = sum(r["step_seconds"] for r in timed)
-print(json.dumps({"impl": "qlora-cpp", "quant": q, "steps": s["steps"], "tokens": s["tokens_trained"],
+print(json.dumps({"impl": "qlora-cpp", "quant": q, "steps": s["steps"], "tokens": s["input_tokens"],
                   "timed_steps": len(timed), "timed_seconds": secs, "steps_per_s": len(timed) / secs,
                   "tokens_per_s": sum(r["tokens"] for r in timed) / secs, "first_loss": rows[0]["loss"],
                   "final_loss": s["final_loss"], "wall_seconds": s["wall_seconds"],

@@ -318,6 +318,18 @@ TEST(Config, CrossFieldRules) {
   EXPECT_EQ(r.training.warmup_ratio, 0.1);
   EXPECT_NE(error_of(kMinimal, {"training.eval_steps=10"}).find("no eval data"), std::string::npos);
   EXPECT_EQ(parse(kMinimal, {"training.eval_steps=10", "data.val_set_size=100"}).data.val_set_size, 100.0);
+  // transformers' scheduler names; polynomial decays to lr_end 1e-7, which the peak must exceed
+  // (get_polynomial_decay_schedule_with_warmup raises otherwise).
+  EXPECT_EQ(parse(kMinimal, {"training.lr_scheduler=constant_with_warmup"}).training.lr_scheduler,
+            LrScheduler::kConstantWithWarmup);
+  EXPECT_EQ(parse(kMinimal, {"training.lr_scheduler=cosine_with_restarts"}).training.lr_scheduler,
+            LrScheduler::kCosineWithRestarts);
+  EXPECT_EQ(parse(kMinimal, {"training.lr_scheduler=polynomial"}).training.lr_scheduler, LrScheduler::kPolynomial);
+  EXPECT_NE(error_of(kMinimal, {"training.lr_scheduler=polynomial", "training.learning_rate=1e-7"})
+                .find("training.learning_rate: must be larger than 1e-07, the learning rate that lr_scheduler "
+                      "polynomial decays to"),
+            std::string::npos)
+      << error_of(kMinimal, {"training.lr_scheduler=polynomial", "training.learning_rate=1e-7"});
   EXPECT_NE(error_of(kMinimal, {"data.val_set_size=1.5"}).find("a fraction in [0, 1) or a whole count"),
             std::string::npos);
   // Model: path xor preset; a preset needs init: random.

@@ -159,7 +159,7 @@ TEST_F(Resume, SummaryCountsEveryInvocationAndAFinishedRunIsLeftAlone) {
   const json s = json::parse(qlora::read_file((out / "summary.json").string()));
   EXPECT_EQ(s["preemption"]["interruptions"], 2);
   EXPECT_GT(s["wall_seconds"].get<double>(), state["train_seconds"].get<double>());
-  EXPECT_DOUBLE_EQ(s["tokens_per_s"].get<double>(), s["tokens_trained"].get<double>() / s["wall_seconds"].get<double>());
+  EXPECT_DOUBLE_EQ(s["tokens_per_s"].get<double>(), s["input_tokens"].get<double>() / s["wall_seconds"].get<double>());
   // once more: nothing to do, nothing rewritten
   std::map<std::string, std::string> before;
   for (const char* f : {"summary.json", "memory_report.json", "metrics.jsonl", "adapter_model.safetensors", "eval.json"})
@@ -168,6 +168,98 @@ TEST_F(Resume, SummaryCountsEveryInvocationAndAFinishedRunIsLeftAlone) {
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("is already complete (18 of 18 steps)"), std::string::npos) << o.out;
   for (const auto& [f, bytes] : before) EXPECT_EQ(qlora::read_file((out / f).string()), bytes) << f << " was rewritten";
+}
+
+// training.eval_steps 0 evaluates at the end of each epoch (transformers' eval_strategy "epoch"),
+// and after the last step: eval_loss on steps 6, 12, 18 of the 3 × 6-step run and on no other.
+// summary.json: target_tokens (the label tokens trained) = `qlora data preview`'s trainable
+// tokens × 3 epochs (preview's counts are tested against transformers in tests/data), and
+// input_tokens its total tokens × 3 (no padding counted), both also the sums of the metrics lines;
+// train_loss the mean of the 18 step losses (transformers' TrainOutput.training_loss =
+// tr_loss / global_step), final_loss step 18's, eval_loss step 18's.
+TEST_F(Resume, EvalStepsZeroEvaluatesAtEachEpochEndAndSummaryCountsTargets) {
+  const fs::path out = root / "epoch_eval";
+  Out o = train(out, "--set training.eval_steps=0 --set data.eval=" + (root / "data.json").string());
+  ASSERT_EQ(o.status, 0) << o.out;
+  std::vector<int64_t> evaluated;
+  int64_t tokens = 0, targets = 0;
+  double loss_sum = 0, last_loss = 0, last_eval = 0;
+  for (const std::string& line : metric_lines(out)) {
+    const json j = json::parse(line);
+    if (j.contains("eval_loss")) evaluated.push_back(j["step"].get<int64_t>()), last_eval = j["eval_loss"].get<double>();
+    tokens += j["tokens"].get<int64_t>();
+    targets += j["target_tokens"].get<int64_t>();
+    loss_sum += j["loss"].get<double>();
+    last_loss = j["loss"].get<double>();
+  }
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{6, 12, 18})) << o.out;
+  o = sh(std::string(QLORA_BIN) + " data preview " + (root / "run.yaml").string() + " --n 0");
+  ASSERT_EQ(o.status, 0) << o.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(o.out, m, std::regex(R"(tokens \(train\): (\d+) total, (\d+) trainable)"))) << o.out;
+  const int64_t total = std::stoll(m[1]), trainable = std::stoll(m[2]);
+  ASSERT_GT(trainable, 0);
+  ASSERT_LT(trainable, total);
+  const json s = json::parse(qlora::read_file((out / "summary.json").string()));
+  EXPECT_EQ(s["target_tokens"].get<int64_t>(), 3 * trainable);
+  EXPECT_EQ(s["target_tokens"].get<int64_t>(), targets);
+  EXPECT_EQ(s["input_tokens"].get<int64_t>(), 3 * total);
+  EXPECT_EQ(s["input_tokens"].get<int64_t>(), tokens);
+  EXPECT_FALSE(s.contains("tokens_trained"));
+  EXPECT_NEAR(s["train_loss"].get<double>(), loss_sum / 18, 1e-12);
+  EXPECT_EQ(s["final_loss"].get<double>(), last_loss);
+  EXPECT_EQ(s["eval_loss"].get<double>(), last_eval);
+  EXPECT_EQ(s["steps_this_invocation"], 18);
+}
+
+// A finished run resumed into a NEW output_dir (checkpoint.resume: the run) runs no step: it says
+// the run is complete at step 18 and writes the run's adapter (byte-identical), its 18 metrics
+// lines and a summary of the run (steps 18, steps_this_invocation 0, its losses, no interruption
+// counted), and memory_report.json compares nothing (no step was measured). From an older
+// version's checkpoint (no metrics.jsonl) the unknown losses are null, not 0.0.
+TEST_F(Resume, AFinishedRunResumedIntoANewDirRunsNoStep) {
+  const fs::path done = root / "finished", copy = root / "finished_copy";
+  Out o = train(done);
+  ASSERT_EQ(o.status, 0) << o.out;
+  o = train(copy, "--set checkpoint.resume=" + done.string());
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("is already complete at step 18 of 18 in "), std::string::npos) << o.out;
+  EXPECT_TRUE(logged_steps(o.out).empty()) << o.out;
+  EXPECT_EQ(o.out.find("estimated vs measured"), std::string::npos) << o.out;
+  EXPECT_EQ(qlora::read_file((copy / "adapter_model.safetensors").string()),
+            qlora::read_file((done / "adapter_model.safetensors").string()));
+  EXPECT_EQ(metric_lines(copy), metric_lines(done));
+  const json a = json::parse(qlora::read_file((done / "summary.json").string()));
+  const json b = json::parse(qlora::read_file((copy / "summary.json").string()));
+  EXPECT_EQ(b["steps"], 18);
+  EXPECT_EQ(b["steps_this_invocation"], 0);
+  EXPECT_EQ(b["metrics_lines"], 18);
+  EXPECT_EQ(b["preemption"]["interruptions"], 0);
+  for (const char* k : {"final_loss", "train_loss", "input_tokens", "target_tokens", "run_id"})
+    EXPECT_EQ(b[k], a[k]) << k;
+  EXPECT_TRUE(b["final_loss"].is_number());
+  const json mem = json::parse(qlora::read_file((copy / "memory_report.json").string()));
+  EXPECT_TRUE(mem["comparison"].empty()) << mem.dump();
+  EXPECT_NE(mem.value("note", ""), "");
+
+  // The same from a checkpoint of an older version (no metrics.jsonl inside): no step's loss is
+  // known, so final_loss and train_loss are null (not 0.0) and the record says it is incomplete.
+  const fs::path old_ckpt = root / "old_version" / "checkpoint-18", bare = root / "finished_bare";
+  fs::create_directories(old_ckpt.parent_path());
+  fs::copy(done / "checkpoints" / "checkpoint-18", old_ckpt);
+  fs::remove(old_ckpt / "metrics.jsonl");
+  json manifest = json::parse(qlora::read_file((old_ckpt / "manifest.json").string()));
+  manifest["files"].erase("metrics.jsonl");
+  std::ofstream(old_ckpt / "manifest.json") << manifest.dump(2);
+  o = train(bare, "--set checkpoint.resume=" + old_ckpt.string());
+  ASSERT_EQ(o.status, 0) << o.out;
+  const json c = json::parse(qlora::read_file((bare / "summary.json").string()));
+  EXPECT_EQ(c["steps"], 18);
+  EXPECT_EQ(c["steps_this_invocation"], 0);
+  EXPECT_EQ(c["metrics_complete"], false);
+  EXPECT_TRUE(c["final_loss"].is_null()) << c.dump();
+  EXPECT_TRUE(c["train_loss"].is_null()) << c.dump();
+  EXPECT_TRUE(c["eval_loss"].is_null()) << c.dump();
 }
 
 // Ctrl-C twice: the first asks for a checkpoint after the step, the second (test hook: while the

@@ -166,7 +166,7 @@ TEST_F(DataParallel, TwoRanksEqualOneRankWithAccumulation) {
               sum["wall_seconds"].get<double>() + sum["setup_seconds"].get<double>(), 1e-9);  // no resume: no redone steps
   int64_t tokens = 0;
   for (const Step& st : steps(two)) tokens += st.tokens;
-  EXPECT_EQ(sum["tokens_trained"].get<int64_t>(), tokens);
+  EXPECT_EQ(sum["input_tokens"].get<int64_t>(), tokens);
   // Rank 0 alone writes: one metrics line per step, one adapter, one run.json.
   EXPECT_TRUE(fs::exists(two / "adapter_model.safetensors"));
   EXPECT_TRUE(fs::exists(two / "summary.json"));

@@ -1,8 +1,15 @@
 // Chunked cross-entropy: value and gradient equal the unchunked autograd reference; schedules
-// equal transformers' formulas at hand-computed points.
+// equal transformers' formulas at hand-computed points and its get_scheduler at every step
+// (fixture trainer/schedule_refs.json from tests/fixtures/make_trainer_refs.py).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <set>
+#include <nlohmann/json.hpp>
+
+#include "common/files.h"
+#include "test_util.h"
 
 #include "trainer/loss.h"
 #include "trainer/schedule.h"
@@ -79,6 +86,43 @@ TEST(Schedule, MatchesTransformersFormulas) {
   EXPECT_DOUBLE_EQ(lr_at(LrScheduler::kLinear, 2.0, 60, 10, 110), 1.0);
   EXPECT_DOUBLE_EQ(lr_at(LrScheduler::kLinear, 2.0, 200, 10, 110), 0.0);
   EXPECT_DOUBLE_EQ(lr_at(LrScheduler::kConstant, 2.0, 3, 0, 110), 2.0);
+}
+
+// Every schedule at every step 0..total+1 of 7 (total, warmup, lr) cases equals the learning rate
+// of transformers' get_scheduler(name, ...) with its defaults. Our `constant` warms up, as HF's
+// constant_with_warmup (HF's `constant` ignores the warmup: equal only where warmup is 0).
+TEST(Schedule, EqualsTransformersGetScheduler) {
+  QLORA_REQUIRE_FIXTURE(refs, "trainer/schedule_refs.json");
+  const nlohmann::json j = nlohmann::json::parse(read_file(refs.string()));
+  const std::map<std::string, LrScheduler> ours = {{"constant_with_warmup", LrScheduler::kConstantWithWarmup},
+                                                   {"linear", LrScheduler::kLinear},
+                                                   {"cosine", LrScheduler::kCosine},
+                                                   {"cosine_with_restarts", LrScheduler::kCosineWithRestarts},
+                                                   {"polynomial", LrScheduler::kPolynomial}};
+  std::set<std::string> seen;
+  int compared = 0;
+  for (const nlohmann::json& c : j.at("cases")) {
+    const std::string name = c.at("scheduler");
+    const int64_t total = c.at("total"), warmup = c.at("warmup");
+    const double base = c.at("base_lr");
+    std::vector<LrScheduler> mine;
+    if (name == "constant_with_warmup") mine.push_back(LrScheduler::kConstant);  // ours warms up
+    if (name == "constant" && warmup == 0) mine.push_back(LrScheduler::kConstant);
+    if (ours.count(name)) mine.push_back(ours.at(name));
+    for (const LrScheduler s : mine) {
+      seen.insert(to_string(s));
+      const auto& lrs = c.at("lr");
+      for (size_t step = 0; step < lrs.size(); ++step) {
+        const double want = lrs[step].get<double>();
+        EXPECT_NEAR(lr_at(s, base, static_cast<int64_t>(step), warmup, total), want, 1e-14 * base)
+            << to_string(s) << " vs transformers " << name << ", total " << total << ", warmup " << warmup
+            << ", step " << step;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), 6u) << "every lr_scheduler compared";
+  EXPECT_GT(compared, 300);
 }
 
 }  // namespace
