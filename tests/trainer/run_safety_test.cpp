@@ -348,6 +348,10 @@ TEST_F(Cases, StoredBnb4OtherMethodNamesTheKeyAndItsSource) {
   Out t = sh(std::string(QLORA_BIN) + " train " + cfg.string());
   EXPECT_EQ(t.status, 1) << t.out;
   EXPECT_TRUE(contains(t.out, "error: " + cfg.string() + ":4: " + tail)) << t.out;
+  // inspect / generate take the type from --quant, and say so
+  Out i = sh(std::string(QLORA_BIN) + " inspect " + bnb4.string() + " --quant fp4");
+  EXPECT_EQ(i.status, 1) << i.out;
+  EXPECT_EQ(i.out, "error: --quant fp4 was requested, but " + tail.substr(tail.find(", but ") + 6));
 }
 
 // ---- peft-regex-or-layers-adapter-rejected -------------------------------------------------------
