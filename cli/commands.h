@@ -48,6 +48,7 @@ std::string cmd_generate(const GenerateCliOptions& o);
 struct TokenizeOptions {
   std::string model_dir;      ///< model dir (or tokenizer file) to load the tokenizer from
   std::string text;           ///< --text
+  bool has_text = false;      ///< --text was given (so --text "" is the empty text, not no input)
   std::string file;           ///< --file: tokenise this file's bytes
   bool json = false;          ///< --json
   bool no_special = false;    ///< --no-special: no post-processor BOS/EOS (add_special_tokens=False)

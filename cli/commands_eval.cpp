@@ -164,7 +164,7 @@ std::string cmd_eval(const EvalOptions& o) {
   const torch::Dtype dtype = torch_dtype(cfg.model.dtype, device);
   const QuantOptions& q = cfg.quantization;
   LlamaModel model = !cfg.model.path.empty()
-                         ? LlamaModel::load(cfg.model.path, dtype, device, q)
+                         ? with_key_sources(cfg, [&] { return LlamaModel::load(cfg.model.path, dtype, device, q); })
                          : [&] {  // a preset trains on random weights from training.seed: the same here
                              ModelConfig mc = preset_config(cfg.model.preset);
                              mc.vocab_size = tok.vocab_size();

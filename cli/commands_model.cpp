@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <typeinfo>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -30,6 +31,20 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+
+/// LlamaModel::load(dir, dtype, device, q) for the commands whose quant type comes from --quant
+/// (inspect, generate): load names a request that disagrees with a stored bitsandbytes type as the
+/// config key ("quantization.method: fp4 was requested, but ..."); here it is "--quant fp4 was
+/// requested, but ...". Throws qlora::Error as load.
+LlamaModel load_with_quant_flag(const std::string& dir, torch::Dtype dtype, torch::Device device, const QuantOptions& q) {
+  try {
+    return LlamaModel::load(dir, dtype, device, q);
+  } catch (const Error& e) {
+    const std::string msg = e.what(), key = "quantization.method: ";
+    if (typeid(e) != typeid(Error) || msg.rfind(key, 0) != 0) throw;
+    throw Error("--quant " + msg.substr(key.size()));
+  }
+}
 
 /// Component of an HF weight name: embed_tokens | attention | mlp | norms | lm_head | other.
 std::string component_of(const std::string& name) {
@@ -51,7 +66,7 @@ std::string inspect_quantized(const InspectOptions& o) {
   const ModelConfig cfg = load_model_config(o.model_dir);
   const torch::Dtype dtype = torch_dtype(stored_dtype(cfg.torch_dtype), torch::kCPU);
   const auto t0 = std::chrono::steady_clock::now();
-  const LlamaModel m = LlamaModel::load(o.model_dir, dtype, torch::kCPU, q);
+  const LlamaModel m = load_with_quant_flag(o.model_dir, dtype, torch::kCPU, q);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   int64_t q_params = 0, q_packed = 0, q_consts = 0, f_params = 0, f_bytes = 0, n_quantized = 0;
@@ -235,7 +250,7 @@ std::string cmd_generate(const GenerateCliOptions& o) {
   for (int32_t id : ids_in) prompt.push_back(id);
   QuantOptions q;
   q.quant_type = parse_quant_method(o.quant);
-  LlamaModel model = LlamaModel::load(o.model_dir, torch_dtype(parse_dtype(o.dtype), device), device, q);
+  LlamaModel model = load_with_quant_flag(o.model_dir, torch_dtype(parse_dtype(o.dtype), device), device, q);
   if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);  // dropout off
   // Dequantize the 4-bit linears once rather than at every decode step (same values: eval does the
   // same, RealModelParity.SmolLM2Nf4GreedyDecodeCachedDequantMatchesTransformers), within 2 GiB.

@@ -33,7 +33,7 @@ std::string quoted(const std::string& piece) {
 }  // namespace
 
 std::string cmd_tokenize(const TokenizeOptions& o) {
-  const int sources = int(!o.text.empty()) + int(!o.file.empty()) + int(!o.chat.empty());
+  const int sources = int(o.has_text || !o.text.empty()) + int(!o.file.empty()) + int(!o.chat.empty());
   QLORA_CHECK(sources == 1, "tokenize: give exactly one of --text, --file, --chat");
   QLORA_CHECK(o.chat.empty() || !o.template_name.empty(), "tokenize: --chat needs --template NAME (or auto)");
   QLORA_CHECK(!o.chat.empty() || o.template_name.empty(), "tokenize: --template applies to --chat only");

@@ -75,7 +75,7 @@ int run(int argc, char** argv) {
   auto* tokenize = app.add_subcommand("tokenize", "ids and pieces of a text, or one chat rendered with labels");
   tokenize->add_option("model_dir", tkz.model_dir, "Hugging Face model directory (or tokenizer file)")->required();
   auto* tkz_src = tokenize->add_option_group("input", "what to tokenise");
-  tkz_src->add_option("--text", tkz.text, "text to tokenise");
+  const CLI::Option* tkz_text = tkz_src->add_option("--text", tkz.text, "text to tokenise (\"\" = the empty text)");
   tkz_src->add_option("--file", tkz.file, "tokenise this file's bytes");
   tkz_src->add_option("--chat", tkz.chat, "one conversation {\"messages\": [...]} (JSON) to render with --template");
   tkz_src->require_option(1);
@@ -218,6 +218,7 @@ int run(int argc, char** argv) {
 
   if (*inspect) std::cout << qlora::cmd_inspect(ins);
   if (*generate) std::cout << qlora::cmd_generate(gen);
+  tkz.has_text = tkz_text->count() > 0;
   if (*tokenize) std::cout << qlora::cmd_tokenize(tkz);
   if (*init_model) qlora::cmd_init_model(init);
   if (*merge_cmd) qlora::cmd_merge(mrg);

@@ -239,13 +239,23 @@ std::string DataStats::summary() const {
 std::string render_masked(const Example& ex, const Tokenizer& tok) {
   std::string out;
   if (tok.is_hf_json()) {
-    // tokenizer.json pieces are byte-level ("Ġ", "Ċ") or metaspace: decode each run of equal
-    // label state with the tokenizer's decoder, special tokens written out
+    // tokenizer.json pieces are byte-level ("Ġ", "Ċ") or metaspace: each run of equal label state
+    // is shown as decode(ids up to its end) minus decode(ids before it), special tokens written
+    // out, so the runs concatenate to decode(all ids). Decoding a run alone would differ where the
+    // decoder looks at position: Llama 2's Strip(" ", 1, 0) drops the leading space of every run
+    // ("[/INST]]]The" for "[/INST] The"). Where the shorter decode is not a prefix of the longer
+    // (a UTF-8 character split across the boundary), the run is decoded alone.
+    std::string before;  // decode(ids[0, i))
     for (size_t i = 0; i < ex.input_ids.size();) {
       const bool m = ex.labels[i] == kIgnoreIndex;
-      TokenIds run;
-      for (; i < ex.input_ids.size() && (ex.labels[i] == kIgnoreIndex) == m; ++i) run.push_back(ex.input_ids[i]);
-      const std::string text = tok.decode(run, /*skip_special_tokens=*/false);
+      const size_t start = i;
+      for (; i < ex.input_ids.size() && (ex.labels[i] == kIgnoreIndex) == m; ++i) {}
+      const std::string upto = tok.decode(TokenIds(ex.input_ids.begin(), ex.input_ids.begin() + i), false);
+      const std::string text =
+          upto.compare(0, before.size(), before) == 0
+              ? upto.substr(before.size())
+              : tok.decode(TokenIds(ex.input_ids.begin() + start, ex.input_ids.begin() + i), false);
+      before = upto;
       out += m ? "[[" + text + "]]" : text;
     }
     return out;

@@ -116,7 +116,8 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
                            const std::string& model_dir = "");
 
 /// An example's tokens as text, masked runs wrapped in [[ ]] (special ids shown as pieces;
-/// tokenizer.json: each run decoded by the tokenizer's decoder).
+/// tokenizer.json: each run is decode(ids up to its end) minus decode(ids before it), so without the
+/// markers the text is decode(all ids, skip_special_tokens=false), as transformers' decode).
 std::string render_masked(const Example& ex, const Tokenizer& tok);
 
 }  // namespace qlora::data

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
@@ -121,13 +122,33 @@ std::string field_name(const DataOptions& o, const std::string& canonical) {
   return it == o.field_map.end() ? canonical : it->second;
 }
 
+// "" or, when data.field_map looks written the wrong way round for record `obj` (an entry whose value
+// is one of our field names and whose key is not, but is a field of the record: `{question:
+// instruction}` for a file with `question`), "; data.field_map {question: instruction} looks swapped
+// (it maps our field name to the name in your file): write {instruction: question}".
+std::string swapped_field_map_hint(const json& obj, const DataOptions& o) {
+  static const std::set<std::string> kOurs = {"instruction", "input",  "output", "system",   "conversations",
+                                              "messages",    "text",   "tools",  "tool_calls"};
+  std::string got, want;
+  for (const auto& [ours, theirs] : o.field_map) {
+    if (kOurs.count(ours) || !kOurs.count(theirs) || !obj.is_object() || !obj.contains(ours)) continue;
+    got += (got.empty() ? "" : ", ") + ours + ": " + theirs;
+    want += (want.empty() ? "" : ", ") + theirs + ": " + ours;
+  }
+  if (got.empty()) return "";
+  return "; data.field_map {" + got + "} looks swapped (it maps our field name to the name in your file): write {" +
+         want + "}";
+}
+
 // A required (or optional) string field; empty strings are an error unless allow_empty.
 bool get_string(const json& obj, const DataOptions& o, const std::string& canonical, bool required,
                 bool allow_empty, std::string* out) {
   const std::string name = field_name(o, canonical);
   auto it = obj.find(name);
   if (it == obj.end() || it->is_null()) {
-    if (required) bad("missing field", "missing field '" + name + "'", it == obj.end() ? JsonPath{} : JsonPath{name});
+    if (required)
+      bad("missing field", "missing field '" + name + "'" + swapped_field_map_hint(obj, o),
+          it == obj.end() ? JsonPath{} : JsonPath{name});
     return false;
   }
   if (!it->is_string())
@@ -159,8 +180,10 @@ std::string detect(const json& j, const DataOptions& o) {
   if (j.contains(field_name(o, "text"))) return "completion";
   std::string keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
-  bad("unknown format", "cannot detect the format from the keys [" + keys +
-                            "]; set data.format (alpaca|sharegpt|messages|completion) or data.field_map");
+  const std::string hint = swapped_field_map_hint(j, o);
+  bad("unknown format", "cannot detect the format from the keys [" + keys + "]" +
+                            (hint.empty() ? "; set data.format (alpaca|sharegpt|messages|completion) or data.field_map"
+                                          : hint));
 }
 
 void append_system(const json& j, const DataOptions& o, Record* r) {

@@ -157,11 +157,16 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
       }
     }
   } else if (name == "llama2") {
-    // [INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] + " {assistant} " EOS
+    // Meta's Llama-2-chat jinja (tests/fixtures/chat_templates/llama2_chat.jinja):
+    //   user:      bos_token + '[INST] ' + content.strip() + ' [/INST]', the first user turn's content
+    //              being '<<SYS>>\n' + system + '\n<</SYS>>\n\n' + user (stripped as a whole)
+    //   assistant: ' ' + content.strip() + ' ' + eos_token
+    // but one BOS (Meta: one before every [INST]), and lenient roles (tool turns as user turns,
+    // a later system turn folded into the next user turn) where the jinja raises.
     for (; k < r.turns.size(); ++k) {
       const Turn& t = r.turns[k];
       if (t.role == "assistant") {
-        b.text(" " + assistant_text(t) + " ", true);
+        b.text(" " + py_strip(assistant_text(t)) + " ", true);
         b.special(eos, true);
       } else if (t.role == "system") {
         sys += (sys.empty() ? "" : "\n") + t.content;
@@ -169,7 +174,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
         std::string u = t.content;
         if (!sys.empty()) u = "<<SYS>>\n" + sys + "\n<</SYS>>\n\n" + u;
         sys.clear();
-        b.text("[INST] " + u + " [/INST]", false);
+        b.text("[INST] " + py_strip(u) + " [/INST]", false);
       }
     }
   } else if (name == "vicuna") {

@@ -48,7 +48,36 @@ int64_t positive_uint(const GgufFile& f, const std::string& key) {
   return static_cast<int64_t>(v);
 }
 
+/// Refuses a GGUF that is not a model, before any model key is read: `general.type` (llama.cpp's
+/// gguf.GGUFType: "model", "adapter", "imatrix", "mmproj"; absent in older files = a model) other than
+/// "model"; LoRA tensors (`*.lora_a` / `*.lora_b`, convert_lora_to_gguf.py's names) without it; and a
+/// file with no tensors (a vocab-only GGUF, convert_hf_to_gguf.py --vocab-only). Throws qlora::Error
+/// naming the file and the key, with what to give instead.
+void check_is_model(const GgufFile& f) {
+  const bool typed = f.has("general.type");
+  const std::string type = typed ? f.get_string("general.type") : "model";
+  bool lora_tensors = false;
+  for (const auto& t : f.tensors()) {
+    const std::string& n = t.name;
+    const std::string tail = n.size() >= 7 ? n.substr(n.size() - 7) : "";
+    lora_tensors |= tail == ".lora_a" || tail == ".lora_b";
+  }
+  if (type == "adapter" || lora_tensors) {
+    const bool kinded = f.has("adapter.type");
+    const std::string kind = kinded ? f.get_string("adapter.type") : "lora";
+    fail(f.path(), ": metadata key 'general.type': ", typed ? "'" + type + "'" : std::string("absent"),
+         type == "adapter" ? "" : ", but the tensors are named *.lora_a / *.lora_b", ": this is a ",
+         kind == "lora" ? "LoRA" : kind, " adapter GGUF", kinded ? " (adapter.type '" + kind + "')" : std::string(),
+         ", not a model; import-gguf needs the base model's GGUF (converting adapter GGUFs is not supported)");
+  }
+  QLORA_CHECK(type == "model", f.path(), ": metadata key 'general.type': '", type,
+              "' is not a model GGUF (import-gguf imports general.type 'model')");
+  QLORA_CHECK(!f.tensors().empty(), f.path(),
+              ": the file has no tensors (a vocab-only GGUF?); import-gguf needs a model GGUF with its weights");
+}
+
 Hparams read_hparams(const GgufFile& f) {
+  check_is_model(f);
   Hparams h;
   h.arch = f.get_string("general.architecture");
   QLORA_CHECK(h.arch == "llama" || h.arch == "qwen2" || h.arch == "qwen3", f.path(),

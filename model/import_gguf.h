@@ -50,7 +50,8 @@ struct ImportGgufResult {
 /// Imports `gguf_path` into `out_dir`. Everything is built in "<out_dir>.tmp-<pid>" and renamed at
 /// the end, so on any error `out_dir` is left as it was (absent or empty) and no temporary remains.
 /// Throws qlora::Error naming the file and the metadata key or tensor: an unreadable/malformed
-/// GGUF (gguf::GgufFile's checks), an architecture other than llama/qwen2/qwen3 (qwen3moe and
+/// GGUF (gguf::GgufFile's checks), a GGUF that is not a model (general.type other than "model",
+/// e.g. a LoRA adapter, said so by name; LoRA tensor names; no tensors, as a vocab-only file), an architecture other than llama/qwen2/qwen3 (qwen3moe and
 /// the rest are refused by name), qwen3 value_length differing from key_length or a
 /// rope.dimension_count differing from it (partial RoPE), a tokenizer other than
 /// "gpt2" (byte-level BPE) or "llama" (sentencepiece BPE; without merges it needs

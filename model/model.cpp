@@ -381,9 +381,10 @@ LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::D
   QLORA_CHECK(!bnb.load_in_8bit, cfg_path, ": quantization_config asks for 8-bit bitsandbytes weights "
               "(load_in_8bit); only 4-bit (nf4/fp4) checkpoints are supported");
   if (bnb.present && q.enabled())
-    QLORA_CHECK(bnb.quant_type == kernels::quant_type_name(q.type()), cfg_path,
-                ": the checkpoint is stored as bitsandbytes ", bnb.quant_type, " but ",
-                kernels::quant_type_name(q.type()), " was requested");
+    QLORA_CHECK(bnb.quant_type == kernels::quant_type_name(q.type()), "quantization.method: ",
+                kernels::quant_type_name(q.type()), " was requested, but ", cfg_path,
+                ": the checkpoint is stored as bitsandbytes ", bnb.quant_type, " (method ", bnb.quant_type,
+                " uses it as stored; none dequantizes it)");
   st::SafetensorsCheckpoint ckpt(dir);
   int64_t n_quantized = 0, n_prequantized = 0;
   for (const Shape& w : expected_weights(m)) {
@@ -399,8 +400,9 @@ LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::D
         QLORA_CHECK(!bnb.present || bnb.quant_type == stored, path, ": tensor '", w.name,
                     "' is stored as ", stored, " but config.json's quantization_config asks for ",
                     bnb.quant_type);
-        QLORA_CHECK(!q.enabled() || q.type() == qw.type, path, ": tensor '", w.name,
-                    "' is stored as ", stored, " but ", kernels::quant_type_name(q.type()), " was requested");
+        QLORA_CHECK(!q.enabled() || q.type() == qw.type, "quantization.method: ", kernels::quant_type_name(q.type()),
+                    " was requested, but ", path, ": tensor '", w.name, "' is stored as ", stored, " (method ",
+                    stored, " uses it as stored; none dequantizes it)");
         w.linear->qweight = std::make_shared<const QuantizedWeight>(device.is_cpu() ? std::move(qw) : qw.to(device));
         ++n_prequantized;
         continue;

@@ -119,7 +119,8 @@ class LlamaModel {
   /// re-quantization; `q` (when enabled) must then ask for the stored quant type.
   /// Throws qlora::Error naming the file / tensor: a missing tensor, a shape mismatch, an 8-bit
   /// bitsandbytes checkpoint, a stored quant type that differs from the config's or `q`'s (both
-  /// named), malformed quant_state JSON, a missing absmax / quant_map / nested tensor, or a
+  /// named; against `q` the message starts "quantization.method: ", so with_key_sources can put
+  /// that key's file:line / --set in front), malformed quant_state JSON, a missing absmax / quant_map / nested tensor, or a
   /// module in q that cannot be quantized.
   static LlamaModel load(const std::string& dir, torch::Dtype dtype, torch::Device device,
                          const QuantOptions& q);

@@ -62,6 +62,9 @@ class GgufBuilder {
     tensor(name, std::move(ne), 0, std::move(d));
   }
 
+  /// Drops every tensor added so far (a vocab-only file: metadata, no weights).
+  void drop_tensors() { tensors_.clear(); }
+
   std::string bytes() const {
     std::string out = magic + pod(version) + pod<uint64_t>(tensors_.size()) + pod<uint64_t>(n_kv_) + kvs_;
     uint64_t off = 0;

@@ -225,7 +225,9 @@ void Trainer::setup() {
   const torch::Dtype dtype = torch_dtype(cfg_.model.dtype, device_);
   const QuantOptions& q = cfg_.quantization;
   if (!cfg_.model.path.empty()) {
-    model_ = std::make_unique<LlamaModel>(LlamaModel::load(cfg_.model.path, dtype, device_, q));
+    // (a quant type other than the stored one names quantization.method's file:line / --set)
+    model_ = std::make_unique<LlamaModel>(
+        with_key_sources(cfg_, [&] { return LlamaModel::load(cfg_.model.path, dtype, device_, q); }));
     const std::string honoured = honour_quant_request(*model_, q);
     if (!honoured.empty()) log::warn(honoured);
   } else {

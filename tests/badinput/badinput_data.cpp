@@ -73,6 +73,29 @@ TEST(BadInputData, EachFileNamesFileLineAndProblem) {
   EXPECT_NE(error_of("/nonexistent/x.json").find("/nonexistent/x.json: dataset file not found"), std::string::npos);
 }
 
+// data.field_map written the wrong way round ({question: instruction}: the file's name -> ours) is
+// said so, with the map to write, where the format cannot be detected or a mapped field is missing.
+TEST(BadInputData, SwappedFieldMapIsNamed) {
+  const fs::path p = corpus("field_map_swapped.jsonl");
+  DataOptions o;
+  o.field_map = {{"question", "instruction"}, {"answer", "output"}};
+  const std::string swapped = "data.field_map {answer: output, question: instruction} looks swapped (it maps our "
+                              "field name to the name in your file): write {output: answer, instruction: question}";
+  EXPECT_EQ(error_of(p, o), p.string() + ":1: cannot detect the format from the keys [question, answer]; " + swapped);
+  o.format = "alpaca";
+  EXPECT_EQ(error_of(p, o), p.string() + ":1: missing field 'instruction'; " + swapped);
+  // the right way round reads the file; a map that is not swapped keeps the generic advice
+  o.field_map = {{"instruction", "question"}, {"output", "answer"}};
+  ReadStats st;
+  const auto recs = read_records(p.string(), o, &st);
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0].turns.back().content, "4");
+  o.format = "auto";
+  o.field_map = {{"prompt", "instruction"}};
+  EXPECT_EQ(error_of(p, o), p.string() + ":1: cannot detect the format from the keys [question, answer]; set "
+                                         "data.format (alpaca|sharegpt|messages|completion) or data.field_map");
+}
+
 TEST(BadInputData, SkipInvalidCounts) {
   size_t kept = 0;
   EXPECT_EQ(skipped("malformed_line.jsonl", "invalid JSON", &kept), 1);

@@ -253,6 +253,40 @@ std::vector<Case> corpus() {
     b.tensor_f32("rope_freqs.weight", {2}, {1.f, 1.f});
     c.push_back({"rope_freqs_qwen2", b.bytes(), "tensor 'rope_freqs.weight': not expected in a qwen2 model"});
   }
+  // Not a model (llama.cpp's general.type; the gguf-py-written adapter and vocab-only files are in
+  // test_import_gguf): refused before any model key is read.
+  {
+    GgufBuilder b;
+    b.str("general.architecture", "llama");
+    b.str("general.type", "adapter");
+    b.str("adapter.type", "lora");
+    b.f32("adapter.lora.alpha", 16.f);
+    b.tensor_f32("blk.0.attn_q.weight.lora_a", {8, 2}, std::vector<float>(16, 0.f));
+    b.tensor_f32("blk.0.attn_q.weight.lora_b", {2, 8}, std::vector<float>(16, 0.f));
+    c.push_back({"lora_adapter", b.bytes(),
+                 "metadata key 'general.type': 'adapter': this is a LoRA adapter GGUF (adapter.type 'lora'), not a "
+                 "model; import-gguf needs the base model's GGUF (converting adapter GGUFs is not supported)"});
+  }
+  {
+    GgufBuilder b;  // no general.type: recognised by the tensor names
+    b.str("general.architecture", "llama");
+    b.tensor_f32("blk.0.attn_q.weight.lora_a", {8, 2}, std::vector<float>(16, 0.f));
+    c.push_back({"lora_tensors_untyped", b.bytes(),
+                 "metadata key 'general.type': absent, but the tensors are named *.lora_a / *.lora_b: this is a "
+                 "LoRA adapter GGUF"});
+  }
+  {
+    GgufBuilder b = tiny();
+    b.str("general.type", "imatrix");
+    c.push_back({"imatrix_type", b.bytes(),
+                 "metadata key 'general.type': 'imatrix' is not a model GGUF (import-gguf imports general.type 'model')"});
+  }
+  {
+    GgufBuilder b = tiny();
+    b.str("general.type", "model");
+    b.drop_tensors();
+    c.push_back({"vocab_only", b.bytes(), "the file has no tensors (a vocab-only GGUF?); import-gguf needs a model GGUF"});
+  }
   c.push_back({"missing_tensor", tiny({"blk.1.ffn_down.weight"}).bytes(), "tensor 'blk.1.ffn_down.weight': missing"});
   {
     GgufBuilder b = tiny({"blk.0.attn_k.weight"});

@@ -224,6 +224,66 @@ TEST(BuiltinTemplates, BosAsTheTokenizerAddsItAndNoDoubledMarkers) {
   EXPECT_EQ(checked, (std::map<std::string, int>{{"llama2_hf", 26}, {"llama3_bpe", 26}, {"qwen2_bpe", 26}, {"smollm2", 26}}));
 }
 
+// The masked view of `qlora tokenize --chat` / `data preview` on tokenizer.json dirs: without its
+// [[ ]] markers it is transformers' tok.decode(ids) of the whole example. On the HF-saved Llama 2
+// tokenizer (Metaspace, decoder Strip(" ", 1, 0)) decoding each run alone dropped the space after
+// every boundary ("[/INST]]]Hello" for "[/INST] Hello"); the ids were right.
+TEST(BuiltinTemplates, MaskedViewIsTransformersDecodeOfTheIds) {
+  QLORA_REQUIRE_FIXTURE(refs, "templates/template_refs.json");
+  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  std::map<std::string, int> checked;
+  int space_after_marker = 0;  // llama2_hf views with "]] " (a run starting with a space)
+  for (const auto& c : j["builtin"]) {
+    if (c["template"] == "text") continue;
+    ASSERT_TRUE(c.contains("decoded")) << "old template refs: rerun make_template_refs.py";
+    const std::string tdir = c["tokenizer"], name = c["template"];
+    const Tokenizer tok = Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers" / tdir).string());
+    Record r;
+    if (c.contains("record")) {
+      r = record_from_json(c["record"].dump(), "builtin.json", DataOptions{});
+    } else {
+      for (const auto& t : c["turns"]) r.turns.push_back({t["role"], t["content"]});
+    }
+    const Example ex = tokenize(render(r, name, tok, true), tok, false);
+    ASSERT_EQ(ex.input_ids, c["ids"].get<TokenIds>()) << name << " on " << tdir;
+    const std::string view = render_masked(ex, tok);
+    // The reference has no "[[" / "]]" (make_template_refs.py asserts it), so removing each marker
+    // pair leaves exactly the text: a run of brackets keeps its parity.
+    std::string text = view;
+    for (const std::string mark : {"[[", "]]"})
+      for (size_t at; (at = text.find(mark)) != std::string::npos;) text.erase(at, 2);
+    EXPECT_EQ(text, c["decoded"].get<std::string>()) << name << " on " << tdir << ": " << view;
+    if (tdir == "llama2_hf") space_after_marker += view.find("]] ") != std::string::npos;
+    ++checked[tdir];
+  }
+  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama2_hf", 24}, {"llama3_bpe", 24}, {"qwen2_bpe", 24}, {"smollm2", 24}}));
+  EXPECT_GT(space_after_marker, 0);  // the case the per-run decode got wrong is among them
+}
+
+// `llama2` is Meta's Llama-2-chat jinja (tests/fixtures/chat_templates/llama2_chat.jinja) with one
+// BOS: ids equal transformers' tokenizer(jinja rendered with bos_token "") on the HF-saved Llama 2
+// tokenizer, for conversations with whitespace around system / user / assistant contents, which
+// the jinja strips (content.strip()). Before, " Blue " gave "▁▁", "Blue", "▁▁" where Meta's gives "▁Blue".
+TEST(BuiltinTemplates, Llama2IsMetasJinjaWithOneBos) {
+  QLORA_REQUIRE_FIXTURE(refs, "templates/template_refs.json");
+  QLORA_REQUIRE_FIXTURE(tdir, "tokenizers/llama2_hf");
+  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  ASSERT_TRUE(j.contains("llama2_meta")) << "old template refs: rerun make_template_refs.py";
+  const Tokenizer tok = Tokenizer::from_pretrained(tdir.string());
+  int n = 0, exact = 0;
+  for (const auto& c : j["llama2_meta"]) {
+    Record r;
+    for (const auto& t : c["turns"]) r.turns.push_back({t["role"], t["content"]});
+    const auto segs = render(r, "llama2", tok, true);
+    EXPECT_EQ(render_string(segs, tok), "<s>" + c["rendered_one_bos"].get<std::string>()) << c["turns"].dump();
+    EXPECT_EQ(tokenize(segs, tok, false).input_ids, c["ids"].get<TokenIds>()) << c["turns"].dump();
+    ++n;
+    exact += c["exact"].get<bool>();
+  }
+  EXPECT_EQ(n, 14);
+  EXPECT_EQ(exact, 11);
+}
+
 // A named template that is not the model's own family template is worth a warning (train, data
 // preview): SmolLM2 with the default chatml. Nothing to say for the model's own template, or for a
 // model without a known chat template.

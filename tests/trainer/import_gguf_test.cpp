@@ -474,6 +474,34 @@ TEST(ImportGguf, CliRefusesBadInputWithOneLineAndExit1) {
   fs::remove_all(dir);
 }
 
+// GGUFs that are not models, written by gguf-py as llama.cpp's converters write them
+// (make_gguf_refs.py make_not_models): a LoRA adapter (general.type "adapter") is refused in one
+// line saying so and what to give instead, not "metadata key 'llama.embedding_length': missing";
+// a vocab-only file (general.type "model", no tensors) is refused as having no tensors. Both from
+// the library and the CLI (exit 1), nothing left in --out.
+TEST(ImportGguf, NotAModelGgufRefusedByItsType) {
+  QLORA_REQUIRE_FIXTURE(adapter, "gguf/lora_adapter.gguf");
+  QLORA_REQUIRE_FIXTURE(vocab_only, "gguf/vocab_only.gguf");
+  const fs::path dir = qlora::test::fresh_temp_dir("import_not_model");
+  const std::vector<std::pair<fs::path, std::string>> cases = {
+      {adapter, ": metadata key 'general.type': 'adapter': this is a LoRA adapter GGUF (adapter.type 'lora'), not a "
+                "model; import-gguf needs the base model's GGUF (converting adapter GGUFs is not supported)"},
+      {vocab_only, ": the file has no tensors (a vocab-only GGUF?); import-gguf needs a model GGUF with its weights"}};
+  for (const auto& [path, want] : cases) {
+    try {
+      qlora::import_gguf({path.string(), (dir / "out").string(), "fp32"});
+      ADD_FAILURE() << path << ": accepted";
+    } catch (const qlora::Error& e) {
+      EXPECT_EQ(std::string(e.what()), path.string() + want);
+    }
+    const CliRun r = run_cli({"import-gguf", path.string(), "--out", (dir / "out").string()}, dir / "log");
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_EQ(r.out, "error: " + path.string() + want + "\n");
+    EXPECT_FALSE(fs::exists(dir / "out"));
+  }
+  fs::remove_all(dir);
+}
+
 // Tiny llama: the permutation moves rows as llama.cpp's permute inverse; tied; tokenizer variant
 // with a pre-tokenizer regex (tokenizer.ggml.pre = qwen2) and control tokens.
 TEST(ImportGguf, TinyLlamaPermutationAndTokenizer) {

@@ -245,9 +245,11 @@ TEST_P(BnbCheckpoint, RequestingAnotherQuantTypeNamesBoth) {
   QuantOptions q = nf4();
   q.quant_type = is_nf4 ? kernels::Quant4Type::FP4 : kernels::Quant4Type::NF4;
   const std::string e = error_of([&] { LlamaModel::load(dir.string(), torch::kFloat32, torch::kCPU, q); });
-  const std::string want = std::string("stored as bitsandbytes ") + (is_nf4 ? "nf4 but fp4" : "fp4 but nf4") +
-                           " was requested";
-  EXPECT_NE(e.find(want), std::string::npos) << e;
+  const char* stored = is_nf4 ? "nf4" : "fp4";
+  const std::string want = std::string("quantization.method: ") + (is_nf4 ? "fp4" : "nf4") + " was requested, but " +
+                           (dir / "config.json").string() + ": the checkpoint is stored as bitsandbytes " + stored +
+                           " (method " + stored + " uses it as stored; none dequantizes it)";
+  EXPECT_EQ(e, want);
   // the same type loads (as stored, no re-quantization)
   q.quant_type = is_nf4 ? kernels::Quant4Type::NF4 : kernels::Quant4Type::FP4;
   EXPECT_TRUE(LlamaModel::load(dir.string(), torch::kFloat32, torch::kCPU, q).linears()[0]->quantized());

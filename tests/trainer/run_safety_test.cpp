@@ -328,6 +328,32 @@ TEST_F(Cases, StoredBnb4FormatHonoursTheRequest) {
   EXPECT_TRUE(contains(resolved, "blocksize: 128")) << resolved;
 }
 
+// Another quant type than the stored one is refused in one line that names quantization.method and
+// where it was set (a --set, or the config file's line), as other config errors do.
+TEST_F(Cases, StoredBnb4OtherMethodNamesTheKeyAndItsSource) {
+  const std::string cs = "bnb4-stored-format-overrides-config";
+  QLORA_REQUIRE_FIXTURE(bnb4, "safety/tiny_bnb4");
+  const fs::path w = work / "bnb4_method", data = case_dir(cs) / "data.json";
+  fs::create_directories(w);
+  const std::string tail = "quantization.method: fp4 was requested, but " + (bnb4 / "config.json").string() +
+                           ": the checkpoint is stored as bitsandbytes nf4 (method nf4 uses it as stored; none "
+                           "dequantizes it)\n";
+  Out e = sh(std::string(QLORA_BIN) + " eval --model " + bnb4.string() + " --data " + data.string() +
+             " --set data.template=alpaca --set quantization.method=fp4 --out " + (w / "e.json").string());
+  EXPECT_EQ(e.status, 1) << e.out;
+  EXPECT_TRUE(contains(e.out, "error: --set quantization.method=fp4: " + tail)) << e.out;
+  const fs::path cfg = w / "fp4.yaml";
+  std::ofstream(cfg) << "model:\n  path: " << bnb4.string() << "\nquantization:\n  method: fp4\ndata:\n  train: "
+                     << data.string() << "\n  template: alpaca\noutput_dir: " << (w / "run").string() << "\n";
+  Out t = sh(std::string(QLORA_BIN) + " train " + cfg.string());
+  EXPECT_EQ(t.status, 1) << t.out;
+  EXPECT_TRUE(contains(t.out, "error: " + cfg.string() + ":4: " + tail)) << t.out;
+  // inspect / generate take the type from --quant, and say so
+  Out i = sh(std::string(QLORA_BIN) + " inspect " + bnb4.string() + " --quant fp4");
+  EXPECT_EQ(i.status, 1) << i.out;
+  EXPECT_EQ(i.out, "error: --quant fp4 was requested, but " + tail.substr(tail.find(", but ") + 6));
+}
+
 // ---- peft-regex-or-layers-adapter-rejected -------------------------------------------------------
 
 TEST(PeftTargets, MatchesPeftCheckTargetModuleExists) {

@@ -100,6 +100,24 @@ TEST(TokenizeCli, SmolLM2IdsPiecesAndChatLabelsMatchTransformers) {
 }
 
 // generation_config.json lists two eos ids; greedy generation stops at the second one.
+// `--text ""` is the empty text, tokenised as transformers' tokenizer("") does: the post-processor's
+// ids alone (the HF-saved Llama 2: [1] = BOS; SmolLM2: none), not "give exactly one of ...".
+TEST(TokenizeCli, EmptyTextIsTokenizedAsTransformersDoes) {
+  QLORA_REQUIRE_FIXTURE(refs_path, "templates/tokenize_refs.json");
+  const json refs = json::parse(std::ifstream(refs_path));
+  ASSERT_TRUE(refs.contains("empty_text")) << "old refs: rerun make_template_refs.py";
+  for (const std::string d : {"llama2_hf", "smollm2"}) {
+    QLORA_REQUIRE_FIXTURE(tdir, "tokenizers/" + d);
+    auto r = run("tokenize " + tdir.string() + " --json --text ''");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(json::parse(r.out)["ids"], refs["empty_text"][d]["ids"]) << d;
+    r = run("tokenize " + tdir.string() + " --json --no-special --text ''");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(json::parse(r.out)["ids"], refs["empty_text"][d]["ids_no_special"]) << d;
+  }
+  EXPECT_EQ(refs["empty_text"]["llama2_hf"]["ids"], json::array({1}));
+}
+
 TEST(Generate, StopsAtAnyEosIdOfGenerationConfig) {
   const fs::path d = qlora::test::fresh_temp_dir("gen_eos");
   {
