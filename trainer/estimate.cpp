@@ -664,8 +664,15 @@ json MemoryTracker::finish() {
     return report_;
   }
   report_["comparison"] = compare_memory(estimate_, report_["phases"], device_.is_cuda());
+  const int64_t full = estimate_.options.seq_len;
+  if (longest_row_ > 0 && longest_row_ < full)
+    report_["rows"] = {{"estimated_tokens", full}, {"longest_tokens", longest_row_}};
   write();
   log::info("memory: estimated vs measured\n", format_comparison(report_["comparison"]));
+  if (report_.contains("rows"))
+    log::info("memory: the estimate is of rows of ", full, " tokens (data.sequence_len); this run's longest row had ",
+              longest_row_, " (rows are padded to their batch's longest), so its activations and logits took less "
+              "than estimated: `qlora estimate --seq-len ", longest_row_, "` estimates rows of that length");
   return report_;
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -199,14 +200,18 @@ class MemoryTracker {
     writes_ = writes;
     write();
   }
-  /// Records "after_first_step" the first time it is called; later calls do nothing.
-  void after_step() {
+  /// Records "after_first_step" the first time it is called; later calls do nothing but note
+  /// `longest_row`, the step's longest row in tokens (its batches' seq_len).
+  void after_step(int64_t longest_row) {
     if (!first_step_done_) record("after_first_step");
     first_step_done_ = true;
+    longest_row_ = std::max(longest_row_, longest_row);
   }
   /// Records "peak", compares with the estimate, writes the report and logs the comparison table.
   /// When no step ran (after_step never called: a resume of a finished run) "comparison" is [] and
-  /// "note" says why. Returns the report.
+  /// "note" says why. When the run's rows were all shorter than the estimate's seq_len (rows are
+  /// padded to their batch's longest, not to data.sequence_len), "rows" holds {"estimated_tokens",
+  /// "longest_tokens"} and a log line says the estimate is of full-length rows. Returns the report.
   nlohmann::json finish();
   bool active() const { return active_; }
 
@@ -214,6 +219,7 @@ class MemoryTracker {
   void write() const;
   bool active_ = false;
   bool first_step_done_ = false;
+  int64_t longest_row_ = 0;  ///< the longest row of any step, tokens
   bool writes_ = true;
   std::string output_dir_;
   torch::Device device_ = torch::kCPU;

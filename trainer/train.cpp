@@ -493,7 +493,9 @@ void Trainer::train_steps() {
     so.dist = dist_.get();
     StepResult r = train_step(*model_, *opt_, group, so);
     g_phase.store(kStepDone);  // a signal from here on: the checkpoint is of this step
-    memory_.after_step();
+    int64_t longest_row = 0;
+    for (const data::Batch& b : group) longest_row = std::max(longest_row, b.seq_len);
+    memory_.after_step(longest_row);
     ++step_;
     if (fault_.perturb_step == step_) {  // test hook (trainer/fault.h)
       torch::NoGradGuard ng;

@@ -221,6 +221,18 @@ TEST_F(Resume, AFinishedRunResumedIntoANewDirRunsNoStep) {
   const fs::path done = root / "finished", copy = root / "finished_copy";
   Out o = train(done);
   ASSERT_EQ(o.status, 0) << o.out;
+  {
+    // The measured run's rows were shorter than data.sequence_len (512): the report says so, with
+    // the longest row (rows are padded to their batch's longest; no packing here).
+    const json mem = json::parse(qlora::read_file((done / "memory_report.json").string()));
+    ASSERT_TRUE(mem.contains("rows")) << mem.dump();
+    EXPECT_EQ(mem["rows"]["estimated_tokens"], 512);
+    const int64_t longest = mem["rows"]["longest_tokens"].get<int64_t>();
+    EXPECT_GT(longest, 8);
+    EXPECT_LT(longest, 512);
+    EXPECT_NE(o.out.find("this run's longest row had " + std::to_string(longest) + " (rows are padded"),
+              std::string::npos) << o.out;
+  }
   o = train(copy, "--set checkpoint.resume=" + done.string());
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("is already complete at step 18 of 18 in "), std::string::npos) << o.out;
