@@ -7,6 +7,16 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
+# The cache is shared by every clone on this machine: one setup at a time fills it (a second,
+# started meanwhile, waits here instead of deleting the first one's half-made venv
+# or failing on apt's lock).
+mkdir -p "$QLORA_CACHE"
+exec 9>"$QLORA_CACHE/setup.lock"
+if ! flock -n 9; then
+  echo "[setup] another setup is filling $QLORA_CACHE; waiting for it"
+  flock 9
+fi
+
 DEBS=(libsentencepiece-dev libyaml-dev libpcre2-dev libutf8proc-dev libgloo-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libssl-dev
       libgtest-dev libbenchmark-dev ccache cmake g++ pkg-config python3-venv
       clang-14 libclang-rt-14-dev)  # clang + libFuzzer: scripts/fuzz.sh
