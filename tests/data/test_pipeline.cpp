@@ -84,7 +84,7 @@ TEST(Readers, SharedFilesWithLlamaTokenizer) {
                     F{"glaive_toolcall_en_demo.json", "sharegpt", "chatml"}, F{"c4_demo.jsonl", "completion", "none"}}) {
     QLORA_REQUIRE_SHARED(path, std::string("data/") + f.file);
     DataOptions o;
-    o.train = path.string();
+    o.train = {{path.string()}};
     o.template_name = f.tpl;
     o.sequence_len = 1024;
     const Datasets d = load_datasets(o, tok);
@@ -301,7 +301,7 @@ TEST(Length, DropTruncateAndNoTrainable) {
 namespace {
 DataOptions c4_options(const fs::path& path, int64_t sequence_len, const std::string& truncation) {
   DataOptions o;
-  o.train = path.string();
+  o.train = {{path.string()}};
   o.template_name = "none";
   o.sequence_len = sequence_len;
   o.truncation = truncation;
@@ -566,7 +566,7 @@ class AlpacaDemo : public ::testing::Test {
     QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
     QLORA_REQUIRE_SHARED(path, "data/alpaca_en_demo.json");
     tok_ = std::make_unique<Tokenizer>(model.string());
-    o.train = path.string();
+    o.train = {{path.string()}};
     o.template_name = "alpaca";
   }
   std::unique_ptr<Tokenizer> tok_;
