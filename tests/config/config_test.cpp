@@ -484,6 +484,25 @@ data:
   EXPECT_EQ(parse(to_yaml(o)), o);
 }
 
+// config.resolved.yaml writes a list whose paths YAML would read as something else (null, a
+// number, an alias, a comment, a flow collection) quoted, so they load back as the same strings.
+TEST(Config, DataTrainListRoundTripsAwkwardPaths) {
+  Config c = parse(kMinimal);
+  c.data.train.clear();
+  for (const char* p : {"null", "yes", "1e3", "0x10", "a: b", "- x", "#c", "a #b", "*x", "&y", "!t", "[a]", "{a}",
+                        "'q'", "\"dq\"", "%x", "@x", "`x", " lead", "trail ", "$x", "a$$b", "?", "-", ":", "|", ">",
+                        "tab\tin", "ünïcode/データ.jsonl"})
+    c.data.train.push_back(data::DataSource{p});
+  c.data.train[1].format = "completion";
+  c.data.train[2].field_map = std::map<std::string, std::string>{{"true", "~"}};
+  c.data.eval = {data::DataSource{"no"}};
+  const std::string y = to_yaml(c);
+  const Config back = parse(y);
+  EXPECT_EQ(back, c) << y;
+  EXPECT_EQ(to_yaml(back), y);
+  EXPECT_EQ(data_sources_in(y, "train", "stored"), c.data.train) << y;
+}
+
 TEST(Config, BadDataTrainListEntriesNameTheEntryKeyAndLine) {
   ::unsetenv("QLORA_T_UNSET");
   auto data = [](const std::string& body) {
