@@ -18,6 +18,7 @@
 #include "test_util.h"
 #include "tiny_run.h"
 #include "trainer/checkpoint.h"
+#include "trainer/train.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -596,6 +597,35 @@ TEST_F(Resume, DataTrainListResumesAndAChangedListIsRefused) {
   EXPECT_NE(o.out.find("resume: from " + (single / "checkpoints" / "checkpoint-3").string() + " at step 3 "),
             std::string::npos) << o.out;
   EXPECT_EQ(qlora::read_file((single / "adapter_model.safetensors").string()), adapter);
+}
+
+// The resume refusal's wording for each kind of change of a data list (data_source_changes).
+TEST(DataSourceChanges, NameWhatChangedPerFile) {
+  using qlora::data::DataSource;
+  using Map = std::map<std::string, std::string>;
+  const Map sha_then = {{"a", "aaaa11112222"}, {"b", "bbbb11112222"}};
+  std::vector<std::string> moved;
+  auto changes = [&](const std::vector<DataSource>& before, const std::vector<DataSource>& now, const Map& sha_now) {
+    moved.clear();
+    return qlora::data_source_changes("data.train", before, sha_then, now, sha_now, &moved);
+  };
+  using V = std::vector<std::string>;
+  // One plain path each side: named data.train, as before lists.
+  EXPECT_EQ(changes({{"a"}}, {{"c"}}, {{"c", "cccc"}}), V{"data.train: a -> c"});
+  EXPECT_EQ(changes({{"a"}}, {{"a2"}}, {{"a2", "aaaa11112222"}}), V{});
+  EXPECT_EQ(moved, V{"data.train moved: a -> a2 (same content, sha256 aaaa11112222)"});
+  EXPECT_EQ(changes({{"a"}}, {{"a"}, {"b"}, {"c"}}, {}), V{"data.train: 1 file -> 3 files (added b, c)"});
+  EXPECT_EQ(changes({{"a"}, {"b"}}, {{"c"}}, {}), V{"data.train: 2 files -> 1 file (added c; removed a, b)"});
+  EXPECT_EQ(changes({{"a"}, {"b"}}, {{"b"}, {"a"}}, {}),
+            V{"data.train: the same files in another order (a, b -> b, a): the concatenation, and so every batch, differs"});
+  EXPECT_EQ(changes({{"a"}, {"b"}}, {{"a"}, {"b2"}}, {{"b2", "bbbb11112222"}}), V{});
+  EXPECT_EQ(moved, V{"data.train[1] moved: b -> b2 (same content, sha256 bbbb11112222)"});
+  DataSource b_mapped{"b", std::string("sharegpt"), Map{{"instruction", "q"}}, Map{{"bot", "assistant"}}};
+  EXPECT_EQ(changes({{"a"}, {"b"}}, {{"a"}, b_mapped}, {}),
+            (V{"data.train[1].format: (unset) -> sharegpt", "data.train[1].field_map: (unset) -> {instruction: q}",
+               "data.train[1].role_map: (unset) -> {bot: assistant}"}));
+  // One path that gained an override is an entry of a list: named data.train[0].
+  EXPECT_EQ(changes({{"a"}}, {{"a", std::string("alpaca")}}, {}), V{"data.train[0].format: (unset) -> alpaca"});
 }
 
 // `qlora data preview` with one path and with it as a one-entry list: the same text, byte for byte.
