@@ -809,7 +809,7 @@ void read_sources(const Section& s, const char* key, bool required, std::vector<
   for (size_t i = 0; i < n->items.size(); ++i) {
     const yaml::Node& item = n->items[i];
     data::DataSource src;
-    if (item.is_scalar()) {
+    if (item.is_scalar() && !item.is_null()) {  // `- ~` is no path (not $HOME): the error below
       std::string why;
       src.path = expand_path(item.value, &why);
       if (!why.empty()) s.item_error(key, i, why);

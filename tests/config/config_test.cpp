@@ -528,6 +528,9 @@ TEST(Config, BadDataTrainListEntriesNameTheEntryKeyAndLine) {
             "t.yaml:6: data.train[1].path: expected a non-empty string, got \"\" (a quoted string)");
   EXPECT_EQ(data("  train:\n    - a.jsonl\n    - \"\"\n"),
             "t.yaml:6: data.train[1]: expected a non-empty path, got \"\" (a quoted string)");
+  EXPECT_EQ(data("  train:\n    - a.jsonl\n    - ~\n"),
+            "t.yaml:6: data.train[1]: expected a path or a map {path: FILE, format: ..., field_map: {...}, role_map: "
+            "{...}}, got nothing (an empty value)");
   EXPECT_EQ(data("  train:\n    - [a.jsonl]\n"),
             "t.yaml:5: data.train[0]: expected a path or a map {path: FILE, format: ..., field_map: {...}, role_map: "
             "{...}}, got a list");
