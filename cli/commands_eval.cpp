@@ -55,7 +55,7 @@ Config eval_config(const EvalOptions& o) {
   base.output_dir = "eval";
   base.model.path = o.model_dir;
   base.model.dtype = DType::kAuto;
-  base.data.train = o.data;
+  base.data.train = {data::DataSource{o.data}};
   // An adapter trained here says how its examples were rendered: its run's template and length
   // (config.resolved.yaml beside a run's final adapter; a checkpoint dir's trainer_state.json
   // "config"), so a loss compares with its training eval_loss; --set wins.
@@ -138,16 +138,18 @@ std::string cmd_eval(const EvalOptions& o) {
   data::DataOptions dopts = cfg.data;
   dopts.template_name = with_key_sources(cfg, [&] { return data::resolve_template(dopts.template_name, tok_src); });
   if (!o.data.empty()) {
-    dopts.train = o.data;
+    dopts.train = {data::DataSource{o.data}};
     dopts.eval.clear();
     dopts.val_set_size = 0;
   }
   data::Datasets ds = with_key_sources(cfg, [&] { return data::load_datasets(dopts, tok); });
   const bool eval_file = o.data.empty() && !dopts.eval.empty();
-  if (const std::string note = data::unused_records_note(eval_file ? ds.eval_stats : ds.stats); !note.empty())
-    log::warn("data: ", eval_file ? dopts.eval : dopts.train, ": ", note);
-  if (const std::string note = data::placeholder_note((eval_file ? ds.eval_stats : ds.stats).read); !note.empty())
-    log::warn("data: ", eval_file ? dopts.eval : dopts.train, ": ", note);
+  for (const data::SourceStats& f : eval_file ? ds.eval_sources : ds.train_sources) {  // each file's own drops
+    if (const std::string note = data::unused_records_note(f.stats); !note.empty())
+      log::warn("data: ", f.source.path, ": ", note);
+    if (const std::string note = data::placeholder_note(f.stats.read); !note.empty())
+      log::warn("data: ", f.source.path, ": ", note);
+  }
   // The model was tuned on its own chat format: a loss in another one is not the model's best and
   // does not compare with a run that used the model's template (as `train` and `data preview` warn).
   if (const std::string note = data::template_mismatch_note(dopts.template_name, tok_src);
@@ -187,7 +189,9 @@ std::string cmd_eval(const EvalOptions& o) {
   const auto [loss, targets] = evaluate_loss(model, exs, cfg.training.micro_batch_size, dopts, pad_id);
   json j = {{"model", cfg.model.path.empty() ? cfg.model.preset : cfg.model.path},
             {"adapter", o.adapter},
-            {"data", !o.data.empty() ? o.data : !dopts.eval.empty() ? dopts.eval : dopts.train + " (val_set_size hold-out)"},
+            {"data", !o.data.empty()        ? o.data
+                     : !dopts.eval.empty() ? data::source_paths(dopts.eval)
+                                           : data::source_paths(dopts.train) + " (val_set_size hold-out)"},
             {"examples", static_cast<int64_t>(exs.size())},
             {"template", dopts.template_name},
             {"sequence_len", dopts.sequence_len},

@@ -359,6 +359,12 @@ class Section {
     const yaml::Mark m = e && e->value.is_sequence() && i < e->value.items.size() ? e->value.items[i].mark : mark_;
     ctx_.error(key_path(key) + "[" + std::to_string(i) + "]", m, msg);
   }
+  /// Item `i` of the list under `key` (a map) read as a section of its own, named "key[i]",
+  /// with `keys` (a static list); its errors name e.g. data.train[1].format.
+  Section item_section(const std::string& key, size_t i, const std::vector<std::string>& keys) const {
+    const yaml::Node& item = find(key)->value.items.at(i);
+    return Section(ctx_, key_path(key) + "[" + std::to_string(i) + "]", item, item.mark, keys);
+  }
   /// Throws a one-line error about the section itself.
   [[noreturn]] void section_error(const std::string& msg) const { ctx_.error(path_, mark_, msg); }
 
@@ -538,8 +544,8 @@ class Section {
         {"bnb_4bit_quant_type", "quantization.method"},
         {"bnb_4bit_use_double_quant", "quantization.double_quant"},
         {"adapter", " is \"quantization.method\" here (adapter: qlora is method: nf4, adapter: lora is method: none)"},
-        {"datasets", " is \"data.train\" here: one file per run (several files: concatenate them into one JSONL "
-                     "of one format first, docs/data.md)"},
+        {"datasets", " is \"data.train\" here: a path, or a list of files whose examples are concatenated in "
+                     "order, each a path or {path: FILE, format: sharegpt, field_map: {...}, role_map: {...}}"},
         {"lora_model_dir", " has no key here: a run starts from a new adapter (an interrupted run of ours "
                            "continues with \"checkpoint.resume\")"},
         {"chat_template", " is \"data.template\" here (its tokenizer_default is template: auto)"},
@@ -558,6 +564,28 @@ class Section {
         {"bf16", "model.dtype: bf16"},
         {"torch_dtype", "model.dtype"},
     };
+    if (!path_.empty() && path_.back() == ']') {  // an entry of data.train / data.eval
+      // Axolotl's `datasets:` entry keys, and the data section's keys, which apply to every file.
+      static const std::map<std::string, std::string> kEntryNames = {
+          {"type", "\"format\" here (alpaca|sharegpt|messages|completion; Axolotl's chat_template type is messages)"},
+          {"ds_type", "\"format\" here; the file type comes from the extension (.json, .jsonl, .txt)"},
+          {"data_files", "\"path\" here (one local file an entry; list several entries for several files)"},
+          {"field_instruction", "\"field_map\" here: {instruction: YOUR_FIELD}"},
+          {"field_input", "\"field_map\" here: {input: YOUR_FIELD}"},
+          {"field_output", "\"field_map\" here: {output: YOUR_FIELD}"},
+          {"field_system", "\"field_map\" here: {system: YOUR_FIELD}"},
+          {"field_messages", "\"field_map\" here: {messages: YOUR_FIELD} (or {conversations: YOUR_FIELD})"},
+          {"roles", "\"role_map\" here: {YOUR_ROLE: user}"},
+      };
+      if (auto it = kEntryNames.find(name); it != kEntryNames.end())
+        return "unknown key; Axolotl's \"" + name + "\" is " + it->second + " (docs/config.md)";
+      const std::string near = closest(name, keys_);
+      if (!near.empty()) return "unknown key; did you mean \"" + near + "\"?";
+      if (contains(section_keys("data"), name))
+        return "unknown key; data." + name + " applies to every file: set it in the data section (an entry sets " +
+               join(keys_, ", ") + ")";
+      return "unknown key (expected one of: " + join(keys_, ", ") + ")";
+    }
     if (auto it = kPeerNames.find(name); it != kPeerNames.end()) {
       const std::string& ours = it->second;
       return "unknown key; Axolotl / Hugging Face's \"" + name + "\"" +
@@ -615,10 +643,13 @@ void emit_string(YAML::Emitter& out, const std::string& key, const std::string& 
 }
 /// A path key as read back by get_path: its expanded value with every "$" written "$$", so no
 /// part of it is expanded a second time (to_yaml's round trip).
-void emit_path(YAML::Emitter& out, const std::string& key, const std::string& v) {
+std::string escape_dollars(const std::string& v) {
   std::string escaped;
   for (char ch : v) escaped += ch == '$' ? std::string("$$") : std::string(1, ch);
-  emit_string(out, key, escaped);
+  return escaped;
+}
+void emit_path(YAML::Emitter& out, const std::string& key, const std::string& v) {
+  emit_string(out, key, escape_dollars(v));
 }
 void emit_double(YAML::Emitter& out, const std::string& key, double v) {
   out << YAML::Key << key << YAML::Value << format_double(v);
@@ -658,6 +689,11 @@ void emit_map(YAML::Emitter& out, const std::string& key, const std::map<std::st
 struct PathSpec {
   bool required = false;
   bool omit_empty = false;
+};
+/// Data files (data::DataSource list): one path, or a list of paths and {path, format, field_map,
+/// role_map} maps (read_sources). `required`: absent or empty is an error.
+struct SourceListSpec {
+  bool required = false;
 };
 /// A string taken as written ("" allowed; no expansion).
 struct TextSpec {};
@@ -751,6 +787,72 @@ bool equal_resume(const CheckpointConfig& a, const CheckpointConfig& b) {
   return a.resume == b.resume && a.resume_path == b.resume_path;
 }
 
+// data.train / data.eval: one path (a one-entry list), or a list whose entries are paths or maps.
+const std::vector<std::string> kSourceKeys = {"path", "format", "field_map", "role_map"};
+
+void read_sources(const Section& s, const char* key, bool required, std::vector<data::DataSource>& out) {
+  const yaml::Node* n = s.raw(key);
+  if (!n) {
+    if (required && out.empty()) s.error(key, "required key is missing");
+    return;  // the default, or the base config's files
+  }
+  const std::string form = "a path, or a list of files each a path or {path: FILE, format: ..., field_map: {...}, "
+                           "role_map: {...}}";
+  if (n->is_null() || n->is_scalar()) {
+    const std::string p = s.get_path(key, "", !required);
+    out = p.empty() ? std::vector<data::DataSource>{} : std::vector<data::DataSource>{data::DataSource{p}};
+    return;
+  }
+  if (!n->is_sequence()) s.error(key, "expected " + form + ", got " + describe(*n));
+  if (n->items.empty()) s.error(key, "expected at least one file (" + form + "), got an empty list");
+  std::vector<data::DataSource> v;
+  for (size_t i = 0; i < n->items.size(); ++i) {
+    const yaml::Node& item = n->items[i];
+    data::DataSource src;
+    if (item.is_scalar() && !item.is_null()) {  // `- ~` is no path (not $HOME): the error below
+      std::string why;
+      src.path = expand_path(item.value, &why);
+      if (!why.empty()) s.item_error(key, i, why);
+      if (src.path.empty()) s.item_error(key, i, "expected a non-empty path, got " + describe(item));
+    } else if (item.is_map()) {
+      const Section e = s.item_section(key, i, kSourceKeys);
+      src.path = e.get_path("path", "", false);
+      if (e.has("format")) src.format = e.get_choice("format", "", kFormats);
+      if (e.has("field_map")) src.field_map = e.get_string_map("field_map");
+      if (e.has("role_map")) src.role_map = e.get_string_map("role_map");
+    } else {
+      s.item_error(key, i, "expected a path or a map {path: FILE, format: ..., field_map: {...}, role_map: {...}}, got " +
+                               describe(item));
+    }
+    v.push_back(std::move(src));
+  }
+  out = std::move(v);
+}
+/// One path, as before lists: the path itself; else a block list whose entries are plain paths or
+/// maps of the keys the entry set (parse_config_string reads it back equal).
+void emit_sources(YAML::Emitter& out, const char* key, const std::vector<data::DataSource>& v) {
+  if (v.empty() || (v.size() == 1 && v[0].path_only())) {
+    emit_path(out, key, v.empty() ? std::string() : v[0].path);
+    return;
+  }
+  out << YAML::Key << key << YAML::Value << YAML::BeginSeq;
+  for (const data::DataSource& src : v) {
+    const std::string p = escape_dollars(src.path);
+    if (src.path_only()) {
+      if (needs_quotes(p)) out << YAML::DoubleQuoted;
+      out << p;
+      continue;
+    }
+    out << YAML::BeginMap;
+    emit_string(out, "path", p);
+    if (src.format) emit_string(out, "format", *src.format);
+    if (src.field_map) emit_map(out, "field_map", *src.field_map);
+    if (src.role_map) emit_map(out, "role_map", *src.role_map);
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+}
+
 // -- cross-field rules, one function per section --
 
 void check_model(const Section& s, Config& c) {
@@ -767,6 +869,14 @@ void check_data(const Section& s, Config& c) {
   if (d.truncation == "split" && d.format != "auto" && d.format != "completion")
     s.error("truncation", "split cuts raw text (format completion) into pieces; data.format is " + d.format +
                               " (a conversation piece would train an answer without its prompt): use drop or truncate");
+  for (const char* key : {"train", "eval"}) {
+    const std::vector<data::DataSource>& v = std::string(key) == "train" ? d.train : d.eval;
+    for (size_t i = 0; i < v.size(); ++i)
+      if (d.truncation == "split" && v[i].format && *v[i].format != "auto" && *v[i].format != "completion")
+        s.item_error(key, i, "format " + *v[i].format + " with data.truncation: split, which cuts raw text (format "
+                             "completion) into pieces (a conversation piece would train an answer without its "
+                             "prompt): use drop or truncate");
+  }
   if (!d.eval.empty() && d.val_set_size > 0)
     spdlog::warn("config: data.val_set_size ({}) is ignored because data.eval is set", d.val_set_size);
 }
@@ -846,8 +956,8 @@ void visit_fields(V& v, LoraConfig*) {
 template <class V>
 void visit_fields(V& v, data::DataOptions*) {
   using D = data::DataOptions;
-  v("train", &D::train, PathSpec{/*required=*/true});
-  v("eval", &D::eval, PathSpec{});
+  v("train", &D::train, SourceListSpec{/*required=*/true});
+  v("eval", &D::eval, SourceListSpec{});
   v("format", &D::format, ChoiceSpec{kFormats});
   v("template", &D::template_name, ChoiceSpec{kTemplates});
   v("sequence_len", &D::sequence_len, kPositiveInt);
@@ -963,6 +1073,9 @@ struct Reader {
     obj.*m = s.get_path(key, obj.*m, !p.required);
   }
   void operator()(const char* key, std::string S::*m, const TextSpec&) const { obj.*m = s.get_string(key, obj.*m, true); }
+  void operator()(const char* key, std::vector<data::DataSource> S::*m, const SourceListSpec& p) const {
+    read_sources(s, key, p.required, obj.*m);
+  }
   template <class M>
   void operator()(const char* key, M S::*m, const ChoiceSpec& c) const {
     if constexpr (std::is_same_v<M, std::string>) {
@@ -999,6 +1112,9 @@ struct Emitter {
     if (!(p.omit_empty && (obj.*m).empty())) emit_path(out, key, obj.*m);
   }
   void operator()(const char* key, std::string S::*m, const TextSpec&) const { emit_string(out, key, obj.*m); }
+  void operator()(const char* key, std::vector<data::DataSource> S::*m, const SourceListSpec&) const {
+    emit_sources(out, key, obj.*m);
+  }
   template <class M>
   void operator()(const char* key, M S::*m, const ChoiceSpec& c) const {
     if constexpr (std::is_same_v<M, std::string>) {
@@ -1272,6 +1388,25 @@ std::vector<std::string> parse_target_modules(const std::string& value, const st
   LoraConfig l;
   read_target_modules(lora, "target_modules", l);  // the config's own reader and checks
   return l.target_modules;
+}
+
+std::vector<data::DataSource> data_sources_in(const std::string& config_yaml, const std::string& key,
+                                             const std::string& source_name) {
+  QLORA_CHECK(key == "train" || key == "eval", "internal: data_sources_in: no data key ", key);
+  Context ctx{source_name, {}, {}};
+  const auto docs = yaml::parse_all(config_yaml, source_name);
+  const yaml::Node* d = docs.empty() || !docs[0].is_map() ? nullptr : docs[0].find("data");
+  const yaml::Node* v = d && d->is_map() ? d->find(key) : nullptr;
+  if (!v) return {};
+  yaml::Node k;
+  k.kind = yaml::Node::Kind::kScalar;
+  k.value = key;
+  yaml::Node section = yaml::Node::map();
+  section.entries.emplace_back(std::move(k), *v);
+  const Section s(ctx, "data", section, yaml::Mark{}, section_keys("data"));
+  std::vector<data::DataSource> out;
+  read_sources(s, key.c_str(), false, out);  // the config's own reader
+  return out;
 }
 
 std::vector<ConfigKey> config_keys() {

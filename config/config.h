@@ -140,6 +140,13 @@ Config config_with_overrides(const Config& base, const std::vector<std::string>&
 /// qlora::Error with one line starting with `source_name`, e.g. "<source_name>:
 /// lora.target_modules[1]: unknown module \"v_prj\"; did you mean \"v_proj\"?".
 std::vector<std::string> parse_target_modules(const std::string& value, const std::string& source_name);
+/// The data.train (`key` "train") or data.eval ("eval") files of a config's YAML text (a
+/// checkpoint's stored config.resolved.yaml), read as a config file's are; {} when the key is
+/// absent. Only that key is read (the rest of the text may be an older schema). For the resume
+/// check, which names what changed in a list of files. Throws qlora::Error naming `source_name`.
+std::vector<data::DataSource> data_sources_in(const std::string& config_yaml, const std::string& key,
+                                             const std::string& source_name);
+
 /// Runs `f()` and returns its result. A qlora::Error thrown by it whose message starts with a
 /// dotted key of `c.key_sources` and ": " (the form data/model errors take: "data.val_set_size: 5000
 /// leaves no training example out of 681") is rethrown with that key's source in front, as config

@@ -133,21 +133,85 @@ void count(const std::vector<Example>& v, DataStats* st) {
 }
 }  // namespace
 
+namespace {
+/// Adds one file's reads and drops to the running total of a list (`into` starts as the first
+/// file's): counts summed, the lists kept to their caps, formats named once each, in order.
+void add_stats(DataStats* into, const DataStats& from) {
+  ReadStats& r = into->read;
+  const ReadStats& f = from.read;
+  r.records_read += f.records_read;
+  r.skipped_invalid += f.skipped_invalid;
+  for (const auto& [reason, n] : f.skip_reasons) r.skip_reasons[reason] += n;
+  for (const std::string& m : f.skip_examples)
+    if (r.skip_examples.size() < 5) r.skip_examples.push_back(m);  // the reader's cap
+  bool named = false;  // f.format already one of r.format's ", "-joined names
+  for (size_t b = 0, e = 0; e != std::string::npos && !named; b = e + 2) {
+    e = r.format.find(", ", b);
+    named = r.format.compare(b, e == std::string::npos ? std::string::npos : e - b, f.format) == 0;
+  }
+  if (!named) r.format += ", " + f.format;
+  if (r.placeholder_first.empty()) r.placeholder_first = f.placeholder_first;
+  r.placeholder_records += f.placeholder_records;
+  for (const std::string& n : f.placeholder_names)
+    if (r.placeholder_names.size() < 5 && std::find(r.placeholder_names.begin(), r.placeholder_names.end(), n) ==
+                                              r.placeholder_names.end())
+      r.placeholder_names.push_back(n);
+  into->dropped_too_long += from.dropped_too_long;
+  into->truncated += from.truncated;
+  into->dropped_no_trainable += from.dropped_no_trainable;
+  into->dropped_truncated_away += from.dropped_truncated_away;
+  into->split_documents += from.split_documents;
+  into->split_pieces += from.split_pieces;
+  into->split_tails_dropped += from.split_tails_dropped;
+  for (const auto& [reason, lines] : from.listed)
+    for (const std::string& l : lines)
+      if (into->listed[reason].size() < DataStats::kListedPerReason) into->listed[reason].push_back(l);
+}
+
+/// Reads and tokenises each file of `sources` on its own (options_for: its format, field_map,
+/// role_map), refuses a file that gives no example, and concatenates the examples in list order
+/// with ids 0..n-1. `total` gets the files' stats together (add_stats), `per` each file's.
+std::vector<Example> load_sources(const std::vector<DataSource>& sources, const DataOptions& opts,
+                                  const Tokenizer& tok, bool is_eval, DataStats* total, std::vector<SourceStats>* per) {
+  std::vector<Example> all;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    SourceStats fs{sources[i], {}, 0};
+    const DataOptions o = options_for(opts, fs.source);
+    const std::vector<Record> recs = read_records(fs.source.path, o, &fs.stats.read);
+    std::vector<Example> ex = build_examples(recs, o, tok, &fs.stats);
+    const DataStats& st = fs.stats;
+    if (!is_eval)
+      QLORA_CHECK(!ex.empty(), fs.source.path, ": no example has a trainable token (", drop_reasons(st), ")",
+                  st.dropped_truncated_away > 0 ? "; raise data.sequence_len or use data.truncation: drop" : "");
+    else
+      QLORA_CHECK(!ex.empty(), fs.source.path, ": data.eval: no eval example is left (", drop_reasons(st), ")",
+                  st.dropped_truncated_away > 0 ? "; raise data.sequence_len or use data.truncation: drop"
+                                                : "; fix the file or unset data.eval");
+    fs.examples = int64_t(ex.size());
+    if (all.empty()) {
+      all = std::move(ex);  // ids already 0..n-1
+    } else {
+      for (Example& e : ex) {
+        e.id = int64_t(all.size());
+        all.push_back(std::move(e));
+      }
+    }
+    if (i == 0) *total = fs.stats;
+    else add_stats(total, fs.stats);
+    per->push_back(std::move(fs));
+  }
+  return all;
+}
+}  // namespace
+
 Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
   QLORA_CHECK(!opts.train.empty(), "data.train: no training file given");
   Datasets d;
-  std::vector<Record> recs = read_records(opts.train, opts, &d.stats.read);
-  std::vector<Example> all = build_examples(recs, opts, tok, &d.stats);
-  QLORA_CHECK(!all.empty(), opts.train, ": no example has a trainable token (", drop_reasons(d.stats), ")",
-              d.stats.dropped_truncated_away > 0 ? "; raise data.sequence_len or use data.truncation: drop" : "");
+  std::vector<Example> all = load_sources(opts.train, opts, tok, false, &d.stats, &d.train_sources);
   if (!opts.eval.empty()) {
     DataStats& est = d.eval_stats;
-    std::vector<Record> erecs = read_records(opts.eval, opts, &est.read);
-    d.eval = build_examples(erecs, opts, tok, &est);
+    d.eval = load_sources(opts.eval, opts, tok, true, &est, &d.eval_sources);
     est.eval_examples = int64_t(d.eval.size());
-    QLORA_CHECK(!d.eval.empty(), opts.eval, ": data.eval: no eval example is left (", drop_reasons(est), ")",
-                est.dropped_truncated_away > 0 ? "; raise data.sequence_len or use data.truncation: drop"
-                                               : "; fix the file or unset data.eval");
     d.train = std::move(all);
   } else if (opts.val_set_size > 0) {
     QLORA_CHECK(opts.val_set_size < 1 || std::floor(opts.val_set_size) == opts.val_set_size,
@@ -340,6 +404,20 @@ std::string batching_summary(const Datasets& d, const DataOptions& opts, const T
 }
 }  // namespace
 
+namespace {
+/// With several files, one line each: "  data.train[1] PATH (format sharegpt): K examples; <drop_reasons>"
+/// after a header line; one file: "" (the summary says it all).
+std::string sources_summary(const std::vector<SourceStats>& v, const char* key) {
+  if (v.size() < 2) return "";
+  std::ostringstream o;
+  o << key << ": " << v.size() << " files, their examples concatenated in this order:\n";
+  for (size_t i = 0; i < v.size(); ++i)
+    o << "  " << key << "[" << i << "] " << v[i].source.path << " (format " << v[i].stats.read.format << "): "
+      << v[i].examples << " examples; " << drop_reasons(v[i].stats) << "\n";
+  return o.str();
+}
+}  // namespace
+
 std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n, const BatchPlan* plan,
                            const std::string& model_dir) {
   const Datasets d = load_datasets(opts, tok);
@@ -367,10 +445,11 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
       << render_masked(e, tok) << "\n";
   }
   o << "----\n" << d.stats.summary();
+  o << sources_summary(d.train_sources, "data.train");
   if (plan) o << batching_summary(d, opts, tok, *plan);
   if (!opts.eval.empty())
-    o << "eval " << opts.eval << ": " << d.eval.size() << " examples kept; " << drop_reasons(d.eval_stats) << "\n"
-      << listed_records(d.eval_stats);
+    o << "eval " << source_paths(opts.eval) << ": " << d.eval.size() << " examples kept; " << drop_reasons(d.eval_stats)
+      << "\n" << listed_records(d.eval_stats) << sources_summary(d.eval_sources, "data.eval");
   return o.str();
 }
 

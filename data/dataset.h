@@ -37,10 +37,21 @@ struct DataStats {
   std::string summary() const;
 };
 
+/// One file of data.train / data.eval and what its load did.
+struct SourceStats {
+  DataSource source;      ///< the list entry (path and its overrides)
+  DataStats stats;        ///< that file's reads and drops (token counts, histogram: not filled)
+  int64_t examples = 0;   ///< the examples it gave (before a val_set_size hold-out)
+};
+
 struct Datasets {
   std::vector<Example> train, eval;
-  DataStats stats;       ///< the train file (and a val_set_size hold-out)
-  DataStats eval_stats;  ///< a separate data.eval file: its reads and drops
+  /// The train files together (and a val_set_size hold-out): per-file counts summed, `listed` and
+  /// skip examples the first few over the files in order, read.format the files' formats in list
+  /// order, each once, joined by ", " ("alpaca, sharegpt"). One file: exactly that file's stats.
+  DataStats stats;
+  DataStats eval_stats;  ///< the data.eval files together (as `stats`): their reads and drops
+  std::vector<SourceStats> train_sources, eval_sources;  ///< per file, in list order
 };
 
 /// "N records read, a longer than sequence_len L (dropped), b whose trainable tokens were all past
@@ -75,10 +86,15 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
 
 /// Loads opts.train (and opts.eval, or holds out data::val_set_count(val_set_size, n) examples:
 /// ceil(fraction * n) or a count, chosen by a seeded permutation) into tokenised examples.
-/// Throws qlora::Error for reader errors, for a val_set_size that leaves no training example,
-/// when no example has a trainable token ("<file>: no example has a trainable token (<counts per
-/// drop reason>)"), and when a data.eval file is set but none of its examples is left (same form:
-/// an eval set that silently evaluates nothing is refused).
+/// Several files: each is read (its format detected, opts.format / field_map / role_map or the
+/// entry's own: options_for) and tokenised on its own, then their examples are concatenated in
+/// list order with ids 0..n-1, as Hugging Face datasets' concatenate_datasets; the hold-out and
+/// the epoch shuffle see only the concatenation. One file gives what it gave before lists.
+/// Throws qlora::Error for reader errors (`file:line: problem`, the file's own), for a
+/// val_set_size that leaves no training example, when a train file has no example with a trainable
+/// token ("<file>: no example has a trainable token (<counts per drop reason>)"; in a list too: a
+/// file that adds nothing is a mistake), and when a data.eval file is set but none of its
+/// examples is left (same form: an eval set that silently evaluates nothing is refused).
 Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok);
 
 /// The training run's batch settings that `qlora data preview` reports on (TrainingConfig's names).

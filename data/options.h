@@ -6,17 +6,41 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace qlora::data {
 
 /// Where padding goes in a batch row (`data.padding_side`: right | left).
 enum class PaddingSide { kRight, kLeft };
 
+/// One data file of `data.train` / `data.eval`: its path and, where the entry sets them, the
+/// format, field_map and role_map it is read with instead of the data section's (Axolotl's
+/// per-entry `datasets:` settings). Everything else (template, sequence_len, truncation, ...) is
+/// the section's: one model, one template. YAML: a path string, or a map {path, format?,
+/// field_map?, role_map?} (docs/config.md).
+struct DataSource {
+  std::string path;                                           ///< .json array, .jsonl or .txt (~ and $VAR expanded)
+  std::optional<std::string> format{};                        ///< unset: DataOptions::format
+  std::optional<std::map<std::string, std::string>> field_map{};  ///< unset: DataOptions::field_map (replaced, not merged)
+  std::optional<std::map<std::string, std::string>> role_map{};   ///< unset: DataOptions::role_map (replaced, not merged)
+  /// True when the entry overrides nothing (written back as a plain path).
+  bool path_only() const { return !format && !field_map && !role_map; }
+};
+inline bool operator==(const DataSource& a, const DataSource& b) {
+  return a.path == b.path && a.format == b.format && a.field_map == b.field_map && a.role_map == b.role_map;
+}
+inline bool operator!=(const DataSource& a, const DataSource& b) { return !(a == b); }
+
 /// Settings of the `data:` config section. Names follow Axolotl / torchtune where they exist.
 struct DataOptions {
-  std::string train;                 ///< path to the training file (.json array, .jsonl or .txt)
-  std::string eval;                  ///< optional separate eval file ("" = none; then val_set_size applies)
+  /// The training files, in order: their examples are concatenated (each file read and its format
+  /// detected on its own), then val_set_size and the epoch shuffle apply to the whole, as Hugging
+  /// Face datasets' concatenate_datasets then train_test_split (Axolotl's `datasets:` list).
+  /// YAML: one path, or a list of paths / {path, format, field_map, role_map} maps.
+  std::vector<DataSource> train;
+  std::vector<DataSource> eval;      ///< optional separate eval files, concatenated likewise (empty = none; then val_set_size applies)
   std::string format = "auto";       ///< auto | alpaca | sharegpt | messages | completion
   std::string template_name = "chatml";  ///< YAML key `template`: a data::template_names() entry or auto
   int64_t sequence_len = 2048;       ///< tokens per row (> 0)
@@ -38,6 +62,23 @@ struct DataOptions {
   /// "You are a helpful AI assistant named SmolLM...", qwen2.5's "You are Qwen...") in those records.
   std::string default_system_message;
 };
+
+/// The options file `src` is read with: `opts` with src's format, field_map and role_map where
+/// the entry sets them.
+inline DataOptions options_for(const DataOptions& opts, const DataSource& src) {
+  DataOptions o = opts;
+  if (src.format) o.format = *src.format;
+  if (src.field_map) o.field_map = *src.field_map;
+  if (src.role_map) o.role_map = *src.role_map;
+  return o;
+}
+
+/// The files' paths in list order, joined by ", " (for messages; one file: its path).
+inline std::string source_paths(const std::vector<DataSource>& v) {
+  std::string out;
+  for (const DataSource& s : v) out += (out.empty() ? "" : ", ") + s.path;
+  return out;
+}
 
 /// Examples `data.val_set_size` holds out of `n`: a fraction (< 1) holds out ceil(val_set_size * n)
 /// (the IEEE product, then ceil), as Hugging Face datasets' Dataset.train_test_split(test_size=)

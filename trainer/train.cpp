@@ -25,6 +25,7 @@
 #include <sstream>
 #include <thread>
 #include <atomic>
+#include <optional>
 #include <set>
 #include <algorithm>
 
@@ -191,8 +192,13 @@ void Trainer::setup() {
     log::warn(note);
   log::info("data: ", data_.stats.train_examples, " train / ", data_.stats.eval_examples, " eval examples, ",
             data_.stats.tokens_trainable, " trainable tokens");
-  for (const auto& [file, st] : {std::pair{cfg_.data.train, &data_.stats}, std::pair{cfg_.data.eval, &data_.eval_stats}}) {
-    if (file.empty() || run_.dist.rank != 0) continue;  // every rank reads the same data: rank 0 says it once
+  std::vector<const data::SourceStats*> data_files;
+  for (const data::SourceStats& f : data_.train_sources) data_files.push_back(&f);
+  for (const data::SourceStats& f : data_.eval_sources) data_files.push_back(&f);
+  for (const data::SourceStats* f : data_files) {  // each file of data.train / data.eval: its own drops
+    if (run_.dist.rank != 0) continue;  // every rank reads the same data: rank 0 says it once
+    const std::string& file = f->source.path;
+    const data::DataStats* st = &f->stats;
     if (const std::string note = data::unused_records_note(*st); !note.empty()) log::warn("data: ", file, ": ", note);
     if (const std::string note = data::placeholder_note(st->read); !note.empty()) log::warn("data: ", file, ": ", note);
     if (st->split_documents > 0)
@@ -203,8 +209,7 @@ void Trainer::setup() {
 
   // The run's identity: its run-meaning settings and the content (not only the paths) of its data;
   // which run owns output_dir and what to resume is decided before anything is written.
-  data_sha_[cfg_.data.train] = sha256_file(cfg_.data.train);
-  if (!cfg_.data.eval.empty()) data_sha_[cfg_.data.eval] = sha256_file(cfg_.data.eval);
+  for (const data::SourceStats* f : data_files) data_sha_[f->source.path] = sha256_file(f->source.path);
   fingerprint_ = run_fingerprint(to_yaml(cfg_), data_sha_);
   // Data parallel: every rank runs rank 0's config on the same data; rank 0 alone decides (and
   // later writes) output_dir, the others take its run id and checkpoint.
@@ -888,6 +893,77 @@ std::string shell_quote(const std::string& s) {
 }
 
 namespace {
+
+/// A map as "{a: b, c: d}"; an unset override as "(unset)".
+std::string describe_override(const std::optional<std::map<std::string, std::string>>& m) {
+  if (!m) return "(unset)";
+  std::string out;
+  for (const auto& [k, v] : *m) out += (out.empty() ? "" : ", ") + k + ": " + v;
+  return "{" + out + "}";
+}
+
+}  // namespace
+
+std::vector<std::string> data_source_changes(const std::string& key, const std::vector<data::DataSource>& before,
+                                             const std::map<std::string, std::string>& before_sha,
+                                             const std::vector<data::DataSource>& now,
+                                             const std::map<std::string, std::string>& now_sha,
+                                             std::vector<std::string>* moved) {
+  std::vector<std::string> out;
+  auto paths = [](const std::vector<data::DataSource>& v) {
+    std::vector<std::string> p;
+    for (const data::DataSource& s : v) p.push_back(s.path);
+    return p;
+  };
+  const std::vector<std::string> pb = paths(before), pn = paths(now);
+  if (before.size() != now.size()) {
+    // Which files came and went (as many times as listed), in list order.
+    std::vector<std::string> removed = pb, added;
+    for (const std::string& p : pn) {
+      const auto it = std::find(removed.begin(), removed.end(), p);
+      if (it != removed.end()) removed.erase(it);
+      else added.push_back(p);
+    }
+    std::string what;
+    for (const std::string& p : added) what += (what.empty() ? "added " : ", ") + p;
+    std::string gone;
+    for (const std::string& p : removed) gone += (gone.empty() ? "removed " : ", ") + p;
+    if (!gone.empty()) what += (what.empty() ? "" : "; ") + gone;
+    out.push_back(key + ": " + std::to_string(before.size()) + " file" + (before.size() == 1 ? "" : "s") + " -> " +
+                  std::to_string(now.size()) + " file" + (now.size() == 1 ? "" : "s") +
+                  (what.empty() ? std::string() : " (" + what + ")"));
+    return out;
+  }
+  if (before != now && std::is_permutation(before.begin(), before.end(), now.begin())) {
+    out.push_back(key + ": the same files in another order (" + data::source_paths(before) + " -> " +
+                  data::source_paths(now) + "): the concatenation, and so every batch, differs");
+    return out;
+  }
+  // One path, as before lists: named "data.train", as then.
+  const bool single = before.size() == 1 && before[0].path_only() && now[0].path_only();
+  for (size_t i = 0; i < now.size(); ++i) {
+    const data::DataSource &b = before[i], &n = now[i];
+    const std::string k = single ? key : key + "[" + std::to_string(i) + "]";
+    if (b.path != n.path) {
+      const auto bs = before_sha.find(b.path);
+      const auto ns = now_sha.find(n.path);
+      if (bs != before_sha.end() && ns != now_sha.end() && bs->second == ns->second)
+        moved->push_back(k + " moved: " + b.path + " -> " + n.path + " (same content, sha256 " +
+                         bs->second.substr(0, 12) + ")");
+      else
+        out.push_back(k + ": " + b.path + " -> " + n.path);
+    }
+    if (b.format != n.format)
+      out.push_back(k + ".format: " + b.format.value_or("(unset)") + " -> " + n.format.value_or("(unset)"));
+    if (b.field_map != n.field_map)
+      out.push_back(k + ".field_map: " + describe_override(b.field_map) + " -> " + describe_override(n.field_map));
+    if (b.role_map != n.role_map)
+      out.push_back(k + ".role_map: " + describe_override(b.role_map) + " -> " + describe_override(n.role_map));
+  }
+  return out;
+}
+
+namespace {
 /// True for the leftovers of an interrupted atomic write ("<name>.tmp.<pid>"), which do not make
 /// an output_dir "used".
 bool is_temp_leftover(const std::string& name) {
@@ -1085,19 +1161,26 @@ void Trainer::resume_from(const std::string& ckpt) {
     if (f->lora) shapes[f->name] = {f->in_features(), f->out_features()};
   LoadedCheckpoint lc = read_checkpoint(ckpt, shapes);
   std::vector<std::string> diffs = config_differences(lc.state.config_yaml, to_yaml(cfg_));
-  // A data file that only moved (a new VM, another mount point) is the same run: the path differs,
-  // the content hash recorded in the checkpoint equals the new file's.
-  for (const auto& [key, now] : {std::pair<std::string, std::string>{"data.train", cfg_.data.train},
-                                 std::pair<std::string, std::string>{"data.eval", cfg_.data.eval}}) {
-    if (now.empty() || !data_sha_.count(now)) continue;
-    for (const auto& [old, sha] : lc.state.data_sha256) {
-      const auto it = std::find(diffs.begin(), diffs.end(), key + ": " + old + " -> " + now);
-      if (it == diffs.end() || sha != data_sha_.at(now)) continue;
-      diffs.erase(it);
-      log::info("resume: ", key, " moved: ", old, " -> ", now, " (same content, sha256 ", sha.substr(0, 12),
-                "); the same run");
-      break;
+  // data.train / data.eval differ as a whole in the flattened configs ("data.train: [a, b] ->
+  // [a, c]"): said per file instead, and a file that only moved (a new VM, another mount point) is
+  // the same run: the path differs, the content hash recorded in the checkpoint equals the new file's.
+  for (const char* key : {"train", "eval"}) {
+    const std::string dotted = std::string("data.") + key;
+    const auto it = std::find_if(diffs.begin(), diffs.end(),
+                                 [&](const std::string& d) { return d.rfind(dotted + ": ", 0) == 0; });
+    if (it == diffs.end()) continue;
+    std::vector<data::DataSource> before;
+    try {
+      before = data_sources_in(lc.state.config_yaml, key, ckpt + "/trainer_state.json config");
+    } catch (const Error&) {
+      continue;  // not readable as today's schema: the plain difference stands
     }
+    std::vector<std::string> moved;
+    const std::vector<std::string> changes =
+        data_source_changes(dotted, before, lc.state.data_sha256, std::string(key) == "train" ? cfg_.data.train : cfg_.data.eval,
+                            data_sha_, &moved);
+    diffs.insert(diffs.erase(it), changes.begin(), changes.end());
+    for (const std::string& m : moved) log::info("resume: ", m, "; the same run");
   }
   // The same data path with other content is a different run too.
   for (const auto& [path, sha] : data_sha_) {

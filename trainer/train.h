@@ -112,6 +112,21 @@ std::string honour_quant_request(LlamaModel& model, const QuantOptions& q);
 /// [A-Za-z0-9_./=:,+-]; for the resume commands printed to the user.
 std::string shell_quote(const std::string& s);
 
+/// What changed between a checkpoint's data files (`before`, with the SHA-256 of each path's
+/// content then, `before_sha`) and this run's (`now`, `now_sha`) under `key` ("data.train" /
+/// "data.eval"), one line each, for the resume refusal: another number of files ("data.train: 2
+/// files -> 3 files (added c.jsonl)"), the same entries in another order ("data.train: the same
+/// files in another order (a, b -> b, a): ..."), or per entry "data.train[1]: a -> b",
+/// "data.train[1].format: (unset) -> sharegpt", ".field_map", ".role_map" (a single plain path is
+/// named "data.train", as before lists). An entry whose path changed but whose content hash did
+/// not is a moved file, the same run: said in `moved` ("data.train[1] moved: a -> b (same content,
+/// sha256 0123456789ab)"), not returned. Content changes at the same path are not compared here.
+std::vector<std::string> data_source_changes(const std::string& key, const std::vector<data::DataSource>& before,
+                                             const std::map<std::string, std::string>& before_sha,
+                                             const std::vector<data::DataSource>& now,
+                                             const std::map<std::string, std::string>& now_sha,
+                                             std::vector<std::string>* moved);
+
 /// Options of one invocation that are not part of the run's config.
 struct RunOptions {
   bool force = false;       ///< resume even when run-meaning settings changed (stated in the log)

@@ -1,7 +1,8 @@
-// bench_data: throughput of the data pipeline on one file with one tokenizer.
+// bench_data: throughput of the data pipeline on one file (or a data.train list) with one tokenizer.
 //
-//   bench_data <data.json> <tokenizer.model|dir> [reps=5] [templates=alpaca,chatml] [sequence_len=2048]
+//   bench_data <data.json[,more.json...]> <tokenizer.model|dir> [reps=5] [templates=alpaca,chatml] [sequence_len=2048]
 //
+// Several comma-separated files are a data.train list: loaded and read file by file, concatenated.
 // For every template, three timings, each repeated `reps` times after one warm-up (best and
 // median wall clock, and best process CPU time, which a busy shared machine disturbs less):
 //   load      load_datasets end to end: read + parse JSON, render, tokenise, labels, length policy, stats
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -104,7 +106,7 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     for (const std::string& tmpl : templates) {
       DataOptions opts;
-      opts.train = data;
+      for (const std::string& f : split(data, ',')) opts.train.push_back(DataSource{f});
       opts.template_name = tmpl;
       opts.sequence_len = seq_len;
 
@@ -118,8 +120,12 @@ int main(int argc, char** argv) {
       // JSON read only.
       std::vector<Record> recs;
       const Times rt = time_reps(reps, [&] {
-        ReadStats rs;
-        recs = read_records(opts.train, opts, &rs);
+        recs.clear();
+        for (const DataSource& src : opts.train) {
+          ReadStats rs;
+          std::vector<Record> r = read_records(src.path, options_for(opts, src), &rs);
+          recs.insert(recs.end(), std::make_move_iterator(r.begin()), std::make_move_iterator(r.end()));
+        }
       });
       const double n = double(recs.size());
       rows.push_back({"read", tmpl, n / rt.best, n / rt.median, n / rt.cpu_best, int64_t(n), 0, 0});

@@ -25,8 +25,9 @@ ALPACA_SYSTEM = ("Below is an instruction that describes a task. "
                  "Write a response that appropriately completes the request.")
 
 
-def read(path):
-    recs = json.load(open(path, encoding="utf-8"))
+def read(paths):
+    """The records of the comma-separated files in `paths`, concatenated in order (data.train as a list)."""
+    recs = [r for path in paths.split(",") if path for r in json.load(open(path, encoding="utf-8"))]
     out = []
     for r in recs:
         u = r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Data pipeline throughput, C++ (bench_data) vs the Python reference (bench_data_reference.py),
 # same file, tokenizer, templates, sequence_len and repetitions; prints both tables and the ratio.
-#   bench/data/run.sh [data.json] [tokenizer.model] [reps=10] [templates=alpaca,chatml] [sequence_len=2048]
+#   bench/data/run.sh [data.json[,more.json...]] [tokenizer.model] [reps=10] [templates=alpaca,chatml] [sequence_len=2048]
 # Env: QLORA_BUILD (build dir holding bench/data/bench_data, default ./build), QLORA_VENV python.
 # Build first: QLORA_TARGETS=bench_data scripts/build.sh
 set -euo pipefail

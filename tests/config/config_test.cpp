@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -90,7 +91,7 @@ TEST(Config, DefaultsMatchTheDocumentedSchema) {
   EXPECT_EQ(c.lora.dropout, 0.05);
   EXPECT_EQ(c.lora.target_modules, std::vector<std::string>{kAllLinear});  // all-linear
   EXPECT_EQ(expand_target_modules(c.lora.target_modules), llama_linear_names());
-  EXPECT_EQ(c.data.train, "train.jsonl");
+  EXPECT_EQ(data::source_paths(c.data.train), "train.jsonl");
   EXPECT_EQ(c.data.template_name, "chatml");
   EXPECT_EQ(c.data.sequence_len, 2048);
   EXPECT_EQ(c.training.micro_batch_size, 1);
@@ -153,7 +154,7 @@ TEST(Config, OverridesApplyBeforeValidation) {
   EXPECT_EQ(c.checkpoint.resume_path, "runs/t/checkpoints/step-100");
   // Later overrides win; an override can supply a missing required key.
   EXPECT_EQ(parse(kMinimal, {"lora.r=4", "lora.r=8"}).lora.r, 8);
-  EXPECT_EQ(parse("output_dir: o\nmodel: {path: m}\n", {"data.train=x.jsonl"}).data.train, "x.jsonl");
+  EXPECT_EQ(data::source_paths(parse("output_dir: o\nmodel: {path: m}\n", {"data.train=x.jsonl"}).data.train), "x.jsonl");
   // An empty section in the file can be filled by an override.
   EXPECT_EQ(parse(std::string(kMinimal) + "cost:\n", {"cost.gpu_hour_price=1"}).cost.gpu_hour_price, 1.0);
 }
@@ -201,8 +202,9 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
             p + "save_strategy: unknown key; Axolotl / Hugging Face's \"save_strategy\" is \"checkpoint.save_steps\" here "
                 "(we count optimizer steps; checkpoint.save_minutes saves by wall time) (docs/config.md)");
   EXPECT_EQ(top("datasets: [a.jsonl]"),
-            p + "datasets: unknown key; Axolotl / Hugging Face's \"datasets\" is \"data.train\" here: one file per run "
-                "(several files: concatenate them into one JSONL of one format first, docs/data.md) (docs/config.md)");
+            p + "datasets: unknown key; Axolotl / Hugging Face's \"datasets\" is \"data.train\" here: a path, or a list "
+                "of files whose examples are concatenated in order, each a path or {path: FILE, format: sharegpt, "
+                "field_map: {...}, role_map: {...}} (docs/config.md)");
   EXPECT_EQ(top("lora_model_dir: ./old"),
             p + "lora_model_dir: unknown key; Axolotl / Hugging Face's \"lora_model_dir\" has no key here: a run starts "
                 "from a new adapter (an interrupted run of ours continues with \"checkpoint.resume\") (docs/config.md)");
@@ -408,9 +410,150 @@ TEST(Config, ToYamlRoundTripsNonDefaultValues) {
   // A literal "$" in a path ("$$" in the file) is written "$$" again, not expanded a second time
   // (found by fuzz_config: "$$sUNDEFINED" came back as the undefined variable $sUNDEFINED).
   const Config d = parse(kMinimal, {"data.train='$$sQLORA_UNDEFINED/a$$$$b.jsonl'", "checkpoint.resume='r$$1'"});
-  EXPECT_EQ(d.data.train, "$sQLORA_UNDEFINED/a$$b.jsonl");
+  EXPECT_EQ(data::source_paths(d.data.train), "$sQLORA_UNDEFINED/a$$b.jsonl");
   EXPECT_EQ(d.checkpoint.resume_path, "r$1");
   EXPECT_EQ(parse(to_yaml(d)), d) << to_yaml(d);
+}
+
+// data.train / data.eval: one path, or a list of files (Axolotl's `datasets:`), each a path or a
+// map {path, format, field_map, role_map} whose settings replace the section's for that file.
+TEST(Config, DataTrainIsAPathOrAListOfFiles) {
+  using data::DataSource;
+  using NameMap = std::map<std::string, std::string>;
+  ::setenv("QLORA_T_DATA", "/data/sets", 1);
+  // One path and a one-entry list are the same config, written back as the one path (as before lists).
+  const Config one = parse(kMinimal);
+  const Config listed = parse("output_dir: runs/t\nmodel: {path: models/m}\ndata: {train: [train.jsonl]}\n");
+  EXPECT_EQ(one.data.train, std::vector<DataSource>{DataSource{"train.jsonl"}});
+  EXPECT_EQ(listed, one);
+  EXPECT_NE(to_yaml(one).find("\n  train: train.jsonl\n"), std::string::npos) << to_yaml(one);
+  EXPECT_EQ(to_yaml(listed), to_yaml(one));
+  EXPECT_TRUE(one.data.eval.empty());
+
+  const std::string text = R"(output_dir: runs/t
+model: {path: models/m}
+data:
+  train:
+    - ${QLORA_T_DATA}/alpaca.json
+    - path: $QLORA_T_DATA/chats.jsonl
+      format: sharegpt
+      role_map: {bot: assistant}
+    - {path: "a$$b.jsonl", field_map: {instruction: prompt}}
+  eval: [e1.jsonl, {path: e2.jsonl, format: messages}]
+  field_map: {output: answer}
+)";
+  const Config c = parse(text);
+  ASSERT_EQ(c.data.train.size(), 3u);
+  EXPECT_EQ(c.data.train[0], DataSource{"/data/sets/alpaca.json"});
+  EXPECT_TRUE(c.data.train[0].path_only());
+  EXPECT_EQ(c.data.train[1].path, "/data/sets/chats.jsonl");
+  EXPECT_EQ(c.data.train[1].format, std::optional<std::string>("sharegpt"));
+  EXPECT_EQ(c.data.train[1].role_map, (std::optional<NameMap>(NameMap{{"bot", "assistant"}})));
+  EXPECT_FALSE(c.data.train[1].field_map);
+  EXPECT_EQ(c.data.train[2].path, "a$b.jsonl");
+  EXPECT_EQ(c.data.train[2].field_map, (std::optional<NameMap>(NameMap{{"instruction", "prompt"}})));
+  ASSERT_EQ(c.data.eval.size(), 2u);
+  EXPECT_EQ(c.data.eval[1].format, std::optional<std::string>("messages"));
+  EXPECT_EQ(c.key_sources.at("data.train[1].format"), "t.yaml:7");
+  // The section's settings for files that set none; an entry's own replace them (not merged).
+  EXPECT_EQ(data::options_for(c.data, c.data.train[0]).field_map, (std::map<std::string, std::string>{{"output", "answer"}}));
+  EXPECT_EQ(data::options_for(c.data, c.data.train[2]).field_map, (std::map<std::string, std::string>{{"instruction", "prompt"}}));
+  EXPECT_EQ(data::options_for(c.data, c.data.train[1]).format, "sharegpt");
+  EXPECT_EQ(data::options_for(c.data, c.data.train[0]).format, "auto");
+  // config.resolved.yaml round-trips (expanded paths, "$" written "$$"), and the checkpoint's reader
+  // of a stored config reads the same lists.
+  const std::string y = to_yaml(c);
+  const Config back = parse(y);
+  EXPECT_EQ(back, c) << y;
+  EXPECT_EQ(to_yaml(back), y);
+  EXPECT_EQ(data_sources_in(y, "train", "stored"), c.data.train);
+  EXPECT_EQ(data_sources_in(y, "eval", "stored"), c.data.eval);
+  EXPECT_EQ(data_sources_in(to_yaml(one), "train", "stored"), one.data.train);
+  EXPECT_TRUE(data_sources_in(to_yaml(one), "eval", "stored").empty());
+  // Another order, another override: another config.
+  Config swapped = c;
+  std::swap(swapped.data.train[0], swapped.data.train[1]);
+  EXPECT_NE(swapped, c);
+  Config reformatted = c;
+  reformatted.data.train[1].format = "messages";
+  EXPECT_NE(reformatted, c);
+  // --set takes a flow list.
+  const Config o = parse(kMinimal, {"data.train=[a.jsonl, {path: b.json, format: alpaca}]"});
+  ASSERT_EQ(o.data.train.size(), 2u);
+  EXPECT_EQ(o.data.train[1].format, std::optional<std::string>("alpaca"));
+  EXPECT_EQ(parse(to_yaml(o)), o);
+}
+
+// config.resolved.yaml writes a list whose paths YAML would read as something else (null, a
+// number, an alias, a comment, a flow collection) quoted, so they load back as the same strings.
+TEST(Config, DataTrainListRoundTripsAwkwardPaths) {
+  Config c = parse(kMinimal);
+  c.data.train.clear();
+  for (const char* p : {"null", "yes", "1e3", "0x10", "a: b", "- x", "#c", "a #b", "*x", "&y", "!t", "[a]", "{a}",
+                        "'q'", "\"dq\"", "%x", "@x", "`x", " lead", "trail ", "$x", "a$$b", "?", "-", ":", "|", ">",
+                        "tab\tin", "ünïcode/データ.jsonl"})
+    c.data.train.push_back(data::DataSource{p});
+  c.data.train[1].format = "completion";
+  c.data.train[2].field_map = std::map<std::string, std::string>{{"true", "~"}};
+  c.data.eval = {data::DataSource{"no"}};
+  const std::string y = to_yaml(c);
+  const Config back = parse(y);
+  EXPECT_EQ(back, c) << y;
+  EXPECT_EQ(to_yaml(back), y);
+  EXPECT_EQ(data_sources_in(y, "train", "stored"), c.data.train) << y;
+}
+
+TEST(Config, BadDataTrainListEntriesNameTheEntryKeyAndLine) {
+  ::unsetenv("QLORA_T_UNSET");
+  auto data = [](const std::string& body) {
+    return error_of("output_dir: runs/t\nmodel: {path: models/m}\ndata:\n" + body);
+  };
+  EXPECT_EQ(data("  train: []\n"),
+            "t.yaml:4: data.train: expected at least one file (a path, or a list of files each a path or {path: FILE, "
+            "format: ..., field_map: {...}, role_map: {...}}), got an empty list");
+  EXPECT_EQ(data("  eval: []\n  train: t.jsonl\n").rfind("t.yaml:4: data.eval: expected at least one file", 0), 0u);
+  EXPECT_EQ(data("  train:\n    - a.jsonl\n    - {path: b.jsonl, fromat: alpaca}\n"),
+            "t.yaml:6: data.train[1].fromat: unknown key; did you mean \"format\"?");
+  EXPECT_EQ(data("  train:\n    - path: b.jsonl\n      type: alpaca\n"),
+            "t.yaml:6: data.train[0].type: unknown key; Axolotl's \"type\" is \"format\" here (alpaca|sharegpt|messages|"
+            "completion; Axolotl's chat_template type is messages) (docs/config.md)");
+  EXPECT_EQ(data("  train:\n    - path: b.jsonl\n      field_instruction: prompt\n"),
+            "t.yaml:6: data.train[0].field_instruction: unknown key; Axolotl's \"field_instruction\" is \"field_map\" "
+            "here: {instruction: YOUR_FIELD} (docs/config.md)");
+  EXPECT_EQ(data("  train:\n    - path: b.jsonl\n      sequence_len: 512\n"),
+            "t.yaml:6: data.train[0].sequence_len: unknown key; data.sequence_len applies to every file: set it in the "
+            "data section (an entry sets path, format, field_map, role_map)");
+  EXPECT_EQ(data("  train:\n    - a.jsonl\n    - format: alpaca\n"), "t.yaml:6: data.train[1].path: required key is missing");
+  EXPECT_EQ(data("  train:\n    - a.jsonl\n    - {path: \"\"}\n"),
+            "t.yaml:6: data.train[1].path: expected a non-empty string, got \"\" (a quoted string)");
+  EXPECT_EQ(data("  train:\n    - a.jsonl\n    - \"\"\n"),
+            "t.yaml:6: data.train[1]: expected a non-empty path, got \"\" (a quoted string)");
+  EXPECT_EQ(data("  train:\n    - a.jsonl\n    - ~\n"),
+            "t.yaml:6: data.train[1]: expected a path or a map {path: FILE, format: ..., field_map: {...}, role_map: "
+            "{...}}, got nothing (an empty value)");
+  EXPECT_EQ(data("  train:\n    - [a.jsonl]\n"),
+            "t.yaml:5: data.train[0]: expected a path or a map {path: FILE, format: ..., field_map: {...}, role_map: "
+            "{...}}, got a list");
+  EXPECT_EQ(data("  train:\n    - {path: a.jsonl, format: csv}\n"),
+            "t.yaml:5: data.train[0].format: expected one of auto|alpaca|sharegpt|messages|completion, got \"csv\"");
+  EXPECT_EQ(data("  train:\n    - {path: a.jsonl, field_map: [a]}\n"),
+            "t.yaml:5: data.train[0].field_map: expected a map of name: name, got a list");
+  EXPECT_EQ(data("  train:\n    - {path: a.jsonl, path: b.jsonl}\n"),
+            "t.yaml:5: data.train[0].path: duplicate key (first set on line 5)");
+  EXPECT_EQ(data("  train:\n    - a.jsonl\n    - ${QLORA_T_UNSET}/b.jsonl\n"),
+            "t.yaml:6: data.train[1]: environment variable QLORA_T_UNSET is not defined (in \"${QLORA_T_UNSET}/b.jsonl\")");
+  EXPECT_EQ(data("  train:\n    - {path: $QLORA_T_UNSET/b.jsonl}\n"),
+            "t.yaml:5: data.train[0].path: environment variable QLORA_T_UNSET is not defined (in \"$QLORA_T_UNSET/b.jsonl\")");
+  EXPECT_EQ(data("  train: {path: a.jsonl}\n"),
+            "t.yaml:4: data.train: expected a path, or a list of files each a path or {path: FILE, format: ..., "
+            "field_map: {...}, role_map: {...}}, got a map");
+  // An entry's conversation format cannot be split (as data.format: sharegpt cannot).
+  EXPECT_EQ(data("  truncation: split\n  train:\n    - a.txt\n    - {path: b.jsonl, format: sharegpt}\n"),
+            "t.yaml:7: data.train[1]: format sharegpt with data.truncation: split, which cuts raw text (format "
+            "completion) into pieces (a conversation piece would train an answer without its prompt): use drop or "
+            "truncate");
+  // --set names itself.
+  EXPECT_EQ(error_of(kMinimal, {"data.train=[]"}).rfind("--set data.train=[]: data.train: expected at least one file", 0), 0u);
 }
 
 TEST(Config, LoadConfigFileErrors) {
@@ -439,15 +582,15 @@ checkpoint: {resume_from_dir: ~/bucket/$QLORA_T_RUN}
   EXPECT_EQ(c.output_dir, "/home/tester/runs/r1");
   EXPECT_EQ(c.model.path, "/data/sets/model");
   EXPECT_EQ(c.model.tokenizer, "/home/tester");
-  EXPECT_EQ(c.data.train, "/data/sets/train.jsonl");
-  EXPECT_EQ(c.data.eval, "/data/sets/eval.jsonl");
+  EXPECT_EQ(data::source_paths(c.data.train), "/data/sets/train.jsonl");
+  EXPECT_EQ(data::source_paths(c.data.eval), "/data/sets/eval.jsonl");
   EXPECT_EQ(c.checkpoint.resume_from_dir, "/home/tester/bucket/r1");
   // checkpoint.resume as a path, and the literal forms: "$$", a "$" before a non-name, "~user", "a~b".
   const Config p = parse(kMinimal, {"checkpoint.resume=${QLORA_T_DATA}/ckpt/checkpoint-5", "data.train=a$$b$-c~/x",
                                     "model.path=~user/m", "output_dir=a~b"});
   EXPECT_EQ(p.checkpoint.resume, ResumeMode::kPath);
   EXPECT_EQ(p.checkpoint.resume_path, "/data/sets/ckpt/checkpoint-5");
-  EXPECT_EQ(p.data.train, "a$b$-c~/x");
+  EXPECT_EQ(data::source_paths(p.data.train), "a$b$-c~/x");
   EXPECT_EQ(p.model.path, "~user/m");
   EXPECT_EQ(p.output_dir, "a~b");
   // The resolved config records the expanded paths (and round-trips).
@@ -581,7 +724,7 @@ TEST(Config, ConfigWithOverridesValidatesLikeAFile) {
   base.output_dir = "eval";
   base.model.path = "models/m";
   base.model.dtype = DType::kAuto;
-  base.data.train = "d.json";
+  base.data.train = {{"d.json"}};
   // No overrides: the base, with all-linear as when a file leaves target_modules out.
   const Config c = config_with_overrides(base, {}, "eval (no config)");
   EXPECT_EQ(c, parse("output_dir: eval\nmodel: {path: models/m, dtype: auto}\ndata: {train: d.json}\n"));

@@ -4,6 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -84,7 +88,7 @@ TEST(Readers, SharedFilesWithLlamaTokenizer) {
                     F{"glaive_toolcall_en_demo.json", "sharegpt", "chatml"}, F{"c4_demo.jsonl", "completion", "none"}}) {
     QLORA_REQUIRE_SHARED(path, std::string("data/") + f.file);
     DataOptions o;
-    o.train = path.string();
+    o.train = {{path.string()}};
     o.template_name = f.tpl;
     o.sequence_len = 1024;
     const Datasets d = load_datasets(o, tok);
@@ -301,7 +305,7 @@ TEST(Length, DropTruncateAndNoTrainable) {
 namespace {
 DataOptions c4_options(const fs::path& path, int64_t sequence_len, const std::string& truncation) {
   DataOptions o;
-  o.train = path.string();
+  o.train = {{path.string()}};
   o.template_name = "none";
   o.sequence_len = sequence_len;
   o.truncation = truncation;
@@ -566,7 +570,7 @@ class AlpacaDemo : public ::testing::Test {
     QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
     QLORA_REQUIRE_SHARED(path, "data/alpaca_en_demo.json");
     tok_ = std::make_unique<Tokenizer>(model.string());
-    o.train = path.string();
+    o.train = {{path.string()}};
     o.template_name = "alpaca";
   }
   std::unique_ptr<Tokenizer> tok_;
@@ -629,4 +633,196 @@ TEST_F(AlpacaDemo, BatchingStatsCountTheLoadersEpoch) {
             std::string::npos) << prev;
   std::cout << prev;
   EXPECT_THROW(batching_stats(d.train, 0, o, tok.eos_id()), qlora::Error);
+}
+
+// data.train as a list (Axolotl's `datasets:`): each file read, format-detected and tokenised on
+// its own, the examples concatenated in list order as Hugging Face datasets'
+// concatenate_datasets does; so the list's examples are exactly those of each file loaded alone
+// (each single-file load is checked against transformers in the tests above), one after the other.
+namespace {
+void expect_same_examples(const std::vector<Example>& got, size_t from, const std::vector<Example>& alone,
+                          const std::string& what) {
+  ASSERT_GE(got.size(), from + alone.size()) << what;
+  for (size_t i = 0; i < alone.size(); ++i) {
+    EXPECT_EQ(got[from + i].input_ids, alone[i].input_ids) << what << " example " << i;
+    EXPECT_EQ(got[from + i].labels, alone[i].labels) << what << " example " << i;
+  }
+}
+}  // namespace
+
+TEST(DataList, TwoFormatsGiveTheConcatenationOfEachFileAlone) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_SHARED(alpaca, "data/alpaca_en_demo.json");
+  QLORA_REQUIRE_SHARED(glaive, "data/glaive_toolcall_en_demo.json");
+  const Tokenizer tok = llama(model);
+  DataOptions o;
+  o.template_name = "chatml";
+  o.sequence_len = 1024;
+  DataOptions a = o, g = o;
+  a.train = {{alpaca.string()}};
+  g.train = {{glaive.string()}};
+  const Datasets da = load_datasets(a, tok), dg = load_datasets(g, tok);
+  ASSERT_EQ(da.stats.read.format, "alpaca");
+  ASSERT_EQ(dg.stats.read.format, "sharegpt");
+  o.train = {{alpaca.string()}, {glaive.string()}};
+  const Datasets d = load_datasets(o, tok);
+  ASSERT_EQ(d.train.size(), da.train.size() + dg.train.size());
+  expect_same_examples(d.train, 0, da.train, "alpaca");
+  expect_same_examples(d.train, da.train.size(), dg.train, "glaive");
+  for (size_t i = 0; i < d.train.size(); ++i) EXPECT_EQ(d.train[i].id, int64_t(i));
+  // The stats: per file exactly each file's own; together their sums, formats in list order.
+  ASSERT_EQ(d.train_sources.size(), 2u);
+  EXPECT_EQ(d.train_sources[0].source.path, alpaca.string());
+  EXPECT_EQ(d.train_sources[0].stats.summary(), [&] { DataStats s = da.stats; s.train_examples = 0; s.eval_examples = 0;
+                                                      s.tokens_total = s.tokens_trainable = s.max_len = 0;
+                                                      s.length_hist.assign(8, 0); return s.summary(); }());
+  EXPECT_EQ(d.train_sources[0].examples, int64_t(da.train.size()));
+  EXPECT_EQ(d.train_sources[1].examples, int64_t(dg.train.size()));
+  EXPECT_EQ(d.stats.read.format, "alpaca, sharegpt");
+  EXPECT_EQ(d.stats.read.records_read, da.stats.read.records_read + dg.stats.read.records_read);
+  EXPECT_EQ(d.stats.dropped_too_long, da.stats.dropped_too_long + dg.stats.dropped_too_long);
+  EXPECT_EQ(d.stats.tokens_total, da.stats.tokens_total + dg.stats.tokens_total);
+  EXPECT_EQ(d.stats.tokens_trainable, da.stats.tokens_trainable + dg.stats.tokens_trainable);
+  EXPECT_EQ(d.stats.train_examples, int64_t(d.train.size()));
+  // The other order: the other concatenation.
+  o.train = {{glaive.string()}, {alpaca.string()}};
+  const Datasets r = load_datasets(o, tok);
+  expect_same_examples(r.train, 0, dg.train, "glaive first");
+  expect_same_examples(r.train, dg.train.size(), da.train, "alpaca second");
+  EXPECT_EQ(r.stats.read.format, "sharegpt, alpaca");
+  // val_set_size holds out of the whole concatenation: ceil(0.1 * n) of the n examples of both files.
+  o.train = {{alpaca.string()}, {glaive.string()}};
+  o.val_set_size = 0.1;
+  const Datasets h = load_datasets(o, tok);
+  const size_t n = d.train.size();
+  EXPECT_EQ(h.eval.size(), size_t(std::ceil(0.1 * double(n))));
+  EXPECT_EQ(h.train.size() + h.eval.size(), n);
+  // Every held-out and kept example is one of the concatenation's, each once.
+  std::multiset<std::vector<int32_t>> all, split;
+  for (const Example& e : d.train) all.insert(e.input_ids);
+  for (const auto* v : {&h.train, &h.eval})
+    for (const Example& e : *v) split.insert(e.input_ids);
+  EXPECT_TRUE(all == split);
+  // The preview names each file with its format and counts.
+  o.val_set_size = 0;
+  const std::string prev = render_preview(o, tok, 1);
+  EXPECT_NE(prev.find("format: alpaca, sharegpt\n"), std::string::npos) << prev;
+  EXPECT_NE(prev.find("data.train: 2 files, their examples concatenated in this order:\n  data.train[0] " +
+                      alpaca.string() + " (format alpaca): " + std::to_string(da.train.size()) + " examples; " +
+                      drop_reasons(da.stats) + "\n  data.train[1] " + glaive.string() + " (format sharegpt): " +
+                      std::to_string(dg.train.size()) + " examples; " + drop_reasons(dg.stats) + "\n"),
+            std::string::npos) << prev;
+}
+
+// One file, alone or as a one-entry list: the same load, byte for byte (preview text included).
+TEST(DataList, OneFileIsTheSameAsBeforeLists) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_SHARED(alpaca, "data/alpaca_en_demo.json");
+  const Tokenizer tok = llama(model);
+  DataOptions o;
+  o.template_name = "alpaca";
+  o.train = {{alpaca.string()}};
+  o.val_set_size = 0.05;
+  const Datasets d = load_datasets(o, tok);
+  // The single-file pipeline the list is built of: read, build, then the same hold-out.
+  ReadStats rs;
+  DataStats st;
+  const std::vector<Example> alone = build_examples(read_records(alpaca.string(), o, &rs), o, tok, &st);
+  EXPECT_EQ(d.train.size() + d.eval.size(), alone.size());
+  EXPECT_EQ(d.stats.read.format, "alpaca");
+  EXPECT_EQ(d.stats.read.records_read, rs.records_read);
+  EXPECT_EQ(d.train_sources.size(), 1u);
+  EXPECT_EQ(render_preview(o, tok, 2).find("data.train: "), std::string::npos) << "no file list for one file";
+  // An entry's explicit settings equal to the section's change nothing but the entry.
+  DataOptions e = o;
+  e.train[0].format = "alpaca";
+  e.train[0].field_map = std::map<std::string, std::string>{};
+  const Datasets de = load_datasets(e, tok);
+  ASSERT_EQ(de.train.size(), d.train.size());
+  for (size_t i = 0; i < d.train.size(); ++i) {
+    EXPECT_EQ(de.train[i].input_ids, d.train[i].input_ids);
+    EXPECT_EQ(de.train[i].labels, d.train[i].labels);
+    EXPECT_EQ(de.train[i].id, d.train[i].id);
+  }
+  EXPECT_EQ(de.stats.summary(), d.stats.summary());
+}
+
+// An entry's format / field_map / role_map replace the section's for that file only.
+TEST(DataList, PerFileFieldMapRoleMapAndFormat) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  const qlora::test::TempDir tmp("datalist");
+  const fs::path qa = tmp.path / "qa.jsonl", std_alpaca = tmp.path / "std.json", chats = tmp.path / "chats.jsonl";
+  std::ofstream(qa) << R"({"question": "What is 2+2?", "answer": "4"})" "\n"
+                    << R"({"question": "Capital of France?", "answer": "Paris"})" "\n";
+  std::ofstream(std_alpaca) << R"([{"instruction": "Say hi", "output": "hi"}])";
+  std::ofstream(chats) << R"({"conversations": [{"from": "client", "value": "ping"}, {"from": "bot", "value": "pong"}]})" "\n";
+  DataOptions o;
+  o.template_name = "chatml";
+  // The section maps the qa file's fields; the standard file sets an empty map of its own; the
+  // chats file maps its roles.
+  o.field_map = {{"instruction", "question"}, {"output", "answer"}};
+  o.train = {{qa.string()},
+             {std_alpaca.string(), std::string("alpaca"), std::map<std::string, std::string>{}},
+             {chats.string(), std::string("sharegpt"), std::nullopt,
+              std::map<std::string, std::string>{{"client", "user"}, {"bot", "assistant"}}}};
+  const Datasets d = load_datasets(o, tok);
+  ASSERT_EQ(d.train.size(), 4u);
+  EXPECT_EQ(d.stats.read.format, "alpaca, sharegpt");
+  // Each file alone with the options its entry gives: the same examples.
+  size_t at = 0;
+  for (const DataSource& src : o.train) {
+    DataOptions alone = options_for(o, src);
+    alone.train = {{src.path}};
+    const Datasets a = load_datasets(alone, tok);
+    expect_same_examples(d.train, at, a.train, src.path);
+    at += a.train.size();
+  }
+  EXPECT_NE(render_masked(d.train[3], tok).find("pong"), std::string::npos);
+  // Without the entry's empty map the section's would apply to the standard file, which has none
+  // of its fields: that file's own error, naming its file and line.
+  o.train[1].field_map.reset();
+  EXPECT_EQ(qlora::test::error_of([&] { load_datasets(o, tok); }).rfind(std_alpaca.string() + ":1: ", 0), 0u)
+      << qlora::test::error_of([&] { load_datasets(o, tok); });
+  // Without the entry's role_map the chats file's roles are unknown: its own file:line.
+  o.train[1].field_map = std::map<std::string, std::string>{};
+  o.train[2].role_map.reset();
+  const std::string e = qlora::test::error_of([&] { load_datasets(o, tok); });
+  EXPECT_EQ(e.rfind(chats.string() + ":1: ", 0), 0u) << e;
+  EXPECT_NE(e.find("unknown role 'client'"), std::string::npos) << e;
+}
+
+// A bad record names its own file and line; a file of the list that gives no example is refused
+// by name (each file alone would be); the eval list is concatenated the same way.
+TEST(DataList, ErrorsNameTheirOwnFileAndEvalListsConcatenate) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  const qlora::test::TempDir tmp("datalist_err");
+  const fs::path good = tmp.path / "good.jsonl", bad = tmp.path / "bad.jsonl", empty = tmp.path / "noanswer.jsonl";
+  std::ofstream(good) << R"({"instruction": "a", "output": "b"})" "\n" << R"({"instruction": "c", "output": "d"})" "\n";
+  std::ofstream(bad) << R"({"instruction": "a", "output": "b"})" "\n\n" << R"({"instruction": "a", "output": )" "\n";
+  std::ofstream(empty) << R"({"messages": [{"role": "user", "content": "nobody answers"}]})" "\n";
+  DataOptions o;
+  o.template_name = "chatml";
+  o.train = {{good.string()}, {bad.string()}};
+  std::string e = qlora::test::error_of([&] { load_datasets(o, tok); });
+  EXPECT_EQ(e.rfind(bad.string() + ":3: ", 0), 0u) << e;
+  o.train = {{good.string()}, {empty.string()}};
+  e = qlora::test::error_of([&] { load_datasets(o, tok); });
+  EXPECT_EQ(e, empty.string() + ": no example has a trainable token (1 records read, 0 longer than sequence_len 2048 "
+                                "(dropped), 0 whose trainable tokens were all past sequence_len 2048 (truncated away), "
+                                "1 without an assistant turn)");
+  o.train = {{good.string()}};
+  o.eval = {{good.string()}, {empty.string()}};
+  e = qlora::test::error_of([&] { load_datasets(o, tok); });
+  EXPECT_EQ(e.rfind(empty.string() + ": data.eval: no eval example is left (", 0), 0u) << e;
+  o.eval = {{good.string()}, {good.string()}};
+  const Datasets d = load_datasets(o, tok);
+  ASSERT_EQ(d.eval.size(), 4u);
+  EXPECT_EQ(d.eval[2].input_ids, d.eval[0].input_ids);
+  EXPECT_EQ(d.eval[3].id, 3);
+  EXPECT_EQ(d.eval_sources.size(), 2u);
+  EXPECT_EQ(d.eval_stats.read.records_read, 4);
+  EXPECT_EQ(d.eval_stats.read.format, "alpaca");
+  EXPECT_EQ(d.stats.eval_examples, 4);
 }

@@ -301,12 +301,12 @@ TEST(BuiltinTemplates, MismatchNoteNamesTheModelsOwnTemplate) {
   QLORA_REQUIRE_SHARED(c4, "data/c4_demo.jsonl");
   const Tokenizer tok = Tokenizer::from_pretrained(smol.parent_path().string());
   DataOptions o;
-  o.train = alpaca.string();
+  o.train = {{alpaca.string()}};
   o.template_name = "chatml";
   EXPECT_EQ(render_preview(o, tok, 0, nullptr, smol.parent_path().string())
                 .rfind("warning: data.template is chatml, but the model's own chat template is smollm2's", 0), 0u);
   EXPECT_EQ(render_preview(o, tok, 0).find("warning:"), std::string::npos) << "no model dir, no note";
-  o.train = c4.string();
+  o.train = {{c4.string()}};
   EXPECT_EQ(render_preview(o, tok, 0, nullptr, smol.parent_path().string()).find("warning:"), std::string::npos);
 }
 

@@ -18,6 +18,7 @@
 #include "test_util.h"
 #include "tiny_run.h"
 #include "trainer/checkpoint.h"
+#include "trainer/train.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -491,6 +492,151 @@ TEST_F(Resume, MovedDataFileWithTheSameContentResumes) {
   o = train(out, "--set data.train=" + moved.string());
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_EQ(o.out.find("moved:"), std::string::npos) << "the checkpoint records the new path:\n" << o.out;
+}
+
+// data.train as a list (Axolotl's `datasets:`): the tiny run's 24 records as an alpaca JSON file
+// (the first 12) and a sharegpt JSONL file (the last 12, the same turns). Each file alone gives
+// its records' examples and the list their concatenation, so the list run trains exactly the
+// one-file run (same adapter, byte for byte). Resuming needs the same list: an interrupted list run
+// resumes to that same adapter; another order, another number of files, another entry format or
+// file, and other content are refused naming what changed; a file that only moved resumes.
+TEST_F(Resume, DataTrainListResumesAndAChangedListIsRefused) {
+  const fs::path a = root / "list" / "a.json", b = root / "list" / "b.jsonl";
+  fs::create_directories(a.parent_path());
+  const json all = json::parse(qlora::read_file((root / "data.json").string()));
+  ASSERT_EQ(all.size(), 24u);
+  {
+    json first = json::array();
+    std::ofstream bf(b);
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (i < 12) {
+        first.push_back(all[i]);
+        continue;
+      }
+      bf << json{{"conversations", {{{"from", "human"}, {"value", all[i]["instruction"]}},
+                                    {{"from", "gpt"}, {"value", all[i]["output"]}}}}}.dump()
+         << "\n";
+    }
+    std::ofstream(a) << first.dump(2);
+  }
+  const std::string list = "--set 'data.train=[" + a.string() + ", {path: " + b.string() + ", format: sharegpt}]'";
+  auto list_of = [](const std::string& entries) { return "--set 'data.train=[" + entries + "]'"; };
+  auto error_line = [](const Out& o) { return qlora::test::line_with(o.out, "error:"); };
+
+  // The list run equals the one-file run.
+  const fs::path one = root / "list_one", ref = root / "list_ref";
+  Out o = train(one);
+  ASSERT_EQ(o.status, 0) << o.out;
+  o = train(ref, list);
+  ASSERT_EQ(o.status, 0) << o.out;
+  const std::string adapter = qlora::read_file((one / "adapter_model.safetensors").string());
+  EXPECT_EQ(qlora::read_file((ref / "adapter_model.safetensors").string()), adapter);
+  // Its config.resolved.yaml holds the list and loads again (data preview reads it).
+  const std::string resolved = qlora::read_file((ref / "config.resolved.yaml").string());
+  EXPECT_NE(resolved.find("format: sharegpt"), std::string::npos) << resolved;
+  o = sh(std::string(QLORA_BIN) + " data preview " + (ref / "config.resolved.yaml").string() + " --n 1");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("format: alpaca, sharegpt\n"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("data.train[1] " + b.string() + " (format sharegpt): 12 examples; 12 records read"),
+            std::string::npos) << o.out;
+
+  // Interrupted and resumed with the same list: the same adapter.
+  const fs::path out = root / "list_run";
+  o = train(out, list, "QLORA_FAULT_SIGTERM_AT=3:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  // Refused: another order, another number of files, another entry format, another file.
+  o = train(out, list_of("{path: " + b.string() + ", format: sharegpt}, " + a.string()));
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(error_line(o).find("settings that change the run differ: data.train: the same files in another order (" +
+                               a.string() + ", " + b.string() + " -> " + b.string() + ", " + a.string() + ")"),
+            std::string::npos) << o.out;
+  o = train(out, list_of(a.string()));
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(error_line(o).find("differ: data.train: 2 files -> 1 file (removed " + b.string() + ")"), std::string::npos)
+      << o.out;
+  o = train(out, list_of(a.string() + ", " + b.string()));
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(error_line(o).find("differ: data.train[1].format: sharegpt -> (unset)"), std::string::npos) << o.out;
+  const fs::path c = root / "list" / "c.jsonl";
+  {
+    std::ofstream cf(c);
+    cf << qlora::read_file(b.string()) << "\n";  // the same records, other bytes
+  }
+  o = train(out, list_of(a.string() + ", {path: " + c.string() + ", format: sharegpt}"));
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(error_line(o).find("differ: data.train[1]: " + b.string() + " -> " + c.string()), std::string::npos)
+      << o.out;
+  // Other content under the same path.
+  const std::string b_bytes = qlora::read_file(b.string());
+  std::ofstream(b, std::ios::app) << "\n";
+  o = train(out, list);
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(error_line(o).find("content of " + b.string() + " changed since the checkpoint was written"),
+            std::string::npos) << o.out;
+  std::ofstream(b, std::ios::trunc) << b_bytes;
+  // A file that only moved is the same run; the same list resumes to the uninterrupted adapter.
+  const fs::path moved = root / "list" / "moved_b.jsonl";
+  fs::copy_file(b, moved);
+  o = train(out, list_of(a.string() + ", {path: " + moved.string() + ", format: sharegpt}"), "QLORA_FAULT_SIGTERM_AT=5:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  EXPECT_NE(o.out.find("resume: data.train[1] moved: " + b.string() + " -> " + moved.string() +
+                       " (same content, sha256 "),
+            std::string::npos) << o.out;
+  o = train(out, list_of(a.string() + ", {path: " + moved.string() + ", format: sharegpt}"));
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("resume: from " + (out / "checkpoints" / "checkpoint-5").string() + " at step 5 "),
+            std::string::npos) << o.out;
+  EXPECT_EQ(qlora::read_file((out / "adapter_model.safetensors").string()), adapter);
+
+  // One path and a one-entry list are the same run: either resumes the other.
+  const fs::path single = root / "list_single";
+  o = train(single, list_of((root / "data.json").string()), "QLORA_FAULT_SIGTERM_AT=3:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  o = train(single);
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("resume: from " + (single / "checkpoints" / "checkpoint-3").string() + " at step 3 "),
+            std::string::npos) << o.out;
+  EXPECT_EQ(qlora::read_file((single / "adapter_model.safetensors").string()), adapter);
+}
+
+// The resume refusal's wording for each kind of change of a data list (data_source_changes).
+TEST(DataSourceChanges, NameWhatChangedPerFile) {
+  using qlora::data::DataSource;
+  using Map = std::map<std::string, std::string>;
+  const Map sha_then = {{"a", "aaaa11112222"}, {"b", "bbbb11112222"}};
+  std::vector<std::string> moved;
+  auto changes = [&](const std::vector<DataSource>& before, const std::vector<DataSource>& now, const Map& sha_now) {
+    moved.clear();
+    return qlora::data_source_changes("data.train", before, sha_then, now, sha_now, &moved);
+  };
+  using V = std::vector<std::string>;
+  // One plain path each side: named data.train, as before lists.
+  EXPECT_EQ(changes({{"a"}}, {{"c"}}, {{"c", "cccc"}}), V{"data.train: a -> c"});
+  EXPECT_EQ(changes({{"a"}}, {{"a2"}}, {{"a2", "aaaa11112222"}}), V{});
+  EXPECT_EQ(moved, V{"data.train moved: a -> a2 (same content, sha256 aaaa11112222)"});
+  EXPECT_EQ(changes({{"a"}}, {{"a"}, {"b"}, {"c"}}, {}), V{"data.train: 1 file -> 3 files (added b, c)"});
+  EXPECT_EQ(changes({{"a"}, {"b"}}, {{"c"}}, {}), V{"data.train: 2 files -> 1 file (added c; removed a, b)"});
+  EXPECT_EQ(changes({{"a"}, {"b"}}, {{"b"}, {"a"}}, {}),
+            V{"data.train: the same files in another order (a, b -> b, a): the concatenation, and so every batch, differs"});
+  EXPECT_EQ(changes({{"a"}, {"b"}}, {{"a"}, {"b2"}}, {{"b2", "bbbb11112222"}}), V{});
+  EXPECT_EQ(moved, V{"data.train[1] moved: b -> b2 (same content, sha256 bbbb11112222)"});
+  DataSource b_mapped{"b", std::string("sharegpt"), Map{{"instruction", "q"}}, Map{{"bot", "assistant"}}};
+  EXPECT_EQ(changes({{"a"}, {"b"}}, {{"a"}, b_mapped}, {}),
+            (V{"data.train[1].format: (unset) -> sharegpt", "data.train[1].field_map: (unset) -> {instruction: q}",
+               "data.train[1].role_map: (unset) -> {bot: assistant}"}));
+  // One path that gained an override is an entry of a list: named data.train[0].
+  EXPECT_EQ(changes({{"a"}}, {{"a", std::string("alpaca")}}, {}), V{"data.train[0].format: (unset) -> alpaca"});
+}
+
+// `qlora data preview` with one path and with it as a one-entry list: the same text, byte for byte.
+TEST_F(Resume, DataPreviewOfOnePathAndAOneEntryListAreIdentical) {
+  const std::string base = std::string(QLORA_BIN) + " data preview " + (root / "run.yaml").string() + " --n 2 ";
+  const Out path = sh(base + "--set data.train=" + (root / "data.json").string());
+  const Out listed = sh(base + "--set 'data.train=[" + (root / "data.json").string() + "]'");
+  ASSERT_EQ(path.status, 0) << path.out;
+  ASSERT_EQ(listed.status, 0) << listed.out;
+  EXPECT_EQ(listed.out, path.out);
+  EXPECT_NE(path.out.find("---- example 0:"), std::string::npos) << path.out;
 }
 
 // The tiny run's model and data, used by configs written beside them (relative paths, bad values).

@@ -75,4 +75,42 @@ TEST(EvalCli, WarnsWhenTheTemplateIsNotTheModelsOwn) {
   EXPECT_EQ(r.out.find("eval: data.template is"), std::string::npos) << r.out;
 }
 
+// `qlora eval CONFIG` with data.eval a list of two files of two formats: the examples of both, in
+// order; the loss is the target-weighted mean of each file's own (mean next-token CE over all
+// targets, as each file alone reports it); each file's unused records are warned about under its
+// own name; eval.json names both files.
+TEST(EvalCli, EvalListIsTheConcatenationOfItsFiles) {
+  QLORA_REQUIRE_SHARED(tokenizer, "tokenizers/llama2/tokenizer.model");
+  const qlora::test::TempDir d("eval_list");
+  const fs::path e1 = d.path / "e1.json", e2 = d.path / "e2.jsonl", cfg = d.path / "eval.yaml";
+  std::ofstream(e1) << R"([{"instruction": "Name a colour.", "output": "Blue."},
+ {"instruction": "Add 2 and 3.", "output": "5"}])";
+  std::ofstream(e2) << R"({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello, how can I help?"}]})"
+                    << "\n"
+                    << R"({"conversations": [{"from": "human", "value": "Nobody answers"}]})" << "\n"
+                    << R"({"conversations": [{"from": "human", "value": "Capital of Peru?"}, {"from": "gpt", "value": "Lima"}]})"
+                    << "\n";
+  std::ofstream(cfg) << "output_dir: " << (d.path / "run").string() << "\nmodel:\n  preset: tiny\n  init: random\n"
+                     << "  tokenizer: " << tokenizer.string() << "\n  dtype: fp32\ndata:\n  train: " << e1.string()
+                     << "\n  template: chatml\n  sequence_len: 256\n";
+  auto eval = [&](const std::string& set, const fs::path& out) {
+    CliRun r = run("eval " + q(cfg) + " --set " + q(set) + " --out " + q(out));
+    EXPECT_EQ(r.status, 0) << r.out;
+    return std::make_pair(read_json(out), r.out);
+  };
+  const auto [j1, out1] = eval("data.eval=" + e1.string(), d.path / "1.json");
+  const auto [j2, out2] = eval("data.eval=" + e2.string(), d.path / "2.json");
+  const auto [j, out] = eval("data.eval=[" + e1.string() + ", {path: " + e2.string() + ", format: sharegpt}]",
+                             d.path / "list.json");
+  EXPECT_EQ(j["examples"], 4);
+  EXPECT_EQ(j1["examples"].get<int>() + j2["examples"].get<int>(), 4);
+  const double t1 = j1["targets"].get<double>(), t2 = j2["targets"].get<double>();
+  EXPECT_EQ(j["targets"].get<double>(), t1 + t2);
+  EXPECT_NEAR(j["loss"].get<double>(), (j1["loss"].get<double>() * t1 + j2["loss"].get<double>() * t2) / (t1 + t2),
+              1e-4 * j["loss"].get<double>());
+  EXPECT_EQ(j["data"], e1.string() + ", " + e2.string());
+  EXPECT_NE(out.find("data: " + e2.string() + ": 1 of 3 records not used"), std::string::npos) << out;
+  EXPECT_EQ(out.find("data: " + e1.string() + ":"), std::string::npos) << out;
+}
+
 }  // namespace
