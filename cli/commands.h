@@ -109,7 +109,7 @@ struct EvalOptions {
   std::string data;                    ///< --data: use this file as the eval set
   std::string adapter;                 ///< --adapter: PEFT adapter dir ("" = base model only)
   std::string metric = "loss";         ///< loss | exact_match
-  std::string out;                     ///< eval.json path ("" = <adapter or output_dir>/eval.json)
+  std::string out;                     ///< result path ("" = <adapter>/eval.json; no adapter: <output_dir>/eval_base.json)
   int64_t max_examples = 0;            ///< evaluate the first N examples only (0 = all)
   std::vector<std::string> overrides;  ///< --set key=value
 };
@@ -118,7 +118,9 @@ struct EvalOptions {
 /// val_set_size hold-out; with --data, that whole file), memory bounded by one batch. With
 /// exact_match also greedy-generates each example's last assistant answer from its prompt
 /// (stopping at any id of the tokenizer's eos_ids() or after reference length + 8 tokens) and counts trimmed exact matches.
-/// Writes eval.json; returns the text it printed. Throws qlora::Error for bad input.
+/// Writes the result (EvalOptions::out) after checking up front that it can be created there
+/// (check_can_create); returns the text it printed. Throws qlora::Error for bad input; a failed
+/// final write prints the result to stdout, then throws.
 std::string cmd_eval(const EvalOptions& o);
 
 /// Loads a PEFT LoRA adapter directory into `model` (strict: every module and shape checked

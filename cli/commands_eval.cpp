@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -130,6 +131,14 @@ std::string cmd_eval(const EvalOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   Config cfg = eval_config(o);
   if (!o.model_dir.empty()) cfg.key_sources.erase("model.path");  // --model, not a --set: its errors name no source
+  // Where the result goes, known (and checked writable) before anything slow runs: an adapter's
+  // eval next to it, the base model's (no adapter) as eval_base.json, so a before/after pair in a
+  // run's output_dir (its final adapter's dir) keeps both.
+  const std::string out = !o.out.empty()       ? o.out
+                          : !o.adapter.empty() ? (fs::path(o.adapter) / "eval.json").string()
+                          : !o.config_path.empty() ? (fs::path(cfg.output_dir) / "eval_base.json").string()
+                                                   : std::string("eval_base.json");
+  check_can_create(out, "eval: result file");
   const torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
 
   // Data first: every bad-input error comes before the (slow) model load.
@@ -210,12 +219,13 @@ std::string cmd_eval(const EvalOptions& o) {
   }
   j["metric"] = o.metric;
   j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string out = !o.out.empty()       ? o.out
-                          : !o.adapter.empty() ? (fs::path(o.adapter) / "eval.json").string()
-                          : !o.config_path.empty() ? (fs::path(cfg.output_dir) / "eval.json").string()
-                                                   : std::string("eval.json");
-  if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
-  atomic_write_string(out, j.dump(2) + "\n");
+  try {
+    if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
+    atomic_write_string(out, j.dump(2) + "\n");
+  } catch (const std::exception&) {
+    std::cout << os.str() << std::flush;  // the numbers are not lost with the file
+    throw;
+  }
   os << "wrote " << out << "\n";
   return os.str();
 }

@@ -13,6 +13,7 @@
 #include "common/safetensors.h"
 #include "common/tensor_io.h"
 #include "cli/commands.h"
+#include "config/config.h"
 #include "model/model.h"
 #include "trainer/train.h"
 
@@ -55,6 +56,29 @@ void check_adapter_mergeable(const std::string& dir, const ModelConfig& base) {
   QLORA_CHECK(!lm_head, dir, ": the adapter has a LoRA on lm_head; only the decoder linears can be merged");
 }
 
+/// Warnings about what the merged model will be, from what the adapter dir says of its training:
+/// adapter_config.json's base_model_name_or_path (when it is a local dir) other than --base, and a
+/// run trained on a 4-bit base (its config.resolved.yaml) merged into unquantized weights.
+void warn_about_merge_base(const MergeOptions& o, bool base_is_4bit) {
+  std::error_code ec;
+  const json ac = json::parse(read_file((fs::path(o.adapter_dir) / "adapter_config.json").string()));
+  const std::string named = ac.value("base_model_name_or_path", std::string());
+  if (!named.empty() && fs::is_directory(named, ec) && !fs::equivalent(named, o.base_dir, ec))
+    log::warn("merge: ", o.adapter_dir, "/adapter_config.json names the base ", named, ", not --base ", o.base_dir,
+              "; merging into another model (an already merged one merges the adapter twice)");
+  const fs::path resolved = fs::path(o.adapter_dir) / "config.resolved.yaml";
+  if (base_is_4bit || !fs::exists(resolved, ec)) return;
+  try {
+    const Config t = load_config(resolved.string());
+    if (!t.quantization.enabled()) return;
+    log::warn("merge: the adapter was trained on the ", quant_method_name(t.quantization.quant_type), "-quantized base (",
+              resolved.string(), "); merged into --base's unquantized weights the model is not the one training "
+              "and `qlora eval` measured (PEFT's merge_and_unload after QLoRA does the same): evaluate the merged "
+              "model (docs/training.md, \"Merging\")");
+  } catch (const std::exception&) {  // not a config of ours: nothing known of its training
+  }
+}
+
 }  // namespace
 
 void cmd_merge(const MergeOptions& o) {
@@ -71,6 +95,9 @@ void cmd_merge(const MergeOptions& o) {
   // fp32 holds bf16/fp16/fp32 stored values exactly; a 4-bit base is read as stored (never
   // re-quantized) and dequantized below.
   LlamaModel model = LlamaModel::load(o.base_dir, torch::kFloat32, torch::kCPU);
+  bool base_is_4bit = false;
+  for (const FrozenLinear* f : model.linears()) base_is_4bit |= f->quantized();
+  warn_about_merge_base(o, base_is_4bit);
   PeftConfig pc = read_peft_config(o.adapter_dir);
   const LoraWeights lw = load_peft_adapter(o.adapter_dir, &pc, peft_module_shapes(model, pc));
   const double s = lora_scale(pc.r, pc.lora_alpha, pc.use_rslora);

@@ -57,6 +57,17 @@ void atomic_write_string(const std::string& path, const std::string& bytes) {
   });
 }
 
+void check_can_create(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  QLORA_CHECK(!fs::is_directory(path, ec), what, " ", path, ": cannot write there: it is a directory");
+  fs::path dir = fs::path(path).parent_path();
+  while (!dir.empty() && !fs::exists(dir, ec)) dir = dir.parent_path();
+  if (dir.empty()) dir = ".";
+  QLORA_CHECK(fs::is_directory(dir, ec), what, " ", path, ": cannot write there: ", dir.string(), " is not a directory");
+  QLORA_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, what, " ", path, ": cannot write there: ", dir.string(), ": ",
+              std::strerror(errno));
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read ", path, ": ", std::strerror(errno));

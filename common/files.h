@@ -15,6 +15,13 @@ void atomic_write(const std::string& path, const std::function<void(std::FILE*)>
 /// atomic_write of a whole string.
 void atomic_write_string(const std::string& path, const std::string& bytes);
 
+/// Checks, before slow work whose result goes to `path`, that the file can be created there
+/// (atomic_write's temporary next to it, missing parent folders made): `path` is not a directory
+/// and its nearest existing ancestor is a directory this process may write into (access(2) W_OK |
+/// X_OK, which also fails on a read-only mount or an immutable folder). Creates nothing.
+/// Throws qlora::Error "<what> <path>: cannot write there: <reason>" otherwise.
+void check_can_create(const std::string& path, const std::string& what);
+
 /// fsync of a directory (so a rename inside it is durable). Throws qlora::Error on failure.
 void fsync_dir(const std::string& dir);
 

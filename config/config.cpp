@@ -564,21 +564,24 @@ class Section {
         {"bf16", "model.dtype: bf16"},
         {"torch_dtype", "model.dtype"},
     };
-    if (!path_.empty() && path_.back() == ']') {  // an entry of data.train / data.eval
-      // Axolotl's `datasets:` entry keys, and the data section's keys, which apply to every file.
-      static const std::map<std::string, std::string> kEntryNames = {
-          {"type", "\"format\" here (alpaca|sharegpt|messages|completion; Axolotl's chat_template type is messages)"},
-          {"ds_type", "\"format\" here; the file type comes from the extension (.json, .jsonl, .txt)"},
-          {"data_files", "\"path\" here (one local file an entry; list several entries for several files)"},
-          {"field_instruction", "\"field_map\" here: {instruction: YOUR_FIELD}"},
-          {"field_input", "\"field_map\" here: {input: YOUR_FIELD}"},
-          {"field_output", "\"field_map\" here: {output: YOUR_FIELD}"},
-          {"field_system", "\"field_map\" here: {system: YOUR_FIELD}"},
-          {"field_messages", "\"field_map\" here: {messages: YOUR_FIELD} (or {conversations: YOUR_FIELD})"},
-          {"roles", "\"role_map\" here: {YOUR_ROLE: user}"},
-      };
+    // Axolotl's `datasets:` entry keys (in an entry of data.train / data.eval, or written flat
+    // into the data section), and the data section's keys, which apply to every file.
+    static const std::map<std::string, std::string> kEntryNames = {
+        {"type", "\"format\" here (alpaca|sharegpt|messages|completion; Axolotl's chat_template type is messages)"},
+        {"ds_type", "\"format\" here; the file type comes from the extension (.json, .jsonl, .txt)"},
+        {"data_files", "\"path\" here (one local file an entry; list several entries for several files)"},
+        {"field_instruction", "\"field_map\" here: {instruction: YOUR_FIELD}"},
+        {"field_input", "\"field_map\" here: {input: YOUR_FIELD}"},
+        {"field_output", "\"field_map\" here: {output: YOUR_FIELD}"},
+        {"field_system", "\"field_map\" here: {system: YOUR_FIELD}"},
+        {"field_messages", "\"field_map\" here: {messages: YOUR_FIELD} (or {conversations: YOUR_FIELD})"},
+        {"roles", "\"role_map\" here: {YOUR_ROLE: user}"},
+    };
+    const bool entry = !path_.empty() && path_.back() == ']';  // an entry of data.train / data.eval
+    if (entry || (path_ == "data" && name != "data_files"))  // the section's file key is "train"
       if (auto it = kEntryNames.find(name); it != kEntryNames.end())
         return "unknown key; Axolotl's \"" + name + "\" is " + it->second + " (docs/config.md)";
+    if (entry) {
       const std::string near = closest(name, keys_);
       if (!near.empty()) return "unknown key; did you mean \"" + near + "\"?";
       if (contains(section_keys("data"), name))

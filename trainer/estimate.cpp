@@ -382,6 +382,8 @@ json rule_of_thumb(const MemoryEstimate& e) {
 json claim_checks(const MemoryEstimate& e) {
   const double P = static_cast<double>(e.num_parameters);
   json r = json::array();
+  // The claims are about QLoRA: a LoRA / full / inference config is not evidence either way.
+  if (e.options.method != EstimateOptions::Method::QLora) return r;
   if (P > 6e9 && P < 8e9) {
     const GpuCard& card = common_gpu_cards().front();  // the 16 GB class: a T4's 15360 MiB
     r.push_back({{"claim", "a 7B QLoRA fine-tune fits in 16 GB"},
@@ -636,6 +638,7 @@ void MemoryTracker::begin(const Config& cfg, const ModelConfig& model, const tor
   log::info("memory estimate: ", human_bytes(static_cast<double>(estimate_.total_bytes)), " peak (",
             to_string(estimate_.options.method), ", micro-batch ", estimate_.options.micro_batch_size, " × ",
             estimate_.options.seq_len, " tokens; `qlora estimate` itemises it)");
+  for (const std::string& w : estimate_.warnings) log::warn("memory estimate: ", w);  // as `qlora estimate` warns
   if (device.is_cuda()) {
     const int64_t total = cuda_total_memory(device);
     if (total > 0 && estimate_.total_bytes > total)
@@ -669,7 +672,12 @@ json MemoryTracker::finish() {
     report_["rows"] = {{"estimated_tokens", full}, {"longest_tokens", longest_row_}};
   write();
   log::info("memory: estimated vs measured\n", format_comparison(report_["comparison"]));
-  if (report_.contains("rows"))
+  // Said only where it explains the gap: the peak came in under the estimate.
+  bool peak_under = false;
+  for (const json& r : report_["comparison"])
+    if (r["component"] == "peak (tensors)" && r["measured_bytes"].get<int64_t>() < r["estimated_bytes"].get<int64_t>())
+      peak_under = true;
+  if (report_.contains("rows") && peak_under)
     log::info("memory: the estimate is of rows of ", full, " tokens (data.sequence_len); this run's longest row had ",
               longest_row_, " (rows are padded to their batch's longest), so its activations and logits took less "
               "than estimated: `qlora estimate --seq-len ", longest_row_, "` estimates rows of that length");

@@ -127,7 +127,8 @@ nlohmann::json rule_of_thumb(const MemoryEstimate& e);
 /// "a 7B QLoRA fine-tune fits in 16 GB", compared with the 16 GB card row of common_gpu_cards()
 /// (a T4's nvidia-smi memory.total, 15,360 MiB); for 12–14 B "a 13B QLoRA fine-tune needs ~28 GB",
 /// compared with 28e9 bytes. [{"claim", "compared_with", "limit_bytes", "total_bytes",
-/// "holds" (fits-claim: total ≤ limit; needs-claim: total ≥ limit)}]; empty for other sizes.
+/// "holds" (fits-claim: total ≤ limit; needs-claim: total ≥ limit)}]; empty for other sizes and
+/// for a method other than QLoRA (the claims are about QLoRA).
 nlohmann::json claim_checks(const MemoryEstimate& e);
 
 /// {"model", "options", "components", "total_bytes", "fits", "rule_of_thumb", "claims",
@@ -211,7 +212,8 @@ class MemoryTracker {
   /// When no step ran (after_step never called: a resume of a finished run) "comparison" is [] and
   /// "note" says why. When the run's rows were all shorter than the estimate's seq_len (rows are
   /// padded to their batch's longest, not to data.sequence_len), "rows" holds {"estimated_tokens",
-  /// "longest_tokens"} and a log line says the estimate is of full-length rows. Returns the report.
+  /// "longest_tokens"}, and where the measured peak came in under the estimate a log line says
+  /// that is why (the estimate is of full-length rows). Returns the report.
   nlohmann::json finish();
   bool active() const { return active_; }
 

@@ -1044,13 +1044,15 @@ std::string Trainer::claim_output_dir() {
   const fs::path out(cfg_.output_dir);
   QLORA_CHECK(!fs::exists(out) || fs::is_directory(out), "output_dir: ", out.string(), " exists and is not a directory");
   // What makes the directory used: anything but memory_report.json (what a run that failed while
-  // loading, before it owned the directory, leaves behind), eval.json (what `qlora eval CONFIG`
-  // writes there by default: a baseline before training) and interrupted atomic writes.
+  // loading, before it owned the directory, leaves behind), eval_base.json (what `qlora eval CONFIG`
+  // writes there by default: a baseline before training; eval.json from before it had that name)
+  // and interrupted atomic writes.
   std::vector<std::string> entries;
   if (fs::is_directory(out))
     for (const auto& e : fs::directory_iterator(out)) {
       const std::string name = e.path().filename().string();
-      if (!is_temp_leftover(name) && name != "memory_report.json" && name != "eval.json" && name != OutputDirLock::kFile)
+      if (!is_temp_leftover(name) && name != "memory_report.json" && name != "eval.json" && name != "eval_base.json" &&
+          name != OutputDirLock::kFile)
         entries.push_back(name);
     }
   const bool used = !entries.empty();
@@ -1290,10 +1292,12 @@ void Trainer::resume_from(const std::string& ckpt) {
     log::warn("resume: metrics.jsonl has lines for ", kept.size(), " of the ", step_,
               " steps before the checkpoint; summary.json records the gap (metrics_complete: false)");
   setup_seconds_before_ = lc.state.setup_seconds;
-  // A resume with steps left continues the run: one more interruption. At the last step (a
-  // finished run copied into a new output_dir, or one stopped after its last checkpoint) nothing
-  // is continued.
-  preemption_["interruptions"] = lc.state.interruptions + (step_ < total_steps_ ? 1 : 0);
+  // A resume with steps left continues the run: one more interruption, when the checkpoint is from
+  // before its run's own last step. At the last step (a finished run copied into a new output_dir,
+  // or one stopped after its last checkpoint) nothing is continued; a finished run given more
+  // steps (training.max_steps raised) continues but was not interrupted.
+  const bool cut_short = lc.state.total_steps <= 0 || step_ < lc.state.total_steps;
+  preemption_["interruptions"] = lc.state.interruptions + (step_ < total_steps_ && cut_short ? 1 : 0);
   preemption_["time_lost_s"] = lc.state.time_lost_s + lost;
   log::info("resume: from ", ckpt, " at step ", step_, " (epoch ", lc.state.sampler.epoch, ", cursor ",
             lc.state.sampler.cursor, "); ", lost, " s of work past it redone");

@@ -517,6 +517,11 @@ TEST(Config, BadDataTrainListEntriesNameTheEntryKeyAndLine) {
   EXPECT_EQ(data("  train:\n    - path: b.jsonl\n      type: alpaca\n"),
             "t.yaml:6: data.train[0].type: unknown key; Axolotl's \"type\" is \"format\" here (alpaca|sharegpt|messages|"
             "completion; Axolotl's chat_template type is messages) (docs/config.md)");
+  // written flat into the data section (a trial's `data.type: alpaca` got only the key list)
+  EXPECT_EQ(data("  train: b.jsonl\n  type: alpaca\n"),
+            "t.yaml:5: data.type: unknown key; Axolotl's \"type\" is \"format\" here (alpaca|sharegpt|messages|"
+            "completion; Axolotl's chat_template type is messages) (docs/config.md)");
+  EXPECT_EQ(data("  train: b.jsonl\n  data_files: c.jsonl\n").find("Axolotl"), std::string::npos);
   EXPECT_EQ(data("  train:\n    - path: b.jsonl\n      field_instruction: prompt\n"),
             "t.yaml:6: data.train[0].field_instruction: unknown key; Axolotl's \"field_instruction\" is \"field_map\" "
             "here: {instruction: YOUR_FIELD} (docs/config.md)");

@@ -140,11 +140,13 @@ TEST_F(Resume, CorruptNewestIsSkippedAndChangedSettingsRefused) {
 
 // summary.json covers every invocation of a run (wall time from the checkpoints' train_seconds,
 // interruptions counted across resumes); the same command after the run ended changes nothing.
-// A baseline `qlora eval` output (eval.json) does not make output_dir "used".
+// A baseline `qlora eval` output (eval_base.json, or eval.json as it was named before) does not
+// make output_dir "used".
 TEST_F(Resume, SummaryCountsEveryInvocationAndAFinishedRunIsLeftAlone) {
   const fs::path out = root / "summary";
   fs::create_directories(out);
   std::ofstream(out / "eval.json") << "{\"loss\": 2.5}\n";
+  std::ofstream(out / "eval_base.json") << "{\"loss\": 2.5}\n";
   Out o = train(out, "", "QLORA_FAULT_SIGTERM_AT=3:0");
   ASSERT_EQ(o.status, 75) << o.out;
   o = train(out, "", "QLORA_FAULT_SIGTERM_AT=8:0");
@@ -169,6 +171,12 @@ TEST_F(Resume, SummaryCountsEveryInvocationAndAFinishedRunIsLeftAlone) {
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("is already complete (18 of 18 steps)"), std::string::npos) << o.out;
   for (const auto& [f, bytes] : before) EXPECT_EQ(qlora::read_file((out / f).string()), bytes) << f << " was rewritten";
+  // Extending the finished run (more steps) continues it without an interruption: its last
+  // checkpoint was at its own last step (a trial saw interruptions go up by one here).
+  o = train(out, "--set training.max_steps=20");
+  ASSERT_EQ(o.status, 0) << o.out;
+  const json ext = json::parse(qlora::read_file((out / "summary.json").string()));
+  EXPECT_EQ(ext["preemption"]["interruptions"], 2) << ext.dump();
 }
 
 // training.eval_steps 0 evaluates at the end of each epoch (transformers' eval_strategy "epoch"),
@@ -231,8 +239,14 @@ TEST_F(Resume, AFinishedRunResumedIntoANewDirRunsNoStep) {
     const int64_t longest = mem["rows"]["longest_tokens"].get<int64_t>();
     EXPECT_GT(longest, 8);
     EXPECT_LT(longest, 512);
-    EXPECT_NE(o.out.find("this run's longest row had " + std::to_string(longest) + " (rows are padded"),
-              std::string::npos) << o.out;
+    // The log explains an under-estimate-peak by the short rows, and only then (a trial saw the note
+    // under a peak 19 % above the estimate).
+    bool peak_under = false;
+    for (const json& r : mem["comparison"])
+      if (r["component"] == "peak (tensors)" && r["measured_bytes"] < r["estimated_bytes"]) peak_under = true;
+    EXPECT_EQ(o.out.find("this run's longest row had " + std::to_string(longest) + " (rows are padded") !=
+                  std::string::npos,
+              peak_under) << o.out;
   }
   o = train(copy, "--set checkpoint.resume=" + done.string());
   ASSERT_EQ(o.status, 0) << o.out;

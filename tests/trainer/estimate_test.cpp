@@ -520,6 +520,15 @@ TEST(EstimateCli, ClaimVerdictCpuCardsAndLengthWarning) {
   EXPECT_FALSE(j["claims"][0]["holds"].get<bool>());
   EXPECT_GT(j["total_bytes"].get<int64_t>(), t4);
   ASSERT_EQ(j["warnings"].size(), 1u);
+  // The QLoRA claim is not judged on a 16-bit LoRA (or full / inference) config (a trial saw "this
+  // config's total 15.14 GiB does not fit" for --method lora).
+  for (const char* m : {"lora", "full", "inference"}) {
+    r = run(std::string("estimate --preset llama2-7b --method ") + m + " --json");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_TRUE(nlohmann::json::parse(r.out)["claims"].empty()) << m;
+    r = run(std::string("estimate --preset llama2-7b --method ") + m);
+    EXPECT_EQ(r.out.find("claim \""), std::string::npos) << m << r.out;
+  }
   // --device cpu: no card verdicts, said why; the claim is labelled a GPU claim.
   r = run("estimate --preset llama2-7b --device cpu");
   ASSERT_EQ(r.status, 0) << r.out;

@@ -113,4 +113,61 @@ TEST(EvalCli, EvalListIsTheConcatenationOfItsFiles) {
   EXPECT_EQ(out.find("data: " + e1.string() + ":"), std::string::npos) << out;
 }
 
+// A before/after pair on one config: the base model's eval (no --adapter) goes to
+// <output_dir>/eval_base.json, the adapter's to <adapter>/eval.json; when output_dir is the run's
+// own dir (its final adapter) neither overwrites the other (before: both were output_dir/eval.json,
+// the adapter's result silently replaced). A result file that cannot be written is refused before
+// the model loads and the evaluation runs. (The run's sequence_len 4096, past the tiny preset's 2048
+// positions, is warned about by train; merge's warnings are checked on the same run at the end.)
+TEST(EvalCli, BaseAndAdapterEvalsKeepTheirOwnFiles) {
+  QLORA_REQUIRE_SHARED(data, "data/alpaca_en_demo.json");
+  QLORA_REQUIRE_SHARED(tokenizer, "tokenizers/llama2/tokenizer.model");
+  const qlora::test::TempDir d("eval_pair");
+  const fs::path run_dir = d.path / "run", cfg = d.path / "run.yaml", model = d.path / "model";
+  CliRun r = run("init-model --preset tiny --out " + q(model) + " --tokenizer " + q(tokenizer) + " --seed 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ofstream(cfg) << "output_dir: " << run_dir.string() << "\nmodel:\n  path: " << model.string()
+                     << "\n  dtype: fp32\nquantization:\n  method: nf4\nlora:\n  r: 4\n  alpha: 8\n"
+                     << "data:\n  train: " << data.string() << "\n  template: alpaca\n  sequence_len: 4096\n"
+                     << "  val_set_size: 4\ntraining:\n  micro_batch_size: 1\n  gradient_accumulation_steps: 1\n"
+                     << "  max_steps: 1\n  learning_rate: 0.01\n  warmup_steps: 0\n  eval_steps: 0\n"
+                     << "checkpoint:\n  save_steps: 0\n  save_minutes: 0\n";
+  r = run("train " + q(cfg));
+  ASSERT_EQ(r.status, 0) << r.out;
+  // train warns as `qlora estimate` does when sequence_len is past the model's positions (tiny: 2048)
+  EXPECT_NE(r.out.find("memory estimate: sequence length 4096 exceeds the model's max_position_embeddings 2048"),
+            std::string::npos) << r.out;
+  r = run("eval " + q(cfg) + " --adapter " + q(run_dir));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("wrote " + (run_dir / "eval.json").string()), std::string::npos) << r.out;
+  r = run("eval " + q(cfg));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("wrote " + (run_dir / "eval_base.json").string()), std::string::npos) << r.out;
+  EXPECT_EQ(read_json(run_dir / "eval.json")["adapter"], run_dir.string());
+  EXPECT_EQ(read_json(run_dir / "eval_base.json")["adapter"], "");
+  // --out under a regular file: refused up front, naming the file, before any loss is computed
+  const fs::path blocker = d.path / "a_file";
+  std::ofstream(blocker) << "x";
+  r = run("eval " + q(cfg) + " --out " + q(blocker / "sub" / "e.json"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("eval: result file " + (blocker / "sub" / "e.json").string() + ": cannot write there: " +
+                       blocker.string() + " is not a directory"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("target tokens: loss"), std::string::npos) << r.out;
+
+  // merge says what the merged model is: this NF4-trained adapter merged into the unquantized
+  // weights is not the model eval measured; merged into an already merged model (not the base
+  // adapter_config.json names) it is merged twice. Neither is said of the plain case.
+  r = run("merge --base " + q(model) + " --adapter " + q(run_dir) + " --out " + q(d.path / "m1") + " --dtype fp32");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("merge: the adapter was trained on the nf4-quantized base"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("names the base"), std::string::npos) << r.out;
+  r = run("merge --base " + q(d.path / "m1") + " --adapter " + q(run_dir) + " --out " + q(d.path / "m2") +
+          " --dtype fp32");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("adapter_config.json names the base " + model.string() + ", not --base " +
+                       (d.path / "m1").string()),
+            std::string::npos) << r.out;
+}
+
 }  // namespace
