@@ -45,8 +45,9 @@ namespace {
 constexpr int64_t kDequantCacheBytes = int64_t{2} << 30;
 
 /// The config an eval runs with: the file's (plus overrides), or with no file a minimal one
-/// built from --model and --data (dtype auto, the other keys at their defaults), with the
-/// overrides applied and validated as in a file (config_with_overrides).
+/// built from --model and --data (dtype auto, the other keys at their defaults; with an adapter
+/// of ours, its run's template, sequence_len and quantization), with the overrides applied and
+/// validated as in a file (config_with_overrides).
 Config eval_config(const EvalOptions& o) {
   std::vector<std::string> ov = o.overrides;
   if (!o.model_dir.empty()) ov.insert(ov.begin(), "model.path=" + json(o.model_dir).dump());
@@ -57,9 +58,11 @@ Config eval_config(const EvalOptions& o) {
   base.model.path = o.model_dir;
   base.model.dtype = DType::kAuto;
   base.data.train = {data::DataSource{o.data}};
-  // An adapter trained here says how its examples were rendered: its run's template and length
-  // (config.resolved.yaml beside a run's final adapter; a checkpoint dir's trainer_state.json
-  // "config"), so a loss compares with its training eval_loss; --set wins.
+  // An adapter trained here says how its examples were rendered and what base it was trained on:
+  // its run's template, length and quantization (config.resolved.yaml beside a run's final
+  // adapter; a checkpoint dir's trainer_state.json "config"), so a loss compares with its training
+  // eval_loss (a no-double-quant or 16-bit LoRA run was evaluated on the NF4 double-quant default
+  // before); --set wins.
   if (!o.adapter.empty()) {
     const fs::path resolved = fs::path(o.adapter) / "config.resolved.yaml";
     const fs::path state = fs::path(o.adapter) / "trainer_state.json";
@@ -72,8 +75,14 @@ Config eval_config(const EvalOptions& o) {
                 : parse_config_string(checkpoint_config_yaml(o.adapter), src.string() + " config");
         base.data.template_name = t.data.template_name;
         base.data.sequence_len = t.data.sequence_len;
+        base.quantization = t.quantization;
         log::info("eval: data.template ", t.data.template_name, ", data.sequence_len ", t.data.sequence_len, " from ",
                   src.string(), " (the adapter's training run)");
+        log::info("eval: quantization ", quant_method_name(t.quantization.quant_type),
+                  t.quantization.enabled() ? " (blocksize " + std::to_string(t.quantization.blocksize) +
+                                                 ", double_quant " + (t.quantization.double_quant ? "true" : "false") + ")"
+                                           : std::string(),
+                  " from ", src.string());
       } catch (const std::exception& e) {
         log::warn("eval: ", src.string(), " not used (", e.what(), "); data.* at their defaults");
       }
@@ -203,6 +212,9 @@ std::string cmd_eval(const EvalOptions& o) {
                                            : data::source_paths(dopts.train) + " (val_set_size hold-out)"},
             {"examples", static_cast<int64_t>(exs.size())},
             {"template", dopts.template_name},
+            {"dtype", dtype_name(resolve_dtype(cfg.model.dtype, device.is_cuda()))},
+            {"quantization", {{"method", quant_method_name(q.quant_type)}, {"blocksize", q.blocksize},
+                              {"double_quant", q.double_quant}}},
             {"sequence_len", dopts.sequence_len},
             {"targets", targets},
             {"loss", loss},

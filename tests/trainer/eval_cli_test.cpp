@@ -21,9 +21,9 @@ json read_json(const fs::path& p) {
   return json::parse(in);
 }
 
-// A 2-step run (alpaca template, sequence_len 256, a checkpoint every step): eval of
-// checkpoints/checkpoint-2 uses alpaca / 256 as eval of the run dir does, not the defaults
-// (chatml / 2048).
+// A 2-step run (alpaca template, sequence_len 256, NF4 without double quant, a checkpoint every
+// step): eval of checkpoints/checkpoint-2 uses alpaca / 256 / no double quant as eval of the run dir
+// does, not the defaults (chatml / 2048 / double quant).
 TEST(EvalCli, CheckpointDirGivesItsRunsTemplateAndLength) {
   QLORA_REQUIRE_SHARED(data, "data/alpaca_en_demo.json");
   QLORA_REQUIRE_SHARED(tokenizer, "tokenizers/llama2/tokenizer.model");
@@ -32,7 +32,7 @@ TEST(EvalCli, CheckpointDirGivesItsRunsTemplateAndLength) {
   ASSERT_EQ(r.status, 0) << r.out;
   const fs::path cfg = d.path / "run.yaml";
   std::ofstream(cfg) << "output_dir: " << (d.path / "run").string() << "\nmodel:\n  path: " << (d.path / "model").string()
-                     << "\n  dtype: fp32\nquantization:\n  method: nf4\nlora:\n  r: 4\n  alpha: 8\n"
+                     << "\n  dtype: fp32\nquantization:\n  method: nf4\n  double_quant: false\nlora:\n  r: 4\n  alpha: 8\n"
                      << "data:\n  train: " << data.string() << "\n  template: alpaca\n  sequence_len: 256\n"
                      << "  val_set_size: 0\ntraining:\n  micro_batch_size: 1\n  gradient_accumulation_steps: 1\n"
                      << "  max_steps: 2\n  gradient_checkpointing: false\n  eval_steps: 0\n"
@@ -50,6 +50,11 @@ TEST(EvalCli, CheckpointDirGivesItsRunsTemplateAndLength) {
     EXPECT_NE(r.out.find("(template alpaca, sequence_len 256)"), std::string::npos) << r.out;
     EXPECT_EQ(read_json(d.path / "eval.json")["template"], "alpaca") << adapter;
     EXPECT_EQ(read_json(d.path / "eval.json")["sequence_len"], 256) << adapter;
+    // and the run's quantization (no double quant here), not the NF4 double-quant default
+    EXPECT_NE(r.out.find("eval: quantization nf4 (blocksize 64, double_quant false) from "), std::string::npos) << r.out;
+    EXPECT_EQ(read_json(d.path / "eval.json")["quantization"],
+              json({{"method", "nf4"}, {"blocksize", 64}, {"double_quant", false}}));
+    EXPECT_EQ(read_json(d.path / "eval.json")["dtype"], "fp32");
   }
   // --set still wins over the checkpoint's values
   r = run("eval --model " + q(d.path / "model") + " --data " + q(data) + " --adapter " + q(ck) +
