@@ -201,6 +201,8 @@ void Trainer::setup() {
     const data::DataStats* st = &f->stats;
     if (const std::string note = data::unused_records_note(*st); !note.empty()) log::warn("data: ", file, ": ", note);
     if (const std::string note = data::placeholder_note(st->read); !note.empty()) log::warn("data: ", file, ": ", note);
+    if (const std::string note = data::tools_note(*st, cfg_.data.template_name); !note.empty())
+      log::warn("data: ", file, ": ", note);
     if (st->split_documents > 0)
       log::info("data: ", file, ": ", st->split_documents, " documents longer than sequence_len ", st->sequence_len,
                 " split into ", st->split_pieces, " pieces (data.truncation: split; ", st->split_tails_dropped,
