@@ -216,19 +216,16 @@ void Trainer::setup() {
   // Data parallel: every rank runs rank 0's config on the same data; rank 0 alone decides (and
   // later writes) output_dir, the others take its run id and checkpoint.
   check_same_run_as_main();
-  const std::string claim = dist_->from_main("claim", [&] {
-    lock_ = std::make_unique<OutputDirLock>(cfg_.output_dir);  // a second run on output_dir stops here
-    const std::string c = claim_output_dir();
-    return run_id_ + "\n" + c;
-  });
-  run_id_ = claim.substr(0, claim.find('\n'));
-  const std::string ckpt = claim.substr(claim.find('\n') + 1);
+  // A second run on a locked output_dir stops here already (creating nothing); the lock itself is
+  // taken after the model has loaded, so bad input (a truncated model.safetensors) leaves no
+  // output_dir, run.lock or memory_report.json behind.
+  if (dist_->is_main()) OutputDirLock::check_free(cfg_.output_dir);
 
   // memory_report.json: every rank measures; rank 0 alone writes, with the others' reports
-  // gathered at the end ("ranks"). Warns if it will not fit.
-  // A resume writes it only once it is known not to be a finished run's (whose report stays).
-  memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(),
-                dist_->is_main() && ckpt.empty());
+  // gathered at the end ("ranks"). Warns if it will not fit. Nothing is written before the run
+  // owns output_dir (below); a resume writes it only once it is known not to be a finished run's
+  // (whose report stays).
+  memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(), /*writes=*/false);
   const torch::Dtype dtype = torch_dtype(cfg_.model.dtype, device_);
   const QuantOptions& q = cfg_.quantization;
   if (!cfg_.model.path.empty()) {
@@ -256,6 +253,17 @@ void Trainer::setup() {
   log::info("lora: r=", l.r, " alpha=", l.alpha, " on ", matched, " (", n_params, " trainable parameters)");
   model_->gradient_checkpointing = t.gradient_checkpointing;
   memory_.record("after_load");  // memory_report.json (trainer/estimate.h)
+
+  // Only now, with the model loaded, does the run take output_dir: rank 0 locks it (creating it)
+  // and decides which run owns it and what to resume, before anything is written.
+  const std::string claim = dist_->from_main("claim", [&] {
+    lock_ = std::make_unique<OutputDirLock>(cfg_.output_dir);  // a second run on output_dir stops here
+    const std::string c = claim_output_dir();
+    return run_id_ + "\n" + c;
+  });
+  run_id_ = claim.substr(0, claim.find('\n'));
+  const std::string ckpt = claim.substr(claim.find('\n') + 1);
+  if (ckpt.empty()) memory_.set_writes(dist_->is_main());  // before_load and after_load, written now
 
   pad_id_ = tok_->batch_pad_id();
   loader_ = std::make_unique<data::DataLoader>(&data_.train, t.micro_batch_size, cfg_.data, pad_id_, data::SamplerState{0, 0, cfg_.data.seed});

@@ -290,6 +290,25 @@ TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
                         "eval --model missing", "model directory not found");
   EXPECT_FALSE(fs::exists(d / "out4"));
 
+  // A truncated model.safetensors (a copy cut short): the model loads before output_dir is locked,
+  // created or written, so neither output_dir nor its run.lock / memory_report.json appears; an
+  // existing output_dir keeps exactly what it held.
+  fs::copy(d / "model", d / "model_cut", fs::copy_options::recursive);
+  const fs::path st = d / "model_cut" / "model.safetensors";
+  fs::resize_file(st, fs::file_size(st) - 64);
+  const std::string set_cut = " --set model.path=" + q(d / "model_cut");
+  r = run("train " + q(d / "model_notok.yaml") + set_cut + " --set output_dir=" + q(d / "out5"));
+  expect_one_line_error(r, "truncated model.safetensors", st.string() + ": tensor '");
+  EXPECT_NE(r.out.find("past the data buffer"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d / "out5")) << r.out;
+  fs::create_directories(d / "out6");
+  write(d / "out6" / "eval.json", "{}");
+  expect_one_line_error(run("train " + q(d / "model_notok.yaml") + set_cut + " --set output_dir=" + q(d / "out6")),
+                        "truncated model.safetensors, existing output_dir", st.string() + ": tensor '");
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(d / "out6")) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"eval.json"});
+
   // The same bad inputs through `qlora eval`: one line, exit 1.
   expect_one_line_error(run("eval " + q(d / "missing_data.yaml")), "eval missing data", "nope.json");
   expect_one_line_error(run("eval --model " + q(d / "model") + " --data " + q(d / "train.json") + " --adapter " +
