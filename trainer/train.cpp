@@ -219,7 +219,11 @@ void Trainer::setup() {
   // A second run on a locked output_dir stops here already (creating nothing); the lock itself is
   // taken after the model has loaded, so bad input (a truncated model.safetensors) leaves no
   // output_dir, run.lock or memory_report.json behind.
-  if (dist_->is_main()) OutputDirLock::check_free(cfg_.output_dir);
+  // (from_main: the other ranks stop with rank 0's error instead of loading and then waiting)
+  dist_->from_main("lock_probe", [&] {
+    OutputDirLock::check_free(cfg_.output_dir);
+    return std::string();
+  });
 
   // memory_report.json: every rank measures; rank 0 alone writes, with the others' reports
   // gathered at the end ("ranks"). Warns if it will not fit. Nothing is written before the run
