@@ -317,4 +317,28 @@ TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
   fs::remove_all(d);
 }
 
+// The glaive demo's tools (function schemas) with a template that drops them (smollm2: its jinja
+// ignores `tools`, as transformers renders it): `data preview` warns, naming the file and the count.
+TEST(TrainE2E, DataPreviewWarnsOfToolsTheTemplateDrops) {
+  QLORA_REQUIRE_SHARED(glaive, "data/glaive_toolcall_en_demo.json");
+  QLORA_REQUIRE_FIXTURE(smol, "tokenizers/smollm2/tokenizer_config.json");
+  const fs::path d = temp_dir("tools_note");
+  write(d / "c.yaml", "output_dir: " + (d / "out").string() + "\nmodel:\n  preset: tiny\n  init: random\n  tokenizer: " +
+                          smol.parent_path().string() + "\ndata:\n  train: " + glaive.string() +
+                          "\n  template: smollm2\n  sequence_len: 4096\n");
+  CliRun r = run("data preview " + q(d / "c.yaml") + " --n 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: data: " + glaive.string() +
+                       ": 300 records carry tools that template smollm2 does not render (its chat template ignores "
+                       "them, as transformers' apply_chat_template does); use a template that renders tools (qwen2.5, "
+                       "qwen3, llama3.1, llama3.2, mistral) or put the schemas in the system message\n"),
+            std::string::npos) << r.out;
+  r = run("data preview " + q(d / "c.yaml") + " --n 0 --set data.template=chatml");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("records carry tools that template chatml does not render (it has no place for them)"),
+            std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d / "out"));
+  fs::remove_all(d);
+}
+
 }  // namespace
