@@ -167,6 +167,8 @@ std::string cmd_eval(const EvalOptions& o) {
       log::warn("data: ", f.source.path, ": ", note);
     if (const std::string note = data::placeholder_note(f.stats.read); !note.empty())
       log::warn("data: ", f.source.path, ": ", note);
+    if (const std::string note = data::tools_note(f.stats, dopts.template_name); !note.empty())
+      log::warn("data: ", f.source.path, ": ", note);
   }
   // The model was tuned on its own chat format: a loss in another one is not the model's best and
   // does not compare with a run that used the model's template (as `train` and `data preview` warn).

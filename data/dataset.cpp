@@ -40,6 +40,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
   std::vector<Example> out;
   out.reserve(records.size());
   for (const Record& r : records) {
+    if (!r.is_text && !r.tools.empty() && !template_renders_tools(opts.template_name)) ++st->tools_not_rendered;
     QLORA_CHECK(opts.truncation != "split" || r.is_text, r.file, ":", r.line,
                 ": data.truncation: split cuts raw text (format completion) into pieces; this record is a "
                 "conversation (a piece would train an answer without its prompt): use drop or truncate");
@@ -163,6 +164,7 @@ void add_stats(DataStats* into, const DataStats& from) {
   into->split_documents += from.split_documents;
   into->split_pieces += from.split_pieces;
   into->split_tails_dropped += from.split_tails_dropped;
+  into->tools_not_rendered += from.tools_not_rendered;
   for (const auto& [reason, lines] : from.listed)
     for (const std::string& l : lines)
       if (into->listed[reason].size() < DataStats::kListedPerReason) into->listed[reason].push_back(l);
@@ -267,6 +269,18 @@ std::string placeholder_note(const ReadStats& st) {
   return std::to_string(st.placeholder_records) + " of " + std::to_string(st.records_read) +
          " records hold template placeholders (" + names + "; the first at " + st.placeholder_first +
          "): they are trained as written; replace them first (LLaMA-Factory's identity.json expects you to)";
+}
+
+std::string tools_note(const DataStats& st, const std::string& template_name) {
+  if (st.tools_not_rendered == 0) return "";
+  std::string renderers;
+  for (const std::string& n : template_names())
+    if (template_renders_tools(n)) renderers += (renderers.empty() ? "" : ", ") + n;
+  return std::to_string(st.tools_not_rendered) + (st.tools_not_rendered == 1 ? " record carries" : " records carry") +
+         " tools that template " + template_name + " does not render (" +
+         (is_family_template(template_name) ? "its chat template ignores them, as transformers' apply_chat_template does"
+                                            : "it has no place for them") +
+         "); use a template that renders tools (" + renderers + ") or put the schemas in the system message";
 }
 
 std::string DataStats::summary() const {
@@ -438,6 +452,10 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
       << "  ([[masked]] = label -100)\n";
   }
   if (const std::string note = placeholder_note(d.stats.read); !note.empty()) o << "warning: " << note << "\n";
+  for (const std::vector<SourceStats>* v : {&d.train_sources, &d.eval_sources})  // per file, as train / eval warn
+    for (const SourceStats& f : *v)
+      if (const std::string note = tools_note(f.stats, opts.template_name); !note.empty())
+        o << "warning: data: " << f.source.path << ": " << note << "\n";
   for (int i = 0; i < n && size_t(i) < d.train.size(); ++i) {
     const Example& e = d.train[size_t(i)];
     const auto trainable = std::count_if(e.labels.begin(), e.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });

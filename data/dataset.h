@@ -23,6 +23,7 @@ struct DataStats {
   int64_t split_documents = 0;        ///< truncation = split: raw texts longer than sequence_len, split
   int64_t split_pieces = 0;           ///< the examples those documents became (tails dropped not counted)
   int64_t split_tails_dropped = 0;    ///< single-token last pieces dropped (nothing to predict in them)
+  int64_t tools_not_rendered = 0;     ///< conversations with `tools` the template does not render (template_renders_tools)
   /// The first kListedPerReason records of each reason that were not used ("dropped", "no
   /// trainable token", "truncated away") or were cut ("truncated"), each
   /// "file:line: reason (N tokens)"; what `qlora data preview` lists.
@@ -70,6 +71,14 @@ std::string unused_records_note(const DataStats& st);
 /// them first (LLaMA-Factory's identity.json expects you to)": the warning `train`, `eval` and
 /// `data preview` print.
 std::string placeholder_note(const ReadStats& st);
+
+/// "" when no record's `tools` were dropped; else "N records carry tools that template NAME does
+/// not render (its chat template ignores them, as transformers' apply_chat_template does); use a
+/// template that renders tools (qwen2.5, qwen3, llama3.1, llama3.2, mistral) or put the schemas in
+/// the system message" (a generic template: "it has no place for them"): the warning `train`,
+/// `eval` and `data preview` print per file. The assistant turns still hold the calls, so without
+/// it the model learns to call functions it never saw defined. The list is template_renders_tools'.
+std::string tools_note(const DataStats& st, const std::string& template_name);
 
 /// Tokenises the records of one file with opts (template, add_eos, train_on_inputs, length).
 /// Examples get ids 0..n-1 in file order (a split document's pieces consecutive, in text order).

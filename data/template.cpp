@@ -115,6 +115,10 @@ bool is_family_template(const std::string& name) {
          name == "llama3.2" || name == "mistral";
 }
 
+bool template_renders_tools(const std::string& name) {
+  return name == "qwen2.5" || name == "qwen3" || name == "llama3.1" || name == "llama3.2" || name == "mistral";
+}
+
 std::vector<Segment> render(const Record& r, const std::string& name, const Tokenizer& tok, bool add_eos) {
   if (is_family_template(name) && !r.is_text) {
     const auto piece = [&](int32_t id) { return id >= 0 ? tok.id_to_piece(id) : std::string(); };
@@ -373,6 +377,7 @@ struct FamilyRenderer {
       if (!t.is_array()) bad("tools: must be a JSON array");
       for (const ojson& x : t) tools.push_back(x);
     }
+    if (!template_renders_tools(name)) tools.clear();  // smollm2, llama3: their jinjas ignore `tools`
   }
 
   // <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call> (qwen2.5 tojson's the

@@ -61,6 +61,13 @@ const std::vector<std::string>& template_names();
 /// True for the model-family templates (smollm2, qwen2.5, qwen3, llama3, llama3.1, llama3.2, mistral).
 bool is_family_template(const std::string& name);
 
+/// True when template `name` renders a record's `tools` (function schemas): qwen2.5, qwen3,
+/// llama3.1, llama3.2, mistral, as their models' chat templates do under transformers'
+/// apply_chat_template(tools=...). The others drop them: smollm2's and llama3's jinjas ignore
+/// `tools`, and the generic templates (alpaca, chatml, llama2, vicuna, none) have no place for
+/// them. The one list render_family() consults (it drops the tools of the others).
+bool template_renders_tools(const std::string& name);
+
 /// Renders a record with template `name`: exactly one BOS first, EOS after every assistant turn
 /// when add_eos (family templates: see the file comment). Raw text (completion) renders as
 /// BOS text [EOS], all trainable. Throws qlora::Error for an unknown template name, and (family

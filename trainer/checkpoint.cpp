@@ -406,6 +406,26 @@ std::vector<std::string> config_differences(const std::string& saved_yaml, const
   return out;
 }
 
+namespace {
+std::string lock_held_message(const std::string& output_dir, const std::string& path, const std::string& holder) {
+  return "output_dir " + output_dir + " is in use by another qlora train (" +
+         (holder.empty() ? std::string("holder unknown") : holder) + "; lock " + path +
+         "): a run owns its output_dir; wait for that process to end (or stop it), or use another output_dir";
+}
+}  // namespace
+
+void OutputDirLock::check_free(const std::string& output_dir) {
+  const std::string path = (fs::path(output_dir) / kFile).string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // no O_CREAT: absent means free
+  if (fd < 0) return;
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // releases the probe's lock, if it got one
+  if (!held) return;
+  std::string holder = read_file(path);
+  while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\r')) holder.pop_back();
+  fail(lock_held_message(output_dir, path, holder));
+}
+
 OutputDirLock::OutputDirLock(const std::string& output_dir) : dir_(output_dir) {
   std::error_code ec;
   QLORA_CHECK(!fs::exists(output_dir) || fs::is_directory(output_dir), "output_dir: ", output_dir,
@@ -422,9 +442,7 @@ OutputDirLock::OutputDirLock(const std::string& output_dir) : dir_(output_dir) {
       while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\r')) holder.pop_back();
       ::close(fd_);
       fd_ = -1;
-      QLORA_CHECK(err != EWOULDBLOCK, "output_dir ", output_dir, " is in use by another qlora train (",
-                  holder.empty() ? std::string("holder unknown") : holder, "; lock ", path,
-                  "): a run owns its output_dir; wait for that process to end (or stop it), or use another output_dir");
+      QLORA_CHECK(err != EWOULDBLOCK, lock_held_message(output_dir, path, holder));
       fail("cannot lock ", path, ": ", std::strerror(err));
     }
     // The file may have been removed (by a holder that created output_dir and failed) between our

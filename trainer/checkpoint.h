@@ -161,6 +161,10 @@ class OutputDirLock {
   /// Creates output_dir when absent and takes the lock. Throws qlora::Error (one line, naming the
   /// holder's pid and host and the lock file) when another process holds it, or on an I/O error.
   explicit OutputDirLock(const std::string& output_dir);
+  /// Throws the same qlora::Error as the constructor when another process holds the lock on
+  /// `output_dir`; otherwise returns, creating nothing (no directory, no run.lock) and holding
+  /// nothing. For failing early, before the model loads; the constructor still decides.
+  static void check_free(const std::string& output_dir);
   /// Releases the lock; when this lock created output_dir and it holds nothing but run.lock (the
   /// run failed before writing anything), removes both.
   ~OutputDirLock();

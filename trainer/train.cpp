@@ -201,6 +201,8 @@ void Trainer::setup() {
     const data::DataStats* st = &f->stats;
     if (const std::string note = data::unused_records_note(*st); !note.empty()) log::warn("data: ", file, ": ", note);
     if (const std::string note = data::placeholder_note(st->read); !note.empty()) log::warn("data: ", file, ": ", note);
+    if (const std::string note = data::tools_note(*st, cfg_.data.template_name); !note.empty())
+      log::warn("data: ", file, ": ", note);
     if (st->split_documents > 0)
       log::info("data: ", file, ": ", st->split_documents, " documents longer than sequence_len ", st->sequence_len,
                 " split into ", st->split_pieces, " pieces (data.truncation: split; ", st->split_tails_dropped,
@@ -214,19 +216,20 @@ void Trainer::setup() {
   // Data parallel: every rank runs rank 0's config on the same data; rank 0 alone decides (and
   // later writes) output_dir, the others take its run id and checkpoint.
   check_same_run_as_main();
-  const std::string claim = dist_->from_main("claim", [&] {
-    lock_ = std::make_unique<OutputDirLock>(cfg_.output_dir);  // a second run on output_dir stops here
-    const std::string c = claim_output_dir();
-    return run_id_ + "\n" + c;
+  // A second run on a locked output_dir stops here already (creating nothing); the lock itself is
+  // taken after the model has loaded, so bad input (a truncated model.safetensors) leaves no
+  // output_dir, run.lock or memory_report.json behind.
+  // (from_main: the other ranks stop with rank 0's error instead of loading and then waiting)
+  dist_->from_main("lock_probe", [&] {
+    OutputDirLock::check_free(cfg_.output_dir);
+    return std::string();
   });
-  run_id_ = claim.substr(0, claim.find('\n'));
-  const std::string ckpt = claim.substr(claim.find('\n') + 1);
 
   // memory_report.json: every rank measures; rank 0 alone writes, with the others' reports
-  // gathered at the end ("ranks"). Warns if it will not fit.
-  // A resume writes it only once it is known not to be a finished run's (whose report stays).
-  memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(),
-                dist_->is_main() && ckpt.empty());
+  // gathered at the end ("ranks"). Warns if it will not fit. Nothing is written before the run
+  // owns output_dir (below); a resume writes it only once it is known not to be a finished run's
+  // (whose report stays).
+  memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(), /*writes=*/false);
   const torch::Dtype dtype = torch_dtype(cfg_.model.dtype, device_);
   const QuantOptions& q = cfg_.quantization;
   if (!cfg_.model.path.empty()) {
@@ -254,6 +257,17 @@ void Trainer::setup() {
   log::info("lora: r=", l.r, " alpha=", l.alpha, " on ", matched, " (", n_params, " trainable parameters)");
   model_->gradient_checkpointing = t.gradient_checkpointing;
   memory_.record("after_load");  // memory_report.json (trainer/estimate.h)
+
+  // Only now, with the model loaded, does the run take output_dir: rank 0 locks it (creating it)
+  // and decides which run owns it and what to resume, before anything is written.
+  const std::string claim = dist_->from_main("claim", [&] {
+    lock_ = std::make_unique<OutputDirLock>(cfg_.output_dir);  // a second run on output_dir stops here
+    const std::string c = claim_output_dir();
+    return run_id_ + "\n" + c;
+  });
+  run_id_ = claim.substr(0, claim.find('\n'));
+  const std::string ckpt = claim.substr(claim.find('\n') + 1);
+  if (ckpt.empty()) memory_.set_writes(dist_->is_main());  // before_load and after_load, written now
 
   pad_id_ = tok_->batch_pad_id();
   loader_ = std::make_unique<data::DataLoader>(&data_.train, t.micro_batch_size, cfg_.data, pad_id_, data::SamplerState{0, 0, cfg_.data.seed});

@@ -421,3 +421,71 @@ TEST(JinjaHelpers, TrimIsPythonStripAndTojsonIsJsonDumps) {
   EXPECT_EQ(py_tojson(R"({"b": [1, 2.5, "é\n\u0001"], "a": {}, "c": null, "d": true})"),
             "{\"b\": [1, 2.5, \"é\\n\\u0001\"], \"a\": {}, \"c\": null, \"d\": true}");
 }
+
+// Which templates render a record's `tools` (function schemas) is template_renders_tools(), and the
+// renderers agree with it: an OpenAI-form record's schema description is in the rendered text
+// exactly for qwen2.5, qwen3, llama3.1, llama3.2, mistral (their models' jinjas under transformers'
+// apply_chat_template(tools=...), the parity cases above; SmolLM2's and Llama 3's jinjas ignore
+// `tools`, the generic templates have no place for them).
+TEST(ToolsNotRendered, TheRenderersAgreeWithTemplateRendersTools) {
+  QLORA_REQUIRE_FIXTURE(smol, "tokenizers/smollm2/tokenizer_config.json");
+  const Tokenizer tok = Tokenizer::from_pretrained(smol.parent_path().string());
+  const Record r = record_from_json(
+      R"({"messages": [{"role": "user", "content": "Weather in Paris?"},
+          {"role": "assistant", "tool_calls": [{"id": "abcdefghi", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+          {"role": "tool", "tool_call_id": "abcdefghi", "content": "sunny"},
+          {"role": "assistant", "content": "Sunny."}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Zqx weather of a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]})",
+      "tools.json", DataOptions{});
+  std::vector<std::string> rendering;
+  for (const std::string& name : template_names()) {
+    std::string text;
+    for (const Segment& s : is_family_template(name) ? render_family(r, name, "<s>", "</s>") : render(r, name, tok, true))
+      text += s.text;
+    EXPECT_EQ(text.find("Zqx weather of a city") != std::string::npos, template_renders_tools(name)) << name << ":\n" << text;
+    if (template_renders_tools(name)) rendering.push_back(name);
+  }
+  EXPECT_EQ(rendering, (std::vector<std::string>{"qwen2.5", "qwen3", "llama3.1", "llama3.2", "mistral"}));
+}
+
+// The glaive demo's 300 records all carry tools: with smollm2 (or chatml) they are counted and
+// warned about, per file, with the templates that would render them; none with qwen2.5.
+TEST(ToolsNotRendered, CountedAndNotedPerFile) {
+  QLORA_REQUIRE_FIXTURE(smol, "tokenizers/smollm2/tokenizer_config.json");
+  QLORA_REQUIRE_FIXTURE(qwen, "tokenizers/qwen2_bpe/tokenizer_config.json");
+  QLORA_REQUIRE_SHARED(glaive, "data/glaive_toolcall_en_demo.json");
+  QLORA_REQUIRE_SHARED(alpaca, "data/alpaca_en_demo.json");
+  const Tokenizer st = Tokenizer::from_pretrained(smol.parent_path().string());
+  DataOptions o;
+  o.train = {{glaive.string()}, {alpaca.string()}};
+  o.template_name = "smollm2";
+  o.sequence_len = 4096;
+  const Datasets d = load_datasets(o, st);
+  ASSERT_EQ(d.train_sources.size(), 2u);
+  EXPECT_EQ(d.train_sources[0].stats.tools_not_rendered, 300);
+  EXPECT_EQ(d.train_sources[1].stats.tools_not_rendered, 0);
+  EXPECT_EQ(d.stats.tools_not_rendered, 300);
+  EXPECT_EQ(tools_note(d.train_sources[0].stats, "smollm2"),
+            "300 records carry tools that template smollm2 does not render (its chat template ignores them, as "
+            "transformers' apply_chat_template does); use a template that renders tools (qwen2.5, qwen3, llama3.1, "
+            "llama3.2, mistral) or put the schemas in the system message");
+  EXPECT_EQ(tools_note(d.train_sources[1].stats, "smollm2"), "");
+  const std::string preview = render_preview(o, st, 0);
+  EXPECT_NE(preview.find("warning: data: " + glaive.string() + ": 300 records carry tools that template smollm2"),
+            std::string::npos) << preview;
+  EXPECT_EQ(preview.find("warning: data: " + alpaca.string()), std::string::npos) << preview;
+
+  o.train = {{glaive.string()}};
+  o.template_name = "chatml";
+  const DataStats chatml = load_datasets(o, st).stats;
+  EXPECT_EQ(tools_note(chatml, "chatml"),
+            "300 records carry tools that template chatml does not render (it has no place for them); use a template "
+            "that renders tools (qwen2.5, qwen3, llama3.1, llama3.2, mistral) or put the schemas in the system message");
+
+  o.template_name = "qwen2.5";
+  const Datasets q = load_datasets(o, Tokenizer::from_pretrained(qwen.parent_path().string()));
+  EXPECT_EQ(q.stats.tools_not_rendered, 0);
+  EXPECT_EQ(tools_note(q.stats, "qwen2.5"), "");
+}

@@ -470,6 +470,8 @@ TEST_F(Resume, SecondRunOnTheSameOutputDirIsRefused) {
             std::string::npos) << o.out;
   EXPECT_EQ(count_of(o.out, "error:"), 1u) << o.out;
   EXPECT_EQ(o.out.find("step 1/"), std::string::npos) << "the second run trained:\n" << o.out;
+  // refused by the probe before its model loads (the lock itself is taken after the load)
+  EXPECT_EQ(o.out.find("memory estimate:"), std::string::npos) << "refused only after loading:\n" << o.out;
   const auto first = metrics(out);  // steps 1..k, each once: nothing interleaved
   ASSERT_FALSE(first.empty());
   o = train(out);

@@ -290,11 +290,54 @@ TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
                         "eval --model missing", "model directory not found");
   EXPECT_FALSE(fs::exists(d / "out4"));
 
+  // A truncated model.safetensors (a copy cut short): the model loads before output_dir is locked,
+  // created or written, so neither output_dir nor its run.lock / memory_report.json appears; an
+  // existing output_dir keeps exactly what it held.
+  fs::copy(d / "model", d / "model_cut", fs::copy_options::recursive);
+  const fs::path st = d / "model_cut" / "model.safetensors";
+  fs::resize_file(st, fs::file_size(st) - 64);
+  const std::string set_cut = " --set model.path=" + q(d / "model_cut");
+  r = run("train " + q(d / "model_notok.yaml") + set_cut + " --set output_dir=" + q(d / "out5"));
+  expect_one_line_error(r, "truncated model.safetensors", st.string() + ": tensor '");
+  EXPECT_NE(r.out.find("past the data buffer"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d / "out5")) << r.out;
+  fs::create_directories(d / "out6");
+  write(d / "out6" / "eval.json", "{}");
+  expect_one_line_error(run("train " + q(d / "model_notok.yaml") + set_cut + " --set output_dir=" + q(d / "out6")),
+                        "truncated model.safetensors, existing output_dir", st.string() + ": tensor '");
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(d / "out6")) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"eval.json"});
+
   // The same bad inputs through `qlora eval`: one line, exit 1.
   expect_one_line_error(run("eval " + q(d / "missing_data.yaml")), "eval missing data", "nope.json");
   expect_one_line_error(run("eval --model " + q(d / "model") + " --data " + q(d / "train.json") + " --adapter " +
                             q(d / "no_adapter")),
                         "eval missing adapter", "no_adapter");
+  fs::remove_all(d);
+}
+
+// The glaive demo's tools (function schemas) with a template that drops them (smollm2: its jinja
+// ignores `tools`, as transformers renders it): `data preview` warns, naming the file and the count.
+TEST(TrainE2E, DataPreviewWarnsOfToolsTheTemplateDrops) {
+  QLORA_REQUIRE_SHARED(glaive, "data/glaive_toolcall_en_demo.json");
+  QLORA_REQUIRE_FIXTURE(smol, "tokenizers/smollm2/tokenizer_config.json");
+  const fs::path d = temp_dir("tools_note");
+  write(d / "c.yaml", "output_dir: " + (d / "out").string() + "\nmodel:\n  preset: tiny\n  init: random\n  tokenizer: " +
+                          smol.parent_path().string() + "\ndata:\n  train: " + glaive.string() +
+                          "\n  template: smollm2\n  sequence_len: 4096\n");
+  CliRun r = run("data preview " + q(d / "c.yaml") + " --n 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: data: " + glaive.string() +
+                       ": 300 records carry tools that template smollm2 does not render (its chat template ignores "
+                       "them, as transformers' apply_chat_template does); use a template that renders tools (qwen2.5, "
+                       "qwen3, llama3.1, llama3.2, mistral) or put the schemas in the system message\n"),
+            std::string::npos) << r.out;
+  r = run("data preview " + q(d / "c.yaml") + " --n 0 --set data.template=chatml");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("records carry tools that template chatml does not render (it has no place for them)"),
+            std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d / "out"));
   fs::remove_all(d);
 }
 
