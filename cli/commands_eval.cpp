@@ -162,14 +162,9 @@ std::string cmd_eval(const EvalOptions& o) {
   }
   data::Datasets ds = with_key_sources(cfg, [&] { return data::load_datasets(dopts, tok); });
   const bool eval_file = o.data.empty() && !dopts.eval.empty();
-  for (const data::SourceStats& f : eval_file ? ds.eval_sources : ds.train_sources) {  // each file's own drops
-    if (const std::string note = data::unused_records_note(f.stats); !note.empty())
+  for (const data::SourceStats& f : eval_file ? ds.eval_sources : ds.train_sources)  // each file's own drops
+    for (const std::string& note : data::file_notes(f.stats, dopts.template_name))
       log::warn("data: ", f.source.path, ": ", note);
-    if (const std::string note = data::placeholder_note(f.stats.read); !note.empty())
-      log::warn("data: ", f.source.path, ": ", note);
-    if (const std::string note = data::tools_note(f.stats, dopts.template_name); !note.empty())
-      log::warn("data: ", f.source.path, ": ", note);
-  }
   // The model was tuned on its own chat format: a loss in another one is not the model's best and
   // does not compare with a run that used the model's template (as `train` and `data preview` warn).
   if (const std::string note = data::template_mismatch_note(dopts.template_name, tok_src);

@@ -283,6 +283,13 @@ std::string tools_note(const DataStats& st, const std::string& template_name) {
          "); use a template that renders tools (" + renderers + ") or put the schemas in the system message";
 }
 
+std::vector<std::string> file_notes(const DataStats& st, const std::string& template_name) {
+  std::vector<std::string> notes;
+  for (std::string note : {unused_records_note(st), placeholder_note(st.read), tools_note(st, template_name)})
+    if (!note.empty()) notes.push_back(std::move(note));
+  return notes;
+}
+
 std::string DataStats::summary() const {
   std::ostringstream o;
   o << "format: " << read.format << "\n"

@@ -80,6 +80,11 @@ std::string placeholder_note(const ReadStats& st);
 /// it the model learns to call functions it never saw defined. The list is template_renders_tools'.
 std::string tools_note(const DataStats& st, const std::string& template_name);
 
+/// The warnings `train` and `eval` log for one file of data.train / data.eval, in this order:
+/// unused_records_note, placeholder_note, tools_note (each only when non-empty). The caller prefixes
+/// "data: <path>: ". Empty when the file needs no warning.
+std::vector<std::string> file_notes(const DataStats& st, const std::string& template_name);
+
 /// Tokenises the records of one file with opts (template, add_eos, train_on_inputs, length).
 /// Examples get ids 0..n-1 in file order (a split document's pieces consecutive, in text order).
 /// Stats are accumulated into `stats`.

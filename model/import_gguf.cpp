@@ -15,7 +15,6 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/gguf.h"
-#include "common/log.h"
 #include "common/safetensors_stream.h"
 #include "data/llama_tokenizer.h"
 #include "kernels/gguf_dequant.h"
@@ -646,8 +645,6 @@ ImportGgufResult import_gguf(const ImportGgufOptions& o) {
     throw;
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  log::info("import-gguf: ", o.gguf_path, " (", h.arch, ", ", res.tensors, " tensors, ", res.parameters,
-            " parameters) -> ", o.out_dir, " in ", res.seconds, " s");
   return res;
 }
 

@@ -199,10 +199,7 @@ void Trainer::setup() {
     if (run_.dist.rank != 0) continue;  // every rank reads the same data: rank 0 says it once
     const std::string& file = f->source.path;
     const data::DataStats* st = &f->stats;
-    if (const std::string note = data::unused_records_note(*st); !note.empty()) log::warn("data: ", file, ": ", note);
-    if (const std::string note = data::placeholder_note(st->read); !note.empty()) log::warn("data: ", file, ": ", note);
-    if (const std::string note = data::tools_note(*st, cfg_.data.template_name); !note.empty())
-      log::warn("data: ", file, ": ", note);
+    for (const std::string& note : data::file_notes(*st, cfg_.data.template_name)) log::warn("data: ", file, ": ", note);
     if (st->split_documents > 0)
       log::info("data: ", file, ": ", st->split_documents, " documents longer than sequence_len ", st->sequence_len,
                 " split into ", st->split_pieces, " pieces (data.truncation: split; ", st->split_tails_dropped,

@@ -443,6 +443,7 @@ TEST(Length, PreviewListsDroppedRecordsAndTheCompletionHeader) {
             std::string::npos);  // the line docs/data.md shows
   EXPECT_NE(drop.find("  dropped: (and 165 more)\n"), std::string::npos) << drop;
   const Datasets dd = load_datasets(o, tok);
+  EXPECT_EQ(file_notes(dd.stats, o.template_name), std::vector<std::string>{unused_records_note(dd.stats)});
   EXPECT_EQ(unused_records_note(dd.stats),
             "170 of 300 records not used (300 records read, 170 longer than sequence_len 256 (dropped), 0 whose "
             "trainable tokens were all past sequence_len 256 (truncated away), 0 without an assistant turn); `qlora "

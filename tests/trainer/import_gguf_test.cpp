@@ -278,6 +278,8 @@ TEST(ImportGguf, TinyQwen3EqualsTransformersGgufLoad) {
                          " parameters, tied embeddings) into"),
             std::string::npos)
       << cli.out;
+  // The summary once: the CLI prints the result; the library logs no second copy of it.
+  EXPECT_EQ(cli.out.find("(qwen3, 24 tensors"), cli.out.rfind("(qwen3, 24 tensors")) << cli.out;
   EXPECT_TRUE(fs::exists(dir / "from_blob" / "model.safetensors"));
   fs::remove_all(dir);
 }
