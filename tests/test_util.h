@@ -21,19 +21,22 @@
 
 namespace qlora::test {
 
+// Where things are (tests/test_paths.cpp). The build-time paths are compiled into that one file
+// only: a -D define with an absolute path on every test file made each compile differ between two
+// clones in other folders, and ccache (CCACHE_BASEDIR rewrites paths in arguments, not in macro
+// values) missed every test file of a fresh clone (docs/setup.md, "Compiler cache").
+
 /// Directory of generated fixtures (env QLORA_FIXTURES overrides the build-time default).
-inline std::filesystem::path fixtures_dir() {
-  if (const char* e = std::getenv("QLORA_FIXTURES")) return e;
-  return QLORA_FIXTURES_DIR;
-}
-
+std::filesystem::path fixtures_dir();
 /// ../shared (env QLORA_SHARED overrides).
-inline std::filesystem::path shared_dir() {
-  if (const char* e = std::getenv("QLORA_SHARED")) return e;
-  return QLORA_SHARED_DIR;
-}
-
-inline std::filesystem::path source_dir() { return QLORA_SOURCE_DIR; }
+std::filesystem::path shared_dir();
+/// The project's source root (CMAKE_SOURCE_DIR).
+std::filesystem::path source_dir();
+/// The build's `qlora` executable ($<TARGET_FILE:qlora>).
+const std::string& qlora_bin();
+/// The Python interpreter of the test venv (configured as ::qlora::test::python_exe(); scripts/build.sh sets it);
+/// "" when the build was configured without one.
+const std::string& python_exe();
 
 /// Exit status and combined stdout + stderr of a shell command.
 struct CommandResult {
@@ -152,9 +155,9 @@ struct SuiteSetup {
 #define QLORA_CHECK_SUITE_SETUP(suite_setup) \
   if (!(suite_setup).error.empty()) FAIL() << "suite setup failed: " << (suite_setup).error
 
-/// The Python interpreter of the test venv (configured as QLORA_PYTHON); empty fails the test.
+/// The Python interpreter of the test venv (configured as ::qlora::test::python_exe()); empty fails the test.
 #define QLORA_REQUIRE_PYTHON_EXE(var)                                                      \
-  const std::string var = QLORA_PYTHON;                                                   \
+  const std::string var = ::qlora::test::python_exe();                                     \
   if (var.empty()) FAIL() << "QLORA_PYTHON is empty: configure with -DQLORA_PYTHON=<venv python> (scripts/build.sh does)"
 
 /// Resolves `rel` under the fixtures dir into `var`; a missing fixture fails the test

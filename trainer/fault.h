@@ -8,6 +8,8 @@
 //   QLORA_FAULT_STEP_DELAY_MS=N           sleep N ms after every optimizer step
 //   QLORA_FAULT_SLOW_CHECKPOINT_MS=N      sleep N ms between writing a checkpoint's files and the
 //                                         rename that completes it (a SIGKILL can land mid-write)
+//   QLORA_FAULT_LOAD_DELAY_MS=N           sleep N ms between deciding which run owns output_dir
+//                                         and loading the model (another process can write there)
 // STEP, MICRO and N are non-negative decimal integers.
 #pragma once
 #include <cstdint>
@@ -24,6 +26,7 @@ struct FaultHooks {
   int64_t perturb_step = -1;        ///< QLORA_FAULT_PERTURB_AT; -1 = off
   int64_t step_delay_ms = 0;        ///< QLORA_FAULT_STEP_DELAY_MS; 0 = off
   int64_t slow_checkpoint_ms = 0;   ///< QLORA_FAULT_SLOW_CHECKPOINT_MS; 0 = off
+  int64_t load_delay_ms = 0;        ///< QLORA_FAULT_LOAD_DELAY_MS; 0 = off
 
   /// Reads the four variables through `getenv` (std::getenv except in tests). Throws qlora::Error
   /// "<NAME>: expected <form>, got '<value>'" for a value that is not of the form above.

@@ -172,6 +172,35 @@ std::string honour_quant_request(LlamaModel& model, const QuantOptions& q) {
 
 Trainer::Trainer(Config cfg, RunOptions run) : cfg_(std::move(cfg)), run_(run) { progress_.tty = ::isatty(2) != 0; }
 
+namespace {
+// What makes output_dir used: anything but memory_report.json (what a run that failed while
+// loading, before it owned the directory, leaves behind), eval_base.json (what `qlora eval CONFIG`
+// writes there by default: a baseline before training; eval.json from before it had that name),
+// the lock file and interrupted atomic writes. Sorted.
+std::vector<std::string> used_entries(const fs::path& out) {
+  std::vector<std::string> entries;
+  std::error_code ec;
+  if (fs::is_directory(out, ec))
+    for (const auto& e : fs::directory_iterator(out, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!is_temp_leftover(name) && name != "memory_report.json" && name != "eval.json" && name != "eval_base.json" &&
+          name != OutputDirLock::kFile)
+        entries.push_back(name);
+    }
+  std::sort(entries.begin(), entries.end());
+  return entries;
+}
+
+// What claim_output_dir's decision reads: the used entries, run.json's run id and the checkpoints.
+std::string output_dir_state(const std::string& output_dir, const std::string& checkpoint_dir) {
+  std::string s;
+  for (const std::string& e : used_entries(output_dir)) s += e + "\n";
+  s += "run " + read_run_record(output_dir).run_id + "\n";
+  for (const std::string& c : list_checkpoints(checkpoint_dir)) s += c + "\n";
+  return s;
+}
+}  // namespace
+
 void Trainer::setup() {
   setup_start_ = std::chrono::steady_clock::now();
   const TrainingConfig& t = cfg_.training;
@@ -213,14 +242,25 @@ void Trainer::setup() {
   // Data parallel: every rank runs rank 0's config on the same data; rank 0 alone decides (and
   // later writes) output_dir, the others take its run id and checkpoint.
   check_same_run_as_main();
-  // A second run on a locked output_dir stops here already (creating nothing); the lock itself is
-  // taken after the model has loaded, so bad input (a truncated model.safetensors) leaves no
-  // output_dir, run.lock or memory_report.json behind.
+  // Which run owns output_dir and what to resume are decided now, read-only, before the model
+  // loads: a second run on a locked output_dir, or a fresh run into a used one, stops here in
+  // seconds, creating nothing. The lock itself is taken after the load (below), so bad input (a
+  // truncated model.safetensors) leaves no output_dir, run.lock or memory_report.json behind.
   // (from_main: the other ranks stop with rank 0's error instead of loading and then waiting)
-  dist_->from_main("lock_probe", [&] {
+  fault_ = FaultHooks::from_env();  // the QLORA_FAULT_* test hooks (trainer/fault.h); unset: none
+  std::string claimed_state;        // output_dir as the decision saw it (rank 0)
+  const std::string claim = dist_->from_main("claim", [&] {
     OutputDirLock::check_free(cfg_.output_dir);
-    return std::string();
+    const std::string c = claim_output_dir();
+    claimed_state = output_dir_state(cfg_.output_dir, checkpoint_dir());
+    return run_id_ + "\n" + c;
   });
+  run_id_ = claim.substr(0, claim.find('\n'));
+  const std::string ckpt = claim.substr(claim.find('\n') + 1);
+  if (fault_.load_delay_ms > 0) {
+    log::info("fault: QLORA_FAULT_LOAD_DELAY_MS: sleeping ", fault_.load_delay_ms, " ms before the model loads");
+    std::this_thread::sleep_for(std::chrono::milliseconds(fault_.load_delay_ms));
+  }
 
   // memory_report.json: every rank measures; rank 0 alone writes, with the others' reports
   // gathered at the end ("ranks"). Warns if it will not fit. Nothing is written before the run
@@ -255,15 +295,16 @@ void Trainer::setup() {
   model_->gradient_checkpointing = t.gradient_checkpointing;
   memory_.record("after_load");  // memory_report.json (trainer/estimate.h)
 
-  // Only now, with the model loaded, does the run take output_dir: rank 0 locks it (creating it)
-  // and decides which run owns it and what to resume, before anything is written.
-  const std::string claim = dist_->from_main("claim", [&] {
-    lock_ = std::make_unique<OutputDirLock>(cfg_.output_dir);  // a second run on output_dir stops here
-    const std::string c = claim_output_dir();
-    return run_id_ + "\n" + c;
+  // Only now, with the model loaded, does the run take output_dir: rank 0 locks it (creating it).
+  // What the decision above read must still be there: a run that took and left output_dir while
+  // this one loaded would otherwise be mixed with (or resumed past) by a stale decision.
+  dist_->from_main("lock", [&] {
+    lock_ = std::make_unique<OutputDirLock>(cfg_.output_dir);  // a second run that started meanwhile stops here
+    QLORA_CHECK(output_dir_state(cfg_.output_dir, checkpoint_dir()) == claimed_state, "output_dir ", cfg_.output_dir,
+                " changed while the model loaded (another process wrote to it); nothing of this run was written: "
+                "run the command again to decide anew which run owns it");
+    return std::string();
   });
-  run_id_ = claim.substr(0, claim.find('\n'));
-  const std::string ckpt = claim.substr(claim.find('\n') + 1);
   if (ckpt.empty()) memory_.set_writes(dist_->is_main());  // before_load and after_load, written now
 
   pad_id_ = tok_->batch_pad_id();
@@ -276,7 +317,6 @@ void Trainer::setup() {
   warmup_steps_ = t.warmup_ratio > 0 ? static_cast<int64_t>(std::ceil(t.warmup_ratio * total_steps_)) : t.warmup_steps;
   opt_ = make_adamw(model_->lora_parameters(), t);
 
-  fault_ = FaultHooks::from_env();  // the QLORA_FAULT_* test hooks (trainer/fault.h); unset: none
   preemption_ = {{"interruptions", 0}, {"time_lost_s", 0.0}, {"checkpoints", json::array()}};
   if (!ckpt.empty()) resume_from(ckpt);         // may refuse (changed settings, data, shapes)
   already_complete_ = !ckpt.empty() && step_ >= total_steps_ && outputs_written();
@@ -1054,18 +1094,7 @@ std::string Trainer::claim_output_dir() {
   const CheckpointConfig& c = cfg_.checkpoint;
   const fs::path out(cfg_.output_dir);
   QLORA_CHECK(!fs::exists(out) || fs::is_directory(out), "output_dir: ", out.string(), " exists and is not a directory");
-  // What makes the directory used: anything but memory_report.json (what a run that failed while
-  // loading, before it owned the directory, leaves behind), eval_base.json (what `qlora eval CONFIG`
-  // writes there by default: a baseline before training; eval.json from before it had that name)
-  // and interrupted atomic writes.
-  std::vector<std::string> entries;
-  if (fs::is_directory(out))
-    for (const auto& e : fs::directory_iterator(out)) {
-      const std::string name = e.path().filename().string();
-      if (!is_temp_leftover(name) && name != "memory_report.json" && name != "eval.json" && name != "eval_base.json" &&
-          name != OutputDirLock::kFile)
-        entries.push_back(name);
-    }
+  const std::vector<std::string> entries = used_entries(out);
   const bool used = !entries.empty();
   if (used && run_.overwrite_output_dir) {
     const std::string stamp = new_run_id().substr(0, 16);

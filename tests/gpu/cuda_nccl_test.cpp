@@ -45,7 +45,7 @@ TEST(CudaNccl, ForcedProcessGroupOnOneGpuEqualsTheSingleProcess) {
   ASSERT_EQ(o.status, 0) << o.out;
   const std::string env = "QLORA_DETERMINISTIC=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 CUDA_VISIBLE_DEVICES=0 ";
   auto train = [&](const fs::path& out, const std::string& extra_env) {
-    return qlora::test::run_command(env + extra_env + " " + QLORA_BIN + " train " + (root / "run.yaml").string() +
+    return qlora::test::run_command(env + extra_env + " " + ::qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() +
                                     " --set output_dir=" + out.string() + " --set training.max_steps=4");
   };
   o = train(root / "plain", "");

@@ -283,7 +283,7 @@ TEST(CudaTraining, ResumeAfterSigtermIsByteIdentical) {
   ASSERT_EQ(o.status, 0) << o.out;
   const std::string env = "QLORA_DETERMINISTIC=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 ";
   auto train = [&](const fs::path& out, const std::string& extra_env) {
-    return qlora::test::run_command(env + extra_env + " " + QLORA_BIN + " train " + (root / "run.yaml").string() +
+    return qlora::test::run_command(env + extra_env + " " + ::qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() +
                                     " --set output_dir=" + out.string());
   };
   o = train(root / "ref", "");

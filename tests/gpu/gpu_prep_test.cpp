@@ -249,7 +249,7 @@ TEST(GpuPrepEstimate, DenseMaskOnlyWithPaddingOrPacking) {
 // ---- qlora bench keeps its rows ----
 
 using Out = qlora::test::CommandResult;
-Out qlora_cmd(const std::string& args) { return qlora::test::run_command(std::string(QLORA_BIN) + " " + args); }
+Out qlora_cmd(const std::string& args) { return qlora::test::run_command(::qlora::test::qlora_bin() + " " + args); }
 
 std::vector<std::string> lines_of(const fs::path& p) {
   std::ifstream in(p);
@@ -273,7 +273,7 @@ TEST(GpuPrepBench, KilledSweepKeepsTheRowsItFinished) {
     const int null = ::open("/dev/null", O_WRONLY);
     dup2(null, 1);
     dup2(null, 2);
-    execl(QLORA_BIN, QLORA_BIN, "bench", "--preset", "tiny", "--steps", "2", "--sweep", "--seq-lens", "32", "64",
+    execl(::qlora::test::qlora_bin(), ::qlora::test::qlora_bin(), "bench", "--preset", "tiny", "--steps", "2", "--sweep", "--seq-lens", "32", "64",
           "1024", "2048", "4096", "8192", "--batch-sizes", "1", "4", "--out", prefix.c_str(), (char*)nullptr);
     _exit(127);
   }

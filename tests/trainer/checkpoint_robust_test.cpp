@@ -52,7 +52,7 @@ class CheckpointRobust : public qlora::test::TinyRunSuite<CheckpointRobust> {
 
  protected:
   static std::string train_cmd(const fs::path& out, const std::string& extra = "") {
-    return std::string(QLORA_BIN) + " train " + (root / "run.yaml").string() + " --set output_dir=" + out.string() +
+    return ::qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() + " --set output_dir=" + out.string() +
            " " + extra;
   }
   static Out train(const fs::path& out, const std::string& extra = "", const std::string& env = "") {
@@ -100,7 +100,7 @@ TEST_F(CheckpointRobust, KillNineAtRandomMomentsEndsByteIdentical) {
   fs::create_directories(out);
   std::mt19937 gen(20261129);
   std::uniform_int_distribution<int> delay_ms(50, 1500);
-  const std::vector<std::string> argv = {QLORA_BIN, "train", (root / "run.yaml").string(), "--set",
+  const std::vector<std::string> argv = {::qlora::test::qlora_bin(), "train", (root / "run.yaml").string(), "--set",
                                          "output_dir=" + out.string(), "--set", "training.num_epochs=3"};
   std::cout << "kill-9 harness (reference run " << std::fixed << std::setprecision(1) << ref_s << " s)\n"
             << " run  from   delay_ms  outcome     resumed_from  newest_after  mid_write\n";
@@ -304,7 +304,7 @@ TEST_F(CheckpointRobust, BadCheckpointGivenAsResumePathIsRejectedWithoutPartialL
   EXPECT_FALSE(fs::exists(out2 / "checkpoints"));
 
   // 3. A checkpoint of another model (hidden size 256 instead of 64).
-  Out m = sh(std::string(QLORA_BIN) + " init-model --preset small --out " + (root / "small").string() +
+  Out m = sh(::qlora::test::qlora_bin() + " init-model --preset small --out " + (root / "small").string() +
              " --train-tokenizer " + (root / "corpus.txt").string() + " --vocab-size 400 --seed 3");
   ASSERT_EQ(m.status, 0) << m.out;
   const fs::path small = root / "small_run";

@@ -34,7 +34,7 @@ class Resume : public qlora::test::TinyRunSuite<Resume> {
 
  protected:
   static Out train(const fs::path& out, const std::string& extra = "", const std::string& env = "") {
-    return sh(env + " " + QLORA_BIN + " train " + (root / "run.yaml").string() + " --set output_dir=" + out.string() +
+    return sh(env + " " + ::qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() + " --set output_dir=" + out.string() +
               " " + extra);
   }
   // The raw lines of metrics.jsonl.
@@ -202,7 +202,7 @@ TEST_F(Resume, EvalStepsZeroEvaluatesAtEachEpochEndAndSummaryCountsTargets) {
     last_loss = j["loss"].get<double>();
   }
   EXPECT_EQ(evaluated, (std::vector<int64_t>{6, 12, 18})) << o.out;
-  o = sh(std::string(QLORA_BIN) + " data preview " + (root / "run.yaml").string() + " --n 0");
+  o = sh(::qlora::test::qlora_bin() + " data preview " + (root / "run.yaml").string() + " --n 0");
   ASSERT_EQ(o.status, 0) << o.out;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(o.out, m, std::regex(R"(tokens \(train\): (\d+) total, (\d+) trainable)"))) << o.out;
@@ -299,7 +299,7 @@ TEST_F(Resume, SecondCtrlCQuitsAtOnceAndTheRunResumes) {
   ASSERT_EQ(train(ref, every2).status, 0);
   auto signal_twice = [&](const fs::path& dir, const char* sig) {
     const fs::path log = dir.string() + ".log";
-    Out o = sh("QLORA_FAULT_STEP_DELAY_MS=1500 " + std::string(QLORA_BIN) + " train " + (root / "run.yaml").string() +
+    Out o = sh("QLORA_FAULT_STEP_DELAY_MS=1500 " + ::qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() +
                " --set output_dir=" + dir.string() + " " + every2 + " > " + log.string() + " 2>&1 & L=$!; " +
                "while kill -0 $L 2>/dev/null && [ \"$(cat " + (dir / "metrics.jsonl").string() +
                " 2>/dev/null | wc -l)\" -lt 3 ]; do sleep 0.05; done; kill -" + sig + " $L; sleep 0.3; kill -" + sig +
@@ -454,7 +454,7 @@ TEST_F(Resume, ResumeFromDirAndLocalCheckpointsTakeTheNewer) {
 // command then resumes.
 TEST_F(Resume, SecondRunOnTheSameOutputDirIsRefused) {
   const fs::path out = root / "locked";
-  const std::string cmd = std::string(QLORA_BIN) + " train " + (root / "run.yaml").string() + " --set output_dir=" +
+  const std::string cmd = ::qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() + " --set output_dir=" +
                           out.string();
   Out o = sh("QLORA_FAULT_STEP_DELAY_MS=1500 " + cmd + " > " + out.string() + ".log 2>&1 & L=$!; " +
              "while kill -0 $L 2>/dev/null && [ \"$(cat " + (out / "metrics.jsonl").string() +
@@ -550,7 +550,7 @@ TEST_F(Resume, DataTrainListResumesAndAChangedListIsRefused) {
   // Its config.resolved.yaml holds the list and loads again (data preview reads it).
   const std::string resolved = qlora::read_file((ref / "config.resolved.yaml").string());
   EXPECT_NE(resolved.find("format: sharegpt"), std::string::npos) << resolved;
-  o = sh(std::string(QLORA_BIN) + " data preview " + (ref / "config.resolved.yaml").string() + " --n 1");
+  o = sh(::qlora::test::qlora_bin() + " data preview " + (ref / "config.resolved.yaml").string() + " --n 1");
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("format: alpaca, sharegpt\n"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("data.train[1] " + b.string() + " (format sharegpt): 12 examples; 12 records read"),
@@ -646,7 +646,7 @@ TEST(DataSourceChanges, NameWhatChangedPerFile) {
 
 // `qlora data preview` with one path and with it as a one-entry list: the same text, byte for byte.
 TEST_F(Resume, DataPreviewOfOnePathAndAOneEntryListAreIdentical) {
-  const std::string base = std::string(QLORA_BIN) + " data preview " + (root / "run.yaml").string() + " --n 2 ";
+  const std::string base = ::qlora::test::qlora_bin() + " data preview " + (root / "run.yaml").string() + " --n 2 ";
   const Out path = sh(base + "--set data.train=" + (root / "data.json").string());
   const Out listed = sh(base + "--set 'data.train=[" + (root / "data.json").string() + "]'");
   ASSERT_EQ(path.status, 0) << path.out;
@@ -670,7 +670,7 @@ TEST_F(TinyCli, ConfigKeyErrorsAfterParsingNameFileLine) {
                      << "model: {path: no/such/model, dtype: fp32}\n"
                      << "data:\n  train: " << (root / "data.json").string() << "\n  template: alpaca\n"
                      << "  val_set_size: 5000\n";
-  const std::string train = std::string(QLORA_BIN) + " train " + cfg.string();
+  const std::string train = ::qlora::test::qlora_bin() + " train " + cfg.string();
   Out o = sh(train);
   EXPECT_EQ(o.status, 1) << o.out;
   EXPECT_NE(o.out.find(cfg.string() + ":2: model.path: no/such/model: model directory not found"), std::string::npos)
@@ -684,7 +684,7 @@ TEST_F(TinyCli, ConfigKeyErrorsAfterParsingNameFileLine) {
   EXPECT_EQ(o.status, 1) << o.out;
   EXPECT_NE(o.out.find("--set data.val_set_size=24: data.val_set_size: 24 leaves no training example out of 24"),
             std::string::npos) << o.out;
-  o = sh(std::string(QLORA_BIN) + " data preview " + cfg.string());
+  o = sh(::qlora::test::qlora_bin() + " data preview " + cfg.string());
   EXPECT_EQ(o.status, 1) << o.out;
   EXPECT_NE(o.out.find(cfg.string() + ":2: model.path: no/such/model: model directory not found"), std::string::npos)
       << o.out;
@@ -700,7 +700,7 @@ TEST_F(TinyCli, AdapterConfigNamesTheBaseByAbsolutePath) {
       << "lora: {r: 4, alpha: 8}\ndata: {train: data.json, template: alpaca, sequence_len: 512}\n"
       << "training: {micro_batch_size: 2, gradient_accumulation_steps: 1, max_steps: 1, warmup_steps: 0}\n"
       << "checkpoint: {save_steps: 0, save_minutes: 0}\n";
-  Out o = sh("cd " + root.string() + " && " + QLORA_BIN + " train relative.yaml");
+  Out o = sh("cd " + root.string() + " && " + ::qlora::test::qlora_bin() + " train relative.yaml");
   ASSERT_EQ(o.status, 0) << o.out;
   const fs::path run = root / "rel_run";
   const json ac = json::parse(qlora::read_file((run / "adapter_config.json").string()));
@@ -738,8 +738,11 @@ TEST(FaultHooks, ParsedFromTheEnvironmentOnce) {
   EXPECT_EQ(none.perturb_step, -1);
   EXPECT_EQ(none.step_delay_ms, 0);
   EXPECT_EQ(none.slow_checkpoint_ms, 0);
+  EXPECT_EQ(none.load_delay_ms, 0);
   const qlora::FaultHooks f = from({{"QLORA_FAULT_SIGTERM_AT", "4:1"}, {"QLORA_FAULT_PERTURB_AT", "3"},
-                                    {"QLORA_FAULT_STEP_DELAY_MS", "500"}, {"QLORA_FAULT_SLOW_CHECKPOINT_MS", "300"}});
+                                    {"QLORA_FAULT_STEP_DELAY_MS", "500"}, {"QLORA_FAULT_SLOW_CHECKPOINT_MS", "300"},
+                                    {"QLORA_FAULT_LOAD_DELAY_MS", "8000"}});
+  EXPECT_EQ(f.load_delay_ms, 8000);
   EXPECT_EQ(f.sigterm_step, 4);
   EXPECT_EQ(f.sigterm_micro, 1);
   EXPECT_EQ(f.perturb_step, 3);

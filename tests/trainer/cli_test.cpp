@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 using CliRun = qlora::test::CommandResult;
 
-CliRun run(const std::string& args) { return qlora::test::run_command(std::string(QLORA_BIN) + " " + args); }
+CliRun run(const std::string& args) { return qlora::test::run_command(::qlora::test::qlora_bin() + " " + args); }
 
 fs::path temp_dir(const std::string& name) { return qlora::test::fresh_temp_dir("cli_" + name); }
 

@@ -51,7 +51,7 @@ class DataParallel : public qlora::test::TinyRunSuite<DataParallel> {
  protected:
   /// `qlora train` of the tiny run with LoRA dropout off, one intra-op thread, and `extra` flags.
   static std::string train_cmd(const fs::path& out, const std::string& extra) {
-    return std::string(QLORA_BIN) + " train " + (root / "run.yaml").string() + " --set output_dir=" + out.string() +
+    return ::qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() + " --set output_dir=" + out.string() +
            " --set lora.dropout=0 " + extra;
   }
   static Out single(const fs::path& out, const std::string& extra) {

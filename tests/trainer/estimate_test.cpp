@@ -231,7 +231,7 @@ TEST(Estimate, FlopsCountFrozenBaseAsFourN) {
 }
 
 using CliRun = qlora::test::CommandResult;
-CliRun run(const std::string& args) { return qlora::test::run_command(std::string(QLORA_BIN) + " " + args); }
+CliRun run(const std::string& args) { return qlora::test::run_command(::qlora::test::qlora_bin() + " " + args); }
 
 TEST(EstimateCli, TableJsonAndErrors) {
   CliRun r = run("estimate --preset llama2-7b --double-quant --tokens 1e8 --tokens-per-s 2000 --gpu-hour-price 2 "

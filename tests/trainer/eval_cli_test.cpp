@@ -14,7 +14,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using CliRun = qlora::test::CommandResult;
 
-CliRun run(const std::string& args) { return qlora::test::run_command(std::string(QLORA_BIN) + " " + args); }
+CliRun run(const std::string& args) { return qlora::test::run_command(::qlora::test::qlora_bin() + " " + args); }
 std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
 json read_json(const fs::path& p) {
   std::ifstream in(p);

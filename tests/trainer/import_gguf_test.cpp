@@ -60,7 +60,7 @@ CliRun run_cli(const std::vector<std::string>& args, const fs::path& log) {
       ::dup2(fileno(f), 2);
     }
     std::vector<char*> argv;
-    std::string bin = QLORA_BIN;
+    std::string bin = ::qlora::test::qlora_bin();
     argv.push_back(bin.data());
     std::vector<std::string> copy = args;
     for (auto& a : copy) argv.push_back(a.data());
@@ -118,17 +118,17 @@ size_t expect_matches_transformers(const fs::path& out, const fs::path& ref) {
     EXPECT_EQ(tok.value(it.key(), json()), it.value()) << "tokenizer.json field " << it.key();
   EXPECT_EQ(tok, rt);
 
-  const std::string python = QLORA_PYTHON;
-  if (python.empty()) {
-    std::cout << "transformers load check skipped: QLORA_PYTHON is empty\n";
-  } else {
-    const auto res = qlora::test::run_command(
-        python + " " + (qlora::test::source_dir() / "tests/fixtures/gguf_import_check.py").string() + " " +
-        out.string() + " " + ref.string());
-    EXPECT_EQ(res.status, 0) << res.out;
-    const size_t at = res.out.find("transformers on the imported dir");
-    std::cout << (at == std::string::npos ? res.out : res.out.substr(at));
+  const std::string python = ::qlora::test::python_exe();
+  if (python.empty()) {  // no silent skip: the transformers check is part of the comparison
+    ADD_FAILURE() << "QLORA_PYTHON is empty: configure with -DQLORA_PYTHON=<venv python> (scripts/build.sh does)";
+    return false;
   }
+  const auto res = qlora::test::run_command(
+      python + " " + (qlora::test::source_dir() / "tests/fixtures/gguf_import_check.py").string() + " " +
+      out.string() + " " + ref.string());
+  EXPECT_EQ(res.status, 0) << res.out;
+  const size_t at = res.out.find("transformers on the imported dir");
+  std::cout << (at == std::string::npos ? res.out : res.out.substr(at));
   return equal;
 }
 

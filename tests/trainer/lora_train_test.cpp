@@ -512,7 +512,7 @@ TEST(LoraMerge, Cli) {
   QLORA_REQUIRE_FIXTURE(root, "peft");
   TempDir tmp("merge_cli");
   const fs::path out = tmp.path / "merged", log = tmp.path / "log.txt";
-  const std::string cmd = std::string(QLORA_BIN) + " merge --base " + (root / "base").string() + " --adapter " +
+  const std::string cmd = ::qlora::test::qlora_bin() + " merge --base " + (root / "base").string() + " --adapter " +
                           (root / "adapter_trained").string() + " --out " + out.string() + " --dtype bf16 > " +
                           log.string() + " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(log.string());

@@ -106,7 +106,7 @@ inline torch::Tensor logits_of(const LlamaModel& m, const Refs& in) {
   return real(m.forward(fi).to(torch::kFloat32), in);
 }
 
-inline std::string python() { return QLORA_PYTHON; }
+inline std::string python() { return ::qlora::test::python_exe(); }
 
 /// Runs tests/fixtures/peft_logits.py (transformers + PEFT) and returns its logits.
 inline torch::Tensor python_logits(const fs::path& model_dir, const std::string& adapter_dir, const Refs& in,

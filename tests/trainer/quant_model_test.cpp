@@ -415,7 +415,7 @@ TEST(InspectBnb, CountsLogicalWeightsAndStoredBytes) {
 /// starts fresh at exec). getrusage/wait4 ru_maxrss would not do: Linux folds the forked copy of
 /// this (large) test process into the child's maxrss at exec.
 int64_t child_peak_rss(const fs::path& dir) {
-  const std::string cmd = std::string(QLORA_BIN) + " inspect '" + dir.string() + "' --quant nf4 --double-quant --json";
+  const std::string cmd = ::qlora::test::qlora_bin() + " inspect '" + dir.string() + "' --quant nf4 --double-quant --json";
   FILE* p = ::popen(cmd.c_str(), "r");
   EXPECT_NE(p, nullptr);
   if (!p) return 0;

@@ -166,7 +166,7 @@ TEST(RealModelParity, SmolLM2PlainPromptGenerateMatchesTransformers) {
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(refs));
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(root.string());
   EXPECT_EQ(tok.encode_with_special_tokens(j["prompt"]), j["prompt_ids"].get<data::TokenIds>());
-  const test::CommandResult r = test::run_command(std::string(QLORA_BIN) + " generate '" + root.string() +
+  const test::CommandResult r = test::run_command(::qlora::test::qlora_bin() + " generate '" + root.string() +
                                                   "' --prompt '" + j["prompt"].get<std::string>() +
                                                   "' --max-new-tokens 8 --dtype fp32 --ids");
   ASSERT_EQ(r.status, 0) << r.out;

@@ -52,7 +52,7 @@ class Cases : public ::testing::Test {
     work = qlora::test::fresh_temp_dir("run_safety");
     tiny = work / "tiny";
     const fs::path tok = qlora::test::shared_dir() / "tokenizers/llama2/tokenizer.model";
-    Out o = sh(std::string(QLORA_BIN) + " init-model --preset tiny --out " + tiny.string() + " --tokenizer " +
+    Out o = sh(::qlora::test::qlora_bin() + " init-model --preset tiny --out " + tiny.string() + " --tokenizer " +
                tok.string() + " --seed 1");
     ASSERT_EQ(o.status, 0) << o.out;
   }
@@ -66,7 +66,7 @@ class Cases : public ::testing::Test {
   /// `qlora train <case>/config.yaml` with output_dir, model.path and data.train set, plus `extra`.
   static Out train(const std::string& cs, const fs::path& out, const fs::path& data, const std::string& extra = "",
                    const std::string& env = "") {
-    return sh(env + " " + QLORA_BIN + " train " + (case_dir(cs) / "config.yaml").string() + " --set output_dir=" +
+    return sh(env + " " + ::qlora::test::qlora_bin() + " train " + (case_dir(cs) / "config.yaml").string() + " --set output_dir=" +
               out.string() + " --set model.path=" + tiny.string() + " --set data.train=" + data.string() + " " + extra);
   }
 };
@@ -132,6 +132,48 @@ TEST_F(Cases, StaleCheckpointsNeverMixRuns) {
   EXPECT_EQ(run["data_sha256"][data.string()], sha(data));
 }
 
+// Which run owns output_dir is decided before the model loads (a 7B load takes minutes): a fresh
+// run into a used output_dir is refused even when the model would not load. The decision must
+// still hold once the lock is taken after the load: another process writing there meanwhile stops
+// the run, with nothing of it written and the other process's file kept.
+TEST_F(Cases, OutputDirDecidedBeforeTheModelLoadsAndCheckedAfter) {
+  const std::string cs = "stale-checkpoints-mix-runs";
+  const fs::path w = work / "decided", data = case_dir(cs) / "data_v1.json", out = w / "run";
+  fs::create_directories(w);
+  Out o = train(cs, out, data, "--set training.max_steps=1");
+  ASSERT_EQ(o.status, 0) << o.out;
+  const fs::path broken = w / "broken";  // tiny's files with model.safetensors cut to 100 bytes
+  fs::copy(tiny, broken, fs::copy_options::recursive);
+  fs::resize_file(broken / "model.safetensors", 100);
+  o = train(cs, out, data, "--set training.max_steps=1 --set checkpoint.resume=never --set model.path=" + broken.string());
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_TRUE(contains(line_with(o.out, "error:"), "output_dir " + out.string() + " already holds run")) << o.out;
+  EXPECT_FALSE(contains(o.out, "model.safetensors")) << o.out;  // the model was never opened
+
+  // A run sleeps (test hook) between its decision (output_dir absent: a new run) and the load;
+  // meanwhile a file appears in output_dir.
+  const fs::path out2 = w / "run2", log = w / "run2.log", rc = w / "run2.rc";
+  sh("(QLORA_FAULT_LOAD_DELAY_MS=8000 " + ::qlora::test::qlora_bin() + " train " +
+     (case_dir(cs) / "config.yaml").string() + " --set output_dir=" + out2.string() + " --set model.path=" +
+     tiny.string() + " --set data.train=" + data.string() + " --set training.max_steps=1 > " + log.string() +
+     " 2>&1; echo $? > " + rc.string() + ".tmp; mv " + rc.string() + ".tmp " + rc.string() + ") > /dev/null 2>&1 &");
+  auto read = [](const fs::path& p) { return fs::exists(p) ? qlora::read_file(p.string()) : std::string(); };
+  for (int i = 0; i < 3000 && !contains(read(log), "QLORA_FAULT_LOAD_DELAY_MS") && !fs::exists(rc); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(contains(read(log), "QLORA_FAULT_LOAD_DELAY_MS")) << read(log);
+  fs::create_directories(out2);
+  qlora::atomic_write_string((out2 / "notes.txt").string(), "another process's file\n");
+  for (int i = 0; i < 6000 && !fs::exists(rc); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(fs::exists(rc)) << read(log);
+  EXPECT_EQ(read(rc), "1\n") << read(log);
+  EXPECT_TRUE(contains(line_with(read(log), "error:"), "output_dir " + out2.string() +
+                                                          " changed while the model loaded (another process wrote to it)"))
+      << read(log);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(out2)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"notes.txt"});  // no run.json, run.lock, memory_report.json
+}
+
 // ---- resume-never-says-resume -----------------------------------------------------------------
 
 /// The command after "to resume, run: " (or "...again to resume: ") in the interrupt line, with
@@ -140,7 +182,7 @@ std::string resume_command(const std::string& out) {
   const std::string line = line_with(out, "interrupted:");
   std::smatch m;
   if (!std::regex_search(line, m, std::regex("(run: |to resume: )qlora (.*)$"))) return "";
-  return std::string(QLORA_BIN) + " " + m[2].str();
+  return ::qlora::test::qlora_bin() + " " + m[2].str();
 }
 
 TEST_F(Cases, InterruptMessageGivesTheCommandThatResumes) {
@@ -241,7 +283,7 @@ TEST_F(Cases, ForcedResumeWithOtherRankNamesKeyAndShapes) {
 
 TEST_F(Cases, NoTrainableTokenStatesTheReasonThatApplied) {
   const fs::path data = case_dir("no-trainable-token-wrong-reason") / "data.json";
-  Out o = sh(std::string(QLORA_BIN) + " eval --model " + tiny.string() + " --data " + data.string() +
+  Out o = sh(::qlora::test::qlora_bin() + " eval --model " + tiny.string() + " --data " + data.string() +
              " --set data.template=alpaca --set data.sequence_len=32 --set data.truncation=truncate");
   EXPECT_EQ(o.status, 1) << o.out;
   const std::string err = line_with(o.out, "error:");
@@ -295,7 +337,7 @@ TEST_F(Cases, StoredBnb4FormatHonoursTheRequest) {
   const fs::path w = work / "bnb4", data = case_dir(cs) / "data.json";
   auto eval = [&](const fs::path& model, const std::string& set, const std::string& tag) {
     const fs::path j = w / (tag + ".json");
-    Out o = sh(std::string(QLORA_BIN) + " eval --model " + model.string() + " --data " + data.string() +
+    Out o = sh(::qlora::test::qlora_bin() + " eval --model " + model.string() + " --data " + data.string() +
                " --set data.template=alpaca --set model.dtype=fp32 " + set + " --out " + j.string());
     return std::make_pair(o, eval_loss_of(o, j));
   };
@@ -338,18 +380,18 @@ TEST_F(Cases, StoredBnb4OtherMethodNamesTheKeyAndItsSource) {
   const std::string tail = "quantization.method: fp4 was requested, but " + (bnb4 / "config.json").string() +
                            ": the checkpoint is stored as bitsandbytes nf4 (method nf4 uses it as stored; none "
                            "dequantizes it)\n";
-  Out e = sh(std::string(QLORA_BIN) + " eval --model " + bnb4.string() + " --data " + data.string() +
+  Out e = sh(::qlora::test::qlora_bin() + " eval --model " + bnb4.string() + " --data " + data.string() +
              " --set data.template=alpaca --set quantization.method=fp4 --out " + (w / "e.json").string());
   EXPECT_EQ(e.status, 1) << e.out;
   EXPECT_TRUE(contains(e.out, "error: --set quantization.method=fp4: " + tail)) << e.out;
   const fs::path cfg = w / "fp4.yaml";
   std::ofstream(cfg) << "model:\n  path: " << bnb4.string() << "\nquantization:\n  method: fp4\ndata:\n  train: "
                      << data.string() << "\n  template: alpaca\noutput_dir: " << (w / "run").string() << "\n";
-  Out t = sh(std::string(QLORA_BIN) + " train " + cfg.string());
+  Out t = sh(::qlora::test::qlora_bin() + " train " + cfg.string());
   EXPECT_EQ(t.status, 1) << t.out;
   EXPECT_TRUE(contains(t.out, "error: " + cfg.string() + ":4: " + tail)) << t.out;
   // inspect / generate take the type from --quant, and say so
-  Out i = sh(std::string(QLORA_BIN) + " inspect " + bnb4.string() + " --quant fp4");
+  Out i = sh(::qlora::test::qlora_bin() + " inspect " + bnb4.string() + " --quant fp4");
   EXPECT_EQ(i.status, 1) << i.out;
   EXPECT_EQ(i.out, "error: --quant fp4 was requested, but " + tail.substr(tail.find(", but ") + 6));
 }
@@ -408,7 +450,7 @@ TEST(PeftTargets, AdaptersLoadAndMergeAsPeft) {
     EXPECT_LT((logits - want).abs().max().item<double>(), 1e-4) << name;
     // qlora eval on the case's data: PEFT's loss.
     const fs::path ej = w / (name + ".json");
-    Out o = sh(std::string(QLORA_BIN) + " eval --model " + (dir / "tiny").string() + " --data " + data.string() +
+    Out o = sh(::qlora::test::qlora_bin() + " eval --model " + (dir / "tiny").string() + " --data " + data.string() +
                " --adapter " + ad.string() + " --set data.template=alpaca --set model.dtype=fp32 " +
                "--set quantization.method=none --out " + ej.string());
     ASSERT_EQ(o.status, 0) << name << ": " << o.out;
@@ -416,7 +458,7 @@ TEST(PeftTargets, AdaptersLoadAndMergeAsPeft) {
     EXPECT_NEAR(loss, refs[name]["eval_loss"].get<double>(), 1e-4) << name;
     // qlora merge: PEFT's merge_and_unload weights.
     const fs::path md = w / ("merged_" + name);
-    o = sh(std::string(QLORA_BIN) + " merge --base " + (dir / "tiny").string() + " --adapter " + ad.string() +
+    o = sh(::qlora::test::qlora_bin() + " merge --base " + (dir / "tiny").string() + " --adapter " + ad.string() +
            " --out " + md.string() + " --dtype fp32");
     ASSERT_EQ(o.status, 0) << name << ": " << o.out;
     qlora::st::SafetensorsFile mf((md / "model.safetensors").string());
@@ -499,7 +541,7 @@ TEST_F(Cases, DiskFullDuringTheRunIsAnErrorAndNoLineIsLost) {
   const fs::path out = mnt.dir / "run";
   const std::string slow = "QLORA_FAULT_STEP_DELAY_MS=100";
   auto cmd = [&](const std::string& extra) {
-    return slow + " " + QLORA_BIN + " train " + (case_dir(cs) / "config.yaml").string() + " --set output_dir=" +
+    return slow + " " + ::qlora::test::qlora_bin() + " train " + (case_dir(cs) / "config.yaml").string() + " --set output_dir=" +
            out.string() + " --set model.path=" + tiny.string() + " --set data.train=" + data.string() + " " + extra;
   };
   // 1. The case as given (save_steps 0; the only checkpoint is the end of epoch 0 at step 10): the

@@ -32,7 +32,7 @@ TEST(SvgChart, ParsesAsSvgWithOnePolylinePairPerSeries) {
       "print('|'.join(t.text for t in r.findall(ns + 'text')))\n";
   std::ofstream(dir / "check.py") << py;
   const test::CommandResult r =
-      test::run_command(std::string(QLORA_PYTHON) + " " + (dir / "check.py").string() + " " + path);
+      test::run_command(::qlora::test::python_exe() + " " + (dir / "check.py").string() + " " + path);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(r.out.substr(0, r.out.find('\n')), "4 3 3 2 3");  // batch 4's 2048 point is missing
   const std::string texts = r.out.substr(r.out.find('\n') + 1);

@@ -43,7 +43,7 @@ class Sync : public qlora::test::TinyRunSuite<Sync> {
   /// `qlora train` of the tiny run into `out` with `--set` overrides `sets` (each one argument),
   /// environment prefix `env`; returns status and output.
   static Out train(const fs::path& out, const std::vector<std::string>& sets, const std::string& env = "") {
-    std::string cmd = env + " " + QLORA_BIN + " train " + q((root / "run.yaml").string()) + " --set " +
+    std::string cmd = env + " " + ::qlora::test::qlora_bin() + " train " + q((root / "run.yaml").string()) + " --set " +
                       q("output_dir=" + out.string());
     for (const std::string& s : sets) cmd += " --set " + q(s);
     return sh(cmd);
@@ -54,7 +54,7 @@ class Sync : public qlora::test::TinyRunSuite<Sync> {
   static std::string train_and(const fs::path& out, const std::vector<std::string>& sets, const std::string& env,
                                const std::string& then) {
     const fs::path log = out.string() + ".log";
-    std::string cmd = env + " setsid " + QLORA_BIN + " train " + q((root / "run.yaml").string()) + " --set " +
+    std::string cmd = env + " setsid " + ::qlora::test::qlora_bin() + " train " + q((root / "run.yaml").string()) + " --set " +
                       q("output_dir=" + out.string());
     for (const std::string& s : sets) cmd += " --set " + q(s);
     const Out o = sh(cmd + " > " + q(log.string()) + " 2>&1 & L=$!; " + then + "; wait $L; echo rc=$?");

@@ -27,7 +27,7 @@ inline CommandResult make_tiny_run(const std::filesystem::path& root, int save_s
   }
   corpus.close();
   std::ofstream(root / "data.json") << data.dump();
-  CommandResult o = run_command(std::string(QLORA_BIN) + " init-model --preset tiny --out " + (root / "model").string() +
+  CommandResult o = run_command(::qlora::test::qlora_bin() + " init-model --preset tiny --out " + (root / "model").string() +
                                 " --train-tokenizer " + (root / "corpus.txt").string() + " --vocab-size 400 --seed 3");
   std::ofstream(root / "run.yaml") << "output_dir: " << (root / "unused").string() << "\n"
                                    << "model: {path: " << (root / "model").string() << ", dtype: fp32}\n"

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 qlora::test::CommandResult run(const std::string& args) {
-  return qlora::test::run_command(std::string(QLORA_BIN) + " " + args);
+  return qlora::test::run_command(::qlora::test::qlora_bin() + " " + args);
 }
 
 std::string q(const std::string& s) {  // single-quoted for /bin/sh

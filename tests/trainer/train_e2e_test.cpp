@@ -30,7 +30,7 @@ using CliRun = qlora::test::CommandResult;
 
 /// Runs `qlora ARGS` (in `cwd` when given), capturing stdout and stderr together.
 CliRun run(const std::string& args, const fs::path& cwd = {}) {
-  std::string cmd = std::string(QLORA_BIN) + " " + args;
+  std::string cmd = ::qlora::test::qlora_bin() + " " + args;
   if (!cwd.empty()) cmd = "cd '" + cwd.string() + "' && " + cmd;
   return qlora::test::run_command(cmd);
 }
