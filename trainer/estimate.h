@@ -183,7 +183,9 @@ EstimateOptions estimate_options_for(const Config& cfg, const torch::Device& dev
 ModelConfig model_config_for(const Config& cfg, int64_t vocab_size = 0);
 
 /// Measured memory of a training run beside its estimate; written as OUTPUT_DIR/memory_report.json.
-/// Phases: "before_load", "after_load", "after_first_step", "peak" (memory_snapshot of each).
+/// Phases: "before_load", "after_load", "after_first_step", "after_first_eval" (when the run
+/// evaluates), "peak" (memory_snapshot of each; its peak counters are the run's so far, so a rise
+/// from after_first_step to after_first_eval is what the evaluation pass added).
 class MemoryTracker {
  public:
   /// Estimates (for one rank of `world_size`), logs the total, warns (log::warn) when it exceeds the
@@ -208,6 +210,13 @@ class MemoryTracker {
     first_step_done_ = true;
     longest_row_ = std::max(longest_row_, longest_row);
   }
+  /// Records "after_first_eval" the first time it is called (after the run's first evaluation
+  /// pass); later calls do nothing. The estimate has no evaluation term: a no_grad forward keeps
+  /// less than a training step, but on the CPU the allocator's RSS can still grow (docs/memory.md).
+  void after_eval() {
+    if (!first_eval_done_) record("after_first_eval");
+    first_eval_done_ = true;
+  }
   /// Records "peak", compares with the estimate, writes the report and logs the comparison table.
   /// When no step ran (after_step never called: a resume of a finished run) "comparison" is [] and
   /// "note" says why. When the run's rows were all shorter than the estimate's seq_len (rows are
@@ -221,6 +230,7 @@ class MemoryTracker {
   void write() const;
   bool active_ = false;
   bool first_step_done_ = false;
+  bool first_eval_done_ = false;
   int64_t longest_row_ = 0;  ///< the longest row of any step, tokens
   bool writes_ = true;
   std::string output_dir_;

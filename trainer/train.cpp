@@ -583,6 +583,7 @@ void Trainer::train_steps() {
       model_->training = false;
       eval_loss = evaluate_loss(*model_, data_.eval, t.micro_batch_size, cfg_.data, pad_id_).first;
       model_->training = true;
+      memory_.after_eval();  // memory_report.json phase after_first_eval
       if (!std::isnan(eval_loss)) last_eval_loss_ = eval_loss;
     }
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();

@@ -202,6 +202,11 @@ TEST_F(Resume, EvalStepsZeroEvaluatesAtEachEpochEndAndSummaryCountsTargets) {
     last_loss = j["loss"].get<double>();
   }
   EXPECT_EQ(evaluated, (std::vector<int64_t>{6, 12, 18})) << o.out;
+  // memory_report.json: the first evaluation pass is a phase of its own, after the first step's.
+  const json mem = json::parse(qlora::read_file((out / "memory_report.json").string()));
+  ASSERT_TRUE(mem["phases"].contains("after_first_eval")) << mem.dump();
+  EXPECT_GE(mem["phases"]["after_first_eval"]["peak_rss_bytes"].get<int64_t>(),
+            mem["phases"]["after_first_step"]["peak_rss_bytes"].get<int64_t>());
   o = sh(::qlora::test::qlora_bin() + " data preview " + (root / "run.yaml").string() + " --n 0");
   ASSERT_EQ(o.status, 0) << o.out;
   std::smatch m;
