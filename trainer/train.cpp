@@ -173,6 +173,14 @@ std::string honour_quant_request(LlamaModel& model, const QuantOptions& q) {
 Trainer::Trainer(Config cfg, RunOptions run) : cfg_(std::move(cfg)), run_(run) { progress_.tty = ::isatty(2) != 0; }
 
 namespace {
+/// True for the leftovers of an interrupted atomic write ("<name>.tmp.<pid>"), which do not make
+/// an output_dir "used".
+bool is_temp_leftover(const std::string& name) {
+  const size_t at = name.rfind(".tmp.");
+  return at != std::string::npos && at + 5 < name.size() &&
+         std::all_of(name.begin() + static_cast<std::ptrdiff_t>(at + 5), name.end(), ::isdigit);
+}
+
 // What makes output_dir used: anything but memory_report.json (what a run that failed while
 // loading, before it owned the directory, leaves behind), eval_base.json (what `qlora eval CONFIG`
 // writes there by default: a baseline before training; eval.json from before it had that name),
@@ -1016,14 +1024,6 @@ std::vector<std::string> data_source_changes(const std::string& key, const std::
 }
 
 namespace {
-/// True for the leftovers of an interrupted atomic write ("<name>.tmp.<pid>"), which do not make
-/// an output_dir "used".
-bool is_temp_leftover(const std::string& name) {
-  const size_t at = name.rfind(".tmp.");
-  return at != std::string::npos && at + 5 < name.size() &&
-         std::all_of(name.begin() + static_cast<std::ptrdiff_t>(at + 5), name.end(), ::isdigit);
-}
-
 /// The checkpoint that `checkpoint.resume: PATH` names: PATH itself (a checkpoint-<N> directory, or
 /// a file inside one), or the newest valid checkpoint of a checkpoints/ directory or of a run's
 /// output_dir. Throws qlora::Error when PATH does not exist or holds no valid checkpoint.

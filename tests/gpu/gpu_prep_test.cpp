@@ -273,7 +273,8 @@ TEST(GpuPrepBench, KilledSweepKeepsTheRowsItFinished) {
     const int null = ::open("/dev/null", O_WRONLY);
     dup2(null, 1);
     dup2(null, 2);
-    execl(::qlora::test::qlora_bin(), ::qlora::test::qlora_bin(), "bench", "--preset", "tiny", "--steps", "2", "--sweep", "--seq-lens", "32", "64",
+    const char* bin = ::qlora::test::qlora_bin().c_str();
+    execl(bin, bin, "bench", "--preset", "tiny", "--steps", "2", "--sweep", "--seq-lens", "32", "64",
           "1024", "2048", "4096", "8192", "--batch-sizes", "1", "4", "--out", prefix.c_str(), (char*)nullptr);
     _exit(127);
   }
