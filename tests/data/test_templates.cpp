@@ -472,9 +472,12 @@ TEST(ToolsNotRendered, CountedAndNotedPerFile) {
             "transformers' apply_chat_template does); use a template that renders tools (qwen2.5, qwen3, llama3.1, "
             "llama3.2, mistral) or put the schemas in the system message");
   EXPECT_EQ(tools_note(d.train_sources[1].stats, "smollm2"), "");
-  // train and eval log a file's notes through file_notes: the tools note is the glaive file's only one.
+  // train and eval log a file's notes through file_notes, in this order: the glaive file has one
+  // record over 4096 tokens besides its tools.
   EXPECT_EQ(file_notes(d.train_sources[0].stats, "smollm2"),
-            (std::vector<std::string>{tools_note(d.train_sources[0].stats, "smollm2")}));
+            (std::vector<std::string>{unused_records_note(d.train_sources[0].stats),
+                                      tools_note(d.train_sources[0].stats, "smollm2")}));
+  EXPECT_EQ(d.train_sources[0].stats.dropped_too_long, 1);
   EXPECT_EQ(file_notes(d.train_sources[1].stats, "smollm2"), std::vector<std::string>{});
   const std::string preview = render_preview(o, st, 0);
   EXPECT_NE(preview.find("warning: data: " + glaive.string() + ": 300 records carry tools that template smollm2"),
