@@ -1594,6 +1594,13 @@ std::vector<ConfigKey> config_keys() {
   return keys;
 }
 
+std::string with_key_source(const Config& c, const std::string& msg) {
+  const size_t colon = msg.find(": ");
+  if (colon == std::string::npos) return msg;
+  const auto it = c.key_sources.find(msg.substr(0, colon));
+  return it == c.key_sources.end() ? msg : it->second + ": " + msg;
+}
+
 std::string tokenizer_source(const ModelSource& m) {
   namespace fs = std::filesystem;
   if (!m.path.empty()) {

@@ -147,22 +147,31 @@ std::vector<std::string> parse_target_modules(const std::string& value, const st
 std::vector<data::DataSource> data_sources_in(const std::string& config_yaml, const std::string& key,
                                              const std::string& source_name);
 
+/// `msg` with the source of its key in front when it starts with a dotted key of `c.key_sources`
+/// and ": " ("data.val_set_size: ..." -> "t.yaml:12: data.val_set_size: ..."); else `msg`.
+std::string with_key_source(const Config& c, const std::string& msg);
+
 /// Runs `f()` and returns its result. A qlora::Error thrown by it whose message starts with a
 /// dotted key of `c.key_sources` and ": " (the form data/model errors take: "data.val_set_size: 5000
 /// leaves no training example out of 681") is rethrown with that key's source in front, as config
-/// errors read: "t.yaml:12: data.val_set_size: ...". Any other exception passes through unchanged.
-/// For the checks only possible once files are read (model dir, data size), far from the YAML.
+/// errors read: "t.yaml:12: data.val_set_size: ...". An ErrorList (several such errors, e.g. every
+/// missing data file) is rethrown with each line so placed. Any other exception passes through
+/// unchanged. For the checks only possible once files are read (model dir, data size), far from
+/// the YAML.
 template <class F>
 auto with_key_sources(const Config& c, F&& f) -> decltype(f()) {
   try {
     return std::forward<F>(f)();
+  } catch (const ErrorList& e) {
+    std::vector<std::string> lines;
+    for (const std::string& line : e.lines()) lines.push_back(with_key_source(c, line));
+    throw ErrorList(lines);
   } catch (const Error& e) {
+    if (typeid(e) != typeid(Error)) throw;
     const std::string msg = e.what();
-    const size_t colon = msg.find(": ");
-    if (typeid(e) != typeid(Error) || colon == std::string::npos) throw;
-    const auto it = c.key_sources.find(msg.substr(0, colon));
-    if (it == c.key_sources.end()) throw;
-    throw Error(it->second + ": " + msg);
+    const std::string placed = with_key_source(c, msg);
+    if (placed == msg) throw;
+    throw Error(placed);
   }
 }
 
