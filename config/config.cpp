@@ -244,9 +244,10 @@ struct Context {
   std::map<std::string, std::string> overrides;  // dotted key -> "--set key=value"
   /// Config::key_sources being collected: each key a Section holds -> where() it was set.
   mutable std::map<std::string, std::string> key_sources;
-  /// One recorded error: its line in `source` (-1: none, e.g. a missing key or a --set) and its text.
+  /// One recorded error: where it is in `source` (line -1: nowhere in it, e.g. a missing key or
+  /// a --set) and its text.
   struct Problem {
-    int64_t line;
+    int64_t line, column;
     std::string text;
   };
   mutable std::vector<Problem> problems;  // in the order found
@@ -264,7 +265,7 @@ struct Context {
     for (const Problem& p : problems)
       if (p.text == text) return;  // the same node read twice says it once
     const bool in_file = !override_of(path) && !mark.is_null() && mark.line >= 0;
-    problems.push_back({in_file ? mark.line : -1, std::move(text)});
+    problems.push_back({in_file ? mark.line : -1, in_file ? mark.column : -1, std::move(text)});
   }
 
   /// Records the error, then throws every error recorded (throw_if_errors).
@@ -274,16 +275,16 @@ struct Context {
     fail("internal: config error not thrown");  // unreachable: report recorded one
   }
 
-  /// Throws the errors recorded so far, if any, as one qlora::Error: one line per error, those with
-  /// a line of the file first in line order, then the others (missing keys, --set overrides) in
-  /// the order found; one error is a plain one-line message as before. Clears nothing: a config
-  /// with errors is never returned.
+  /// Throws the errors recorded so far, if any: one line per error, those at a place in the file
+  /// first, in file order (line, then column), then the others (missing keys, --set overrides) in
+  /// the order found. One error is a plain qlora::Error whose message is that line (as before
+  /// errors were collected); several are an ErrorList. A config with errors is never returned.
   void throw_if_errors() const {
     if (problems.empty()) return;
     std::vector<Problem> sorted = problems;
     std::stable_sort(sorted.begin(), sorted.end(), [](const Problem& a, const Problem& b) {
       if ((a.line < 0) != (b.line < 0)) return b.line < 0;
-      return a.line < b.line;
+      return a.line != b.line ? a.line < b.line : a.column < b.column;
     });
     std::vector<std::string> lines;
     for (size_t i = 0; i < sorted.size() && i < kMaxListedErrors; ++i) lines.push_back(sorted[i].text);

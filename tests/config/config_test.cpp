@@ -189,7 +189,7 @@ TEST(Config, ErrorsNameFileLineAndKey) {
 
 // A config brought over from Axolotl has many wrong keys; one run names every one of them (issue:
 // a user needed 8 runs of `qlora train`, one hint each). Each line reads exactly as that error
-// alone would; lines with a line of the file come in line order, then the --set ones.
+// alone would; lines with a place in the file come in file order, then the --set ones.
 TEST(Config, EveryErrorOfAConfigInOneRun) {
   const std::string text =
       "base_model: models/m\n"                        // 1: an Axolotl name
@@ -268,13 +268,13 @@ TEST(Config, ErrorsDoNotCascade) {
             "t.yaml:5: lora.target_modules[0]: expected a name, got a list");
   EXPECT_EQ(error_of(std::string(kMinimal) + "checkpoint: {resume: [a]}\n"),
             "t.yaml:5: checkpoint.resume: expected a string, got a list");
-  // Two mistakes in one list entry and a second entry: all three (on one line: in the order found).
+  // Two mistakes in one list entry and a second entry: all three (on one line: by column).
   EXPECT_EQ(error_of("output_dir: o\nmodel: {path: m}\ndata:\n  train:\n    - {path: a, format: alpacca, ds_type: json}\n"
                      "    - {format: sharegpt}\n"),
-            "t.yaml:5: data.train[0].ds_type: unknown key; Axolotl's \"ds_type\" is \"format\" here; the file type comes "
-            "from the extension (.json, .jsonl, .txt) (docs/config.md)\n"
             "t.yaml:5: data.train[0].format: expected one of auto|alpaca|sharegpt|messages|completion, got \"alpacca\"; "
             "did you mean \"alpaca\"?\n"
+            "t.yaml:5: data.train[0].ds_type: unknown key; Axolotl's \"ds_type\" is \"format\" here; the file type comes "
+            "from the extension (.json, .jsonl, .txt) (docs/config.md)\n"
             "t.yaml:6: data.train[1].path: required key is missing");
   // A config of nothing but wrong keys lists the first 50 and counts the rest.
   std::string many = kMinimal;
