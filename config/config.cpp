@@ -233,8 +233,8 @@ std::string describe(const yaml::Node& n) {
 // and range errors; the value keeps its default) and goes on; throw_if_errors() then throws them
 // all as one qlora::Error, one line each. The cross-key checks (a section's `check`) need valid
 // values, so they run only once the per-key errors are clear (read_config); they are collected the
-// same way. Errors after which nothing sensible can be read (YAML syntax, a top level that is not
-// a map, a malformed `--set`) are thrown at once, with the errors recorded before them (fail_at).
+// same way. Errors after which nothing sensible can be read (YAML syntax, a malformed `--set`, a
+// top level that is not a map) are thrown at once, before the reading starts (fail, fail_at).
 
 /// At most this many errors are listed; a last line counts the rest.
 constexpr size_t kMaxListedErrors = 50;
@@ -380,8 +380,9 @@ class Section {
  public:
   /// `node` is the section's value (undefined or null: empty section); `key_mark` is where its
   /// key sits (for "missing key" errors); `path` is its dotted name ("" for the top level).
-  /// `unknown`: what the section holds is not known (it is a required section that is missing),
-  /// so none of its keys is reported missing.
+  /// `unknown`: what the section holds is not known (a required section that is missing, or one
+  /// inside such a section; a value that is not a map is found here), so none of its keys is
+  /// reported missing: that is one error, already reported.
   Section(const Context& ctx, std::string path, const yaml::Node& node, yaml::Mark key_mark,
           const std::vector<std::string>& keys, bool unknown = false)
       : ctx_(ctx), path_(std::move(path)), mark_(key_mark), keys_(keys), unknown_(unknown) {
@@ -456,9 +457,9 @@ class Section {
   Section sub(const std::string& key, const std::vector<std::string>& keys, bool required) const {
     const auto* e = find(key);
     if (!e) {
-      const bool missing = required && !unknown_;
-      if (missing) ctx_.report(key_path(key), mark_, "required section is missing");
-      return Section(ctx_, key_path(key), yaml::Node(), mark_, keys, missing || unknown_);
+      const bool reported = required && !unknown_;
+      if (reported) ctx_.report(key_path(key), mark_, "required section is missing");
+      return Section(ctx_, key_path(key), yaml::Node(), mark_, keys, reported || unknown_);
     }
     return Section(ctx_, key_path(key), e->value, e->key_mark, keys);
   }
@@ -824,8 +825,8 @@ void emit_map(YAML::Emitter& out, const std::string& key, const std::map<std::st
 // it fills and a spec (its YAML type, range and how it is written back). Visitors walk the table
 // to list the schema's keys (unknown-key checks, did-you-means, docs/config.md's test), to read a
 // section (Reader), to write it (Emitter: to_yaml) and to compare two configs (Equal). A section's
-// cross-field rules run after its keys are read (its `check`), in table order, so the first error
-// of a config with several is the one nearest the top of the table.
+// cross-field rules (its `check`) run, in table order, once every key of the config has been read
+// without error (read_config); every rule broken is reported.
 
 /// A path: `~` and environment variables expanded (expand_path). `required`: absent or empty is an
 /// error. `omit_empty`: to_yaml leaves the key out when empty.

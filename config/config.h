@@ -117,7 +117,10 @@ inline bool operator!=(const Config& a, const Config& b) { return !(a == b); }
 /// Reads the YAML file at `path`, applies `overrides` ("section.key=value", each value parsed as a
 /// YAML scalar or flow collection, e.g. "lora.target_modules=[q_proj, v_proj]") to the tree, and
 /// validates the result against the schema. Throws qlora::Error with one line naming `path:line:`
-/// (or the `--set` override) and the dotted key; on error nothing is returned.
+/// (or the `--set` override) and the dotted key; a config with several errors that can each be
+/// found on its own (unknown keys, type and range errors, ...) throws qlora::ErrorList, one such
+/// line per error, in file order then the --set ones (docs/config.md, "Every error in one run").
+/// On error nothing is returned.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 /// As load_config, on YAML text; `source_name` stands for the file name in error messages.
