@@ -248,6 +248,8 @@ int main(int argc, char** argv) {
   } catch (const qlora::Interrupted& e) {
     std::cerr << "interrupted: " << first_line(e.what()) << "\n";
     return qlora::kExitInterrupted;
+  } catch (const qlora::ErrorList& e) {  // several errors of one input (a config): each on its own line
+    for (const std::string& line : e.lines()) std::cerr << "error: " << line << "\n";
   } catch (const qlora::Error& e) {
     std::cerr << "error: " << first_line(e.what()) << "\n";
   } catch (const c10::Error& e) {

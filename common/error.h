@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace qlora {
 
@@ -13,6 +14,24 @@ namespace qlora {
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+/// Several user-facing errors found in one pass over one input (a config with many wrong keys):
+/// what() is their one-line messages joined by "\n", in the order given (config/: file order).
+/// `qlora` prints each line as an error of its own.
+class ErrorList : public Error {
+ public:
+  explicit ErrorList(const std::vector<std::string>& lines) : Error(join(lines)), lines_(lines) {}
+  /// The one-line messages.
+  const std::vector<std::string>& lines() const { return lines_; }
+
+ private:
+  static std::string join(const std::vector<std::string>& lines) {
+    std::string out;
+    for (size_t i = 0; i < lines.size(); ++i) out += (i ? "\n" : "") + lines[i];
+    return out;
+  }
+  std::vector<std::string> lines_;
 };
 
 /// A run stopped cleanly (signal or time budget) after saving its state; not a failure of the

@@ -227,28 +227,85 @@ std::string describe(const yaml::Node& n) {
 
 // ---- where a value came from, and the schema walk ----
 
+// Errors are collected, not thrown one at a time: a config converted from Axolotl often has many
+// wrong keys, and each run of `qlora train` should name all of them. The reader records every
+// error whose key can be skipped on its own (report(): unknown, duplicate and misplaced keys, type
+// and range errors; the value keeps its default) and goes on; throw_if_errors() then throws them
+// all as one qlora::Error, one line each. The cross-key checks (a section's `check`) need valid
+// values, so they run only once the per-key errors are clear (read_config); they are collected the
+// same way. Errors after which nothing sensible can be read (YAML syntax, a malformed `--set`, a
+// top level that is not a map) are thrown at once, before the reading starts (fail, fail_at).
+
+/// At most this many errors are listed; a last line counts the rest.
+constexpr size_t kMaxListedErrors = 50;
+
 struct Context {
   std::string source;                            // file name for messages
   std::map<std::string, std::string> overrides;  // dotted key -> "--set key=value"
   /// Config::key_sources being collected: each key a Section holds -> where() it was set.
   mutable std::map<std::string, std::string> key_sources;
+  /// One recorded error: where it is in `source` (line -1: nowhere in it, e.g. a missing key or
+  /// a --set) and its text.
+  struct Problem {
+    int64_t line, column;
+    std::string text;
+  };
+  mutable std::vector<Problem> problems;  // in the order found
 
   /// `file:line` of `mark`, or the override that set `path` (or a section above it).
   std::string where(const std::string& path, const yaml::Mark& mark) const {
-    std::string p = path;
-    while (!p.empty()) {
-      auto it = overrides.find(p);
-      if (it != overrides.end()) return it->second;
-      const size_t cut = p.find_last_of(".[");
-      if (cut == std::string::npos) break;
-      p.resize(cut);
-    }
+    if (const std::string* o = override_of(path)) return *o;
     if (mark.is_null() || mark.line < 0) return source;
     return source + ":" + std::to_string(mark.line + 1);
   }
 
-  [[noreturn]] void error(const std::string& path, const yaml::Mark& mark, const std::string& msg) const {
-    fail(where(path, mark), ": ", path.empty() ? std::string() : path + ": ", msg);
+  /// Records the error "where: path: msg" and returns (the caller keeps the value's default).
+  void report(const std::string& path, const yaml::Mark& mark, const std::string& msg) const {
+    std::string text = where(path, mark) + ": " + (path.empty() ? std::string() : path + ": ") + msg;
+    for (const Problem& p : problems)
+      if (p.text == text) return;  // the same node read twice says it once
+    const bool in_file = !override_of(path) && !mark.is_null() && mark.line >= 0;
+    problems.push_back({in_file ? mark.line : -1, in_file ? mark.column : -1, std::move(text)});
+  }
+
+  /// Records the error, then throws every error recorded (throw_if_errors).
+  [[noreturn]] void fail_at(const std::string& path, const yaml::Mark& mark, const std::string& msg) const {
+    report(path, mark, msg);
+    throw_if_errors();
+    fail("internal: config error not thrown");  // unreachable: report recorded one
+  }
+
+  /// Throws the errors recorded so far, if any: one line per error, those at a place in the file
+  /// first, in file order (line, then column), then the others (missing keys, --set overrides) in
+  /// the order found. One error is a plain qlora::Error whose message is that line (as before
+  /// errors were collected); several are an ErrorList. A config with errors is never returned.
+  void throw_if_errors() const {
+    if (problems.empty()) return;
+    std::vector<Problem> sorted = problems;
+    std::stable_sort(sorted.begin(), sorted.end(), [](const Problem& a, const Problem& b) {
+      if ((a.line < 0) != (b.line < 0)) return b.line < 0;
+      return a.line != b.line ? a.line < b.line : a.column < b.column;
+    });
+    std::vector<std::string> lines;
+    for (size_t i = 0; i < sorted.size() && i < kMaxListedErrors; ++i) lines.push_back(sorted[i].text);
+    if (sorted.size() > kMaxListedErrors)
+      lines.push_back(source + ": " + std::to_string(sorted.size() - kMaxListedErrors) + " more errors not listed");
+    if (lines.size() == 1) throw Error(lines[0]);
+    throw ErrorList(lines);
+  }
+
+ private:
+  /// The `--set` that set `path` or a section above it; nullptr when the file did.
+  const std::string* override_of(const std::string& path) const {
+    std::string p = path;
+    while (!p.empty()) {
+      auto it = overrides.find(p);
+      if (it != overrides.end()) return &it->second;
+      const size_t cut = p.find_last_of(".[");
+      if (cut == std::string::npos) break;
+      p.resize(cut);
+    }
+    return nullptr;
   }
 };
 
@@ -316,30 +373,42 @@ std::string expand_path(const std::string& v, std::string* why) {
 }
 
 /// One YAML map of the schema: checks its keys on construction (duplicates, unknown keys with a
-/// did-you-mean), then hands out typed values; each getter checks type and range.
+/// did-you-mean), then hands out typed values; each getter checks type and range. A problem is
+/// reported to the Context (Context::report) and the getter returns the default it was given, so
+/// reading goes on and every problem of the config is found in one pass.
 class Section {
  public:
   /// `node` is the section's value (undefined or null: empty section); `key_mark` is where its
   /// key sits (for "missing key" errors); `path` is its dotted name ("" for the top level).
+  /// `unknown`: what the section holds is not known (a required section that is missing, or one
+  /// inside such a section; a value that is not a map is found here), so none of its keys is
+  /// reported missing: that is one error, already reported.
   Section(const Context& ctx, std::string path, const yaml::Node& node, yaml::Mark key_mark,
-          const std::vector<std::string>& keys)
-      : ctx_(ctx), path_(std::move(path)), mark_(key_mark), keys_(keys) {
+          const std::vector<std::string>& keys, bool unknown = false)
+      : ctx_(ctx), path_(std::move(path)), mark_(key_mark), keys_(keys), unknown_(unknown) {
     if (!node.is_defined() || node.is_null()) return;
     if (!node.is_map()) {
-      ctx_.error(path_, node.mark,
-                 "expected a map of " + (path_.empty() ? std::string("sections") : "keys") +
-                     ", got " + describe(node));
+      ctx_.report(path_, node.mark,
+                  "expected a map of " + (path_.empty() ? std::string("sections") : "keys") + ", got " +
+                      describe(node));
+      unknown_ = true;
+      return;
     }
     for (const auto& [k, v] : node.entries) {
-      if (!k.is_scalar() || k.value.empty())
-        ctx_.error(path_, k.mark, "keys must be plain names, got " + describe(k));
+      if (!k.is_scalar() || k.value.empty()) {
+        ctx_.report(path_, k.mark, "keys must be plain names, got " + describe(k));
+        continue;
+      }
       const std::string& name = k.value;
       const std::string full = key_path(name);
-      for (const auto& e : entries_)
-        if (e.name == name)
-          ctx_.error(full, k.mark,
-                     "duplicate key (first set on line " + std::to_string(e.key_mark.line + 1) + ")");
-      if (!contains(keys_, name)) ctx_.error(full, k.mark, unknown_key_message(name));
+      if (const Entry* first = find(name)) {
+        ctx_.report(full, k.mark, "duplicate key (first set on line " + std::to_string(first->key_mark.line + 1) + ")");
+        continue;
+      }
+      if (!contains(keys_, name)) {
+        ctx_.report(full, k.mark, unknown_key_message(name));
+        continue;
+      }
       entries_.push_back({name, k.mark, v});
       ctx_.key_sources[full] = ctx_.where(full, v.mark.is_null() ? k.mark : v.mark);
     }
@@ -348,32 +417,49 @@ class Section {
   bool has(const std::string& key) const { return find(key) != nullptr; }
   std::string key_path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
 
-  /// Throws a one-line error about `key` (at its value when present, else at the section).
-  [[noreturn]] void error(const std::string& key, const std::string& msg) const {
+  /// Reports a one-line error about `key` (at its value when present, else at the section).
+  void error(const std::string& key, const std::string& msg) const {
     const auto* e = find(key);
-    ctx_.error(key_path(key), e ? e->value.mark : mark_, msg);
+    ctx_.report(key_path(key), e ? e->value.mark : mark_, msg);
   }
-  /// Throws a one-line error about item `i` of the list under `key`.
-  [[noreturn]] void item_error(const std::string& key, size_t i, const std::string& msg) const {
+  /// Reports a one-line error about item `i` of the list under `key`.
+  void item_error(const std::string& key, size_t i, const std::string& msg) const {
+    ctx_.report(item_path(key, i), item_mark(key, i), msg);
+  }
+  /// "key[i]" under this section (data.train[1]).
+  std::string item_path(const std::string& key, size_t i) const { return key_path(key) + "[" + std::to_string(i) + "]"; }
+  /// Where item `i` of the list under `key` sits (the section's mark when there is no such item).
+  yaml::Mark item_mark(const std::string& key, size_t i) const {
     const auto* e = find(key);
-    const yaml::Mark m = e && e->value.is_sequence() && i < e->value.items.size() ? e->value.items[i].mark : mark_;
-    ctx_.error(key_path(key) + "[" + std::to_string(i) + "]", m, msg);
+    return e && e->value.is_sequence() && i < e->value.items.size() ? e->value.items[i].mark : mark_;
   }
   /// Item `i` of the list under `key` (a map) read as a section of its own, named "key[i]",
   /// with `keys` (a static list); its errors name e.g. data.train[1].format.
   Section item_section(const std::string& key, size_t i, const std::vector<std::string>& keys) const {
     const yaml::Node& item = find(key)->value.items.at(i);
-    return Section(ctx_, key_path(key) + "[" + std::to_string(i) + "]", item, item.mark, keys);
+    return Section(ctx_, item_path(key, i), item, item.mark, keys);
   }
-  /// Throws a one-line error about the section itself.
-  [[noreturn]] void section_error(const std::string& msg) const { ctx_.error(path_, mark_, msg); }
+  /// Reports that required `key` is missing (unless the section itself is unknown: it is missing
+  /// or not a map, and that is the error).
+  void missing(const std::string& key) const {
+    if (!unknown_) error(key, "required key is missing");
+  }
+  /// Reports a one-line error about the section itself.
+  void section_error(const std::string& msg) const { ctx_.report(path_, mark_, msg); }
+  /// Errors reported so far (to the whole config): a reader compares two counts to learn whether
+  /// a part of a value was refused.
+  size_t errors() const { return ctx_.problems.size(); }
+  /// Where `key` was set (Context::where), recorded in Config::key_sources under `path`.
+  void record_source(const std::string& path, const yaml::Mark& mark) const { ctx_.key_sources[path] = ctx_.where(path, mark); }
 
-  /// A nested section; `required`: its absence is an error.
+  /// A nested section; `required`: its absence is an error (reported; the section then reads as
+  /// unknown, so its own required keys are not reported too).
   Section sub(const std::string& key, const std::vector<std::string>& keys, bool required) const {
     const auto* e = find(key);
     if (!e) {
-      if (required) ctx_.error(key_path(key), mark_, "required section is missing");
-      return Section(ctx_, key_path(key), yaml::Node(), mark_, keys);
+      const bool reported = required && !unknown_;
+      if (reported) ctx_.report(key_path(key), mark_, "required section is missing");
+      return Section(ctx_, key_path(key), yaml::Node(), mark_, keys, reported || unknown_);
     }
     return Section(ctx_, key_path(key), e->value, e->key_mark, keys);
   }
@@ -384,27 +470,57 @@ class Section {
     return e ? &e->value : nullptr;
   }
 
-  std::string get_string(const std::string& key, const std::string& def, bool allow_empty) const {
+  /// `key`'s string into *out (absent: `def`); false after reporting a problem (*out untouched):
+  /// not a scalar, empty where `allow_empty` is false, or absent where it is required (no
+  /// `allow_empty` and an empty `def`).
+  bool read_string(const std::string& key, const std::string& def, bool allow_empty, std::string* out) const {
     const auto* e = find(key);
     if (!e) {
-      if (!allow_empty && def.empty()) error(key, "required key is missing");
-      return def;
+      if (!allow_empty && def.empty()) {
+        missing(key);
+        return false;
+      }
+      *out = def;
+      return true;
     }
     std::string v;
-    if (e->value.is_null()) v = "";
-    else if (e->value.is_scalar()) v = e->value.value;
-    else error(key, "expected a string, got " + describe(e->value));
-    if (v.empty() && !allow_empty) error(key, "expected a non-empty string, got " + describe(e->value));
+    if (e->value.is_null()) {
+      v = "";
+    } else if (e->value.is_scalar()) {
+      v = e->value.value;
+    } else {
+      error(key, "expected a string, got " + describe(e->value));
+      return false;
+    }
+    if (v.empty() && !allow_empty) {
+      error(key, "expected a non-empty string, got " + describe(e->value));
+      return false;
+    }
+    *out = v;
+    return true;
+  }
+
+  /// read_string's value; `def` after a reported problem.
+  std::string get_string(const std::string& key, const std::string& def, bool allow_empty) const {
+    std::string v = def;
+    read_string(key, def, allow_empty, &v);
     return v;
   }
 
   /// A path key: get_string, then `~` and environment variables expanded (expand_path).
   std::string get_path(const std::string& key, const std::string& def, bool allow_empty) const {
+    std::string raw;
+    if (!read_string(key, def, allow_empty, &raw)) return def;
     std::string why;
-    const std::string raw = get_string(key, def, allow_empty);
     const std::string v = expand_path(raw, &why);
-    if (!why.empty()) error(key, why);
-    if (v.empty() && !allow_empty) error(key, "expected a non-empty path, got \"" + raw + "\" (after expansion)");
+    if (!why.empty()) {
+      error(key, why);
+      return def;
+    }
+    if (v.empty() && !allow_empty) {
+      error(key, "expected a non-empty path, got \"" + raw + "\" (after expansion)");
+      return def;
+    }
     return v;
   }
 
@@ -416,7 +532,10 @@ class Section {
     if (!e) return def;
     const std::string expected =
         "expected one of " + join(choices, "|") + (alias_note ? std::string(" ") + alias_note : std::string());
-    if (!e->value.is_scalar()) error(key, expected + ", got " + describe(e->value));
+    if (!e->value.is_scalar()) {
+      error(key, expected + ", got " + describe(e->value));
+      return def;
+    }
     const std::string& v = e->value.value;
     if (alias && !contains(choices, v))
       if (const char* name = alias(v)) return name;
@@ -424,6 +543,7 @@ class Section {
       const std::string near = closest(v, choices);
       error(key, expected + ", got " + describe(e->value) +
                      (near.empty() ? std::string() : "; did you mean \"" + near + "\"?"));
+      return def;
     }
     return v;
   }
@@ -439,6 +559,7 @@ class Section {
     if (e->value.is_scalar() && is_yaml11_bool_word(e->value.value))
       msg += " (YAML 1.2 booleans: write true or false)";
     error(key, msg);
+    return def;
   }
 
   /// An integer; floats with an integral value (1e4, 2.0) are accepted. `ok` is the range check,
@@ -456,7 +577,10 @@ class Section {
           v = static_cast<int64_t>(*f);
       }
     }
-    if (!v || !ok(*v)) error(key, "expected " + expected + ", got " + describe(e->value));
+    if (!v || !ok(*v)) {
+      error(key, "expected " + expected + ", got " + describe(e->value));
+      return def;
+    }
     return *v;
   }
 
@@ -470,45 +594,61 @@ class Section {
       if (auto i = parse_int(e->value.value)) v = static_cast<double>(*i);
       else v = parse_float(e->value.value);
     }
-    if (!v || !std::isfinite(*v) || !ok(*v))
+    if (!v || !std::isfinite(*v) || !ok(*v)) {
       error(key, "expected " + expected + ", got " + describe(e->value));
+      return def;
+    }
     return *v;
   }
 
-  /// A list of non-empty strings (null: empty list).
+  /// A list of non-empty strings (null: empty list); `def` when absent, or when an item is
+  /// refused (every refused item is reported).
   std::vector<std::string> get_string_list(const std::string& key,
                                            const std::vector<std::string>& def) const {
     const auto* e = find(key);
     if (!e) return def;
     if (e->value.is_null()) return {};
-    if (!e->value.is_sequence()) error(key, "expected a list of names, got " + describe(e->value));
+    if (!e->value.is_sequence()) {
+      error(key, "expected a list of names, got " + describe(e->value));
+      return def;
+    }
+    const size_t errors_before = errors();
     std::vector<std::string> out;
     for (size_t i = 0; i < e->value.items.size(); ++i) {
       const yaml::Node& item = e->value.items[i];
-      const std::string ipath = key_path(key) + "[" + std::to_string(i) + "]";
+      const std::string ipath = item_path(key, i);
       if (!item.is_scalar() || item.value.empty())
-        ctx_.error(ipath, item.mark, "expected a name, got " + describe(item));
-      if (contains(out, item.value)) ctx_.error(ipath, item.mark, "\"" + one_line(item.value) + "\" is listed twice");
-      out.push_back(item.value);
+        ctx_.report(ipath, item.mark, "expected a name, got " + describe(item));
+      else if (contains(out, item.value))
+        ctx_.report(ipath, item.mark, "\"" + one_line(item.value) + "\" is listed twice");
+      else
+        out.push_back(item.value);
     }
-    return out;
+    return errors() == errors_before ? out : def;
   }
 
-  /// A map of string -> string (null: empty map).
-  std::map<std::string, std::string> get_string_map(const std::string& key) const {
+  /// A map of string -> string (absent or null: empty map); nullopt when an entry is refused
+  /// (every refused entry is reported).
+  std::optional<std::map<std::string, std::string>> get_string_map(const std::string& key) const {
     const auto* e = find(key);
     std::map<std::string, std::string> out;
     if (!e || e->value.is_null()) return out;
-    if (!e->value.is_map()) error(key, "expected a map of name: name, got " + describe(e->value));
-    for (const auto& [k, v] : e->value.entries) {
-      if (!k.is_scalar() || k.value.empty())
-        ctx_.error(key_path(key), k.mark, "keys must be plain names, got " + describe(k));
-      const std::string kpath = key_path(key) + "." + k.value;
-      if (out.count(k.value)) ctx_.error(kpath, k.mark, "duplicate key");
-      if (!v.is_scalar() || v.value.empty())
-        ctx_.error(kpath, v.mark, "expected a name, got " + describe(v));
-      out[k.value] = v.value;
+    if (!e->value.is_map()) {
+      error(key, "expected a map of name: name, got " + describe(e->value));
+      return std::nullopt;
     }
+    const size_t errors_before = errors();
+    for (const auto& [k, v] : e->value.entries) {
+      if (!k.is_scalar() || k.value.empty()) {
+        ctx_.report(key_path(key), k.mark, "keys must be plain names, got " + describe(k));
+        continue;
+      }
+      const std::string kpath = key_path(key) + "." + k.value;
+      if (out.count(k.value)) ctx_.report(kpath, k.mark, "duplicate key");
+      else if (!v.is_scalar() || v.value.empty()) ctx_.report(kpath, v.mark, "expected a name, got " + describe(v));
+      else out[k.value] = v.value;
+    }
+    if (errors() != errors_before) return std::nullopt;
     return out;
   }
 
@@ -608,6 +748,7 @@ class Section {
   std::string path_;
   yaml::Mark mark_;
   const std::vector<std::string>& keys_;
+  bool unknown_ = false;  // its contents are not known (missing, or not a map): no key is "missing"
   std::vector<Entry> entries_;
 };
 
@@ -684,8 +825,8 @@ void emit_map(YAML::Emitter& out, const std::string& key, const std::map<std::st
 // it fills and a spec (its YAML type, range and how it is written back). Visitors walk the table
 // to list the schema's keys (unknown-key checks, did-you-means, docs/config.md's test), to read a
 // section (Reader), to write it (Emitter: to_yaml) and to compare two configs (Equal). A section's
-// cross-field rules run after its keys are read (its `check`), in table order, so the first error
-// of a config with several is the one nearest the top of the table.
+// cross-field rules (its `check`) run, in table order, once every key of the config has been read
+// without error (read_config); every rule broken is reported.
 
 /// A path: `~` and environment variables expanded (expand_path). `required`: absent or empty is an
 /// error. `omit_empty`: to_yaml leaves the key out when empty.
@@ -751,19 +892,27 @@ void read_target_modules(const Section& s, const char* key, LoraConfig& l) {
     l.target_modules = {kAllLinear};
     return;
   }
-  if (!t->is_sequence())
+  if (!t->is_sequence()) {
     s.error(key, "expected \"all-linear\" or a list of module names, got " + describe(*t));
-  l.target_modules = s.get_string_list(key, {});
-  if (l.target_modules.empty()) s.error(key, "expected at least one module name");
+    return;
+  }
+  const size_t errors_before = s.errors();
+  const std::vector<std::string> names = s.get_string_list(key, {});
+  if (s.errors() != errors_before) return;  // an item refused (reported): the default stays
+  if (names.empty()) {
+    s.error(key, "expected at least one module name");
+    return;
+  }
   const std::vector<std::string>& known = llama_linear_names();
-  for (size_t i = 0; i < l.target_modules.size(); ++i) {
-    const std::string& name = l.target_modules[i];
+  for (size_t i = 0; i < names.size(); ++i) {  // every unknown name is reported
+    const std::string& name = names[i];
     if (contains(known, name)) continue;
     const std::string near = closest(name, known);
     s.item_error(key, i,
                  "unknown module \"" + one_line(name) + "\"" +
                      (near.empty() ? " (known: " + join(known, ", ") + ")" : "; did you mean \"" + near + "\"?"));
   }
+  if (s.errors() == errors_before) l.target_modules = names;
 }
 void emit_target_modules(YAML::Emitter& out, const char* key, const LoraConfig& l) {
   if (l.target_modules == std::vector<std::string>{kAllLinear}) emit_plain(out, key, kAllLinear);
@@ -775,12 +924,21 @@ void read_resume(const Section& s, const char* key, CheckpointConfig& c) {
   const yaml::Node* r = s.raw(key);
   if (!r) return;
   if (r->is_scalar() && is_plain(*r) &&
-      (is_true_word(r->value) || is_false_word(r->value) || is_yaml11_bool_word(r->value)))
+      (is_true_word(r->value) || is_false_word(r->value) || is_yaml11_bool_word(r->value))) {
     s.error(key, "expected auto, never or a checkpoint path, got " + describe(*r));
-  const std::string v = s.get_string(key, "auto", false);
-  if (v == "auto") c.resume = ResumeMode::kAuto;
-  else if (v == "never") c.resume = ResumeMode::kNever;
-  else c.resume = ResumeMode::kPath, c.resume_path = s.get_path(key, "auto", false);
+    return;
+  }
+  std::string v;
+  if (!s.read_string(key, "auto", false, &v)) return;  // reported; the default stays
+  if (v == "auto") {
+    c.resume = ResumeMode::kAuto;
+  } else if (v == "never") {
+    c.resume = ResumeMode::kNever;
+  } else {
+    const size_t errors_before = s.errors();
+    const std::string p = s.get_path(key, "auto", false);
+    if (s.errors() == errors_before) c.resume = ResumeMode::kPath, c.resume_path = p;
+  }
 }
 void emit_resume(YAML::Emitter& out, const char* key, const CheckpointConfig& c) {
   if (c.resume == ResumeMode::kPath) emit_path(out, key, c.resume_path);
@@ -796,7 +954,7 @@ const std::vector<std::string> kSourceKeys = {"path", "format", "field_map", "ro
 void read_sources(const Section& s, const char* key, bool required, std::vector<data::DataSource>& out) {
   const yaml::Node* n = s.raw(key);
   if (!n) {
-    if (required && out.empty()) s.error(key, "required key is missing");
+    if (required && out.empty()) s.missing(key);
     return;  // the default, or the base config's files
   }
   const std::string form = "a path, or a list of files each a path or {path: FILE, format: ..., field_map: {...}, "
@@ -806,17 +964,26 @@ void read_sources(const Section& s, const char* key, bool required, std::vector<
     out = p.empty() ? std::vector<data::DataSource>{} : std::vector<data::DataSource>{data::DataSource{p}};
     return;
   }
-  if (!n->is_sequence()) s.error(key, "expected " + form + ", got " + describe(*n));
-  if (n->items.empty()) s.error(key, "expected at least one file (" + form + "), got an empty list");
+  if (!n->is_sequence()) {
+    s.error(key, "expected " + form + ", got " + describe(*n));
+    return;
+  }
+  if (n->items.empty()) {
+    s.error(key, "expected at least one file (" + form + "), got an empty list");
+    return;
+  }
+  const size_t errors_before = s.errors();
   std::vector<data::DataSource> v;
   for (size_t i = 0; i < n->items.size(); ++i) {
     const yaml::Node& item = n->items[i];
+    // Where the entry sits: the data loader's errors about its file start "data.train[1]: ".
+    s.record_source(s.item_path(key, i), item.mark);
     data::DataSource src;
     if (item.is_scalar() && !item.is_null()) {  // `- ~` is no path (not $HOME): the error below
       std::string why;
       src.path = expand_path(item.value, &why);
       if (!why.empty()) s.item_error(key, i, why);
-      if (src.path.empty()) s.item_error(key, i, "expected a non-empty path, got " + describe(item));
+      else if (src.path.empty()) s.item_error(key, i, "expected a non-empty path, got " + describe(item));
     } else if (item.is_map()) {
       const Section e = s.item_section(key, i, kSourceKeys);
       src.path = e.get_path("path", "", false);
@@ -829,7 +996,7 @@ void read_sources(const Section& s, const char* key, bool required, std::vector<
     }
     v.push_back(std::move(src));
   }
-  out = std::move(v);
+  if (s.errors() == errors_before) out = std::move(v);  // else reported; the old value stays
 }
 /// One path, as before lists: the path itself; else a block list whose entries are plain paths or
 /// maps of the keys the entry set (parse_config_string reads it back equal).
@@ -863,7 +1030,7 @@ void check_model(const Section& s, Config& c) {
   if (m.path.empty() && m.preset.empty())
     s.section_error("set model.path (a Hugging Face model dir) or model.preset (with init: random)");
   if (!m.path.empty() && !m.preset.empty()) s.error("preset", "set model.path or model.preset, not both");
-  if (!m.preset.empty() && !m.random_init)
+  else if (!m.preset.empty() && !m.random_init)
     s.error(s.has("init") ? "init" : "preset", "a preset has no weights; set model.init: random");
 }
 
@@ -1100,7 +1267,8 @@ struct Reader {
     obj.*m = s.get_string_list(key, obj.*m);
   }
   void operator()(const char* key, std::map<std::string, std::string> S::*m, const NameMapSpec&) const {
-    if (s.has(key)) obj.*m = s.get_string_map(key);
+    if (!s.has(key)) return;
+    if (auto v = s.get_string_map(key)) obj.*m = std::move(*v);
   }
   template <class M>
   void operator()(const char* key, M S::*, const CustomSpec<S>& c) const { c.read(s, key, obj); }
@@ -1169,21 +1337,23 @@ struct Equal {
 };
 
 /// Reads the whole config from the top-level section; `base` supplies every absent key (and,
-/// when `sections_optional`, every absent section).
+/// when `sections_optional`, every absent section). Each section's cross-field rules are kept in
+/// `checks`, in table order, to run once every key has been read without error (read_config).
 struct TopReader {
   const Section& top;
   Config& c;
   bool sections_optional;
+  std::vector<std::pair<Section, void (*)(const Section&, Config&)>> checks;
   template <class Spec>
-  void operator()(const char* key, std::string Config::*m, const Spec& spec) const {
+  void operator()(const char* key, std::string Config::*m, const Spec& spec) {
     Reader<Config>{top, c}(key, m, spec);
   }
   template <class M>
-  void operator()(const char* key, M Config::*m, const SectionSpec& spec) const {
-    const Section s = top.sub(key, section_keys(key), spec.required && !sections_optional);
+  void operator()(const char* key, M Config::*m, const SectionSpec& spec) {
+    Section s = top.sub(key, section_keys(key), spec.required && !sections_optional);
     Reader<M> r{s, c.*m};
     visit_fields(r, static_cast<M*>(nullptr));
-    if (spec.check) spec.check(s, c);
+    if (spec.check) checks.emplace_back(std::move(s), spec.check);
   }
 };
 
@@ -1278,10 +1448,15 @@ void apply_override(yaml::Node& root, const std::string& spec, Context& ctx) {
 
 /// Reads the config in `root` (overrides already applied) into `base`: a key the tree does not
 /// set keeps base's value; `sections_optional`: a required section may be absent (base has it).
+/// Every error is thrown together (Context::throw_if_errors): first those of the keys, then, when
+/// there are none, those of the cross-field rules.
 Config read_config(const yaml::Node& root, const Context& ctx, Config base, bool sections_optional) {
   const Section top(ctx, "", root, yaml::Mark{}, section_keys(""));
-  TopReader reader{top, base, sections_optional};
+  TopReader reader{top, base, sections_optional, {}};
   visit_fields(reader, static_cast<Config*>(nullptr));
+  ctx.throw_if_errors();  // the rules below need valid values
+  for (const auto& [section, check] : reader.checks) check(section, base);
+  ctx.throw_if_errors();
   for (const auto& [key, where] : ctx.key_sources) base.key_sources[key] = where;
   return base;
 }
@@ -1290,7 +1465,7 @@ Config parse_tree(yaml::Node root, Context& ctx, const std::vector<std::string>&
   if (!root.is_defined() || root.is_null())
     fail(ctx.source, ": the config is empty (expected a map with output_dir, model, data, ...)");
   if (!root.is_map())
-    ctx.error("", root.mark, "expected a map of sections at the top level, got " + describe(root));
+    ctx.fail_at("", root.mark, "expected a map of sections at the top level, got " + describe(root));
   for (const auto& o : overrides) apply_override(root, o, ctx);
   return read_config(root, ctx, Config{}, /*sections_optional=*/false);
 }
@@ -1314,7 +1489,7 @@ const std::vector<std::string>& known_model_presets() {
 
 Config parse_config_string(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides) {
-  Context ctx{source_name, {}, {}};
+  Context ctx{source_name, {}, {}, {}};
   if (const size_t bad = first_invalid_utf8(yaml_text); bad != std::string::npos)
     fail(source_name, ":", 1 + std::count(yaml_text.begin(), yaml_text.begin() + bad, '\n'),
          ": not valid UTF-8 (byte ", bad, "; YAML text must be UTF-8)");  // said here, with the byte, before libyaml
@@ -1331,7 +1506,7 @@ Config parse_config_string(const std::string& yaml_text, const std::string& sour
     fail(one_line(e.what(), 300), " (a tab in the indentation; YAML indents with spaces)");
   }
   if (docs.size() > 1)
-    ctx.error("", docs[1].mark, "expected one YAML document, found " + std::to_string(docs.size()));
+    ctx.fail_at("", docs[1].mark, "expected one YAML document, found " + std::to_string(docs.size()));
   // A stream with no document, or one whose document is empty, has nothing to train.
   return parse_tree(docs.empty() ? yaml::Node() : docs[0], ctx, overrides);
 }
@@ -1365,14 +1540,14 @@ bool operator==(const Config& a, const Config& b) {
 
 Config config_with_overrides(const Config& base, const std::vector<std::string>& overrides,
                              const std::string& source_name) {
-  Context ctx{source_name, {}, {}};
+  Context ctx{source_name, {}, {}, {}};
   yaml::Node root = yaml::Node::map();
   for (const auto& o : overrides) apply_override(root, o, ctx);
   return read_config(root, ctx, base, /*sections_optional=*/true);
 }
 
 std::vector<std::string> parse_target_modules(const std::string& value, const std::string& source_name) {
-  Context ctx{source_name, {{"lora", source_name}, {"lora.target_modules", source_name}}, {}};
+  Context ctx{source_name, {{"lora", source_name}, {"lora.target_modules", source_name}}, {}, {}};
   yaml::Node node;
   try {
     const auto docs = yaml::parse_all(value, source_name);
@@ -1390,13 +1565,14 @@ std::vector<std::string> parse_target_modules(const std::string& value, const st
   const Section lora(ctx, "lora", section, yaml::Mark{}, section_keys("lora"));
   LoraConfig l;
   read_target_modules(lora, "target_modules", l);  // the config's own reader and checks
+  ctx.throw_if_errors();
   return l.target_modules;
 }
 
 std::vector<data::DataSource> data_sources_in(const std::string& config_yaml, const std::string& key,
                                              const std::string& source_name) {
   QLORA_CHECK(key == "train" || key == "eval", "internal: data_sources_in: no data key ", key);
-  Context ctx{source_name, {}, {}};
+  Context ctx{source_name, {}, {}, {}};
   const auto docs = yaml::parse_all(config_yaml, source_name);
   const yaml::Node* d = docs.empty() || !docs[0].is_map() ? nullptr : docs[0].find("data");
   const yaml::Node* v = d && d->is_map() ? d->find(key) : nullptr;
@@ -1409,6 +1585,7 @@ std::vector<data::DataSource> data_sources_in(const std::string& config_yaml, co
   const Section s(ctx, "data", section, yaml::Mark{}, section_keys("data"));
   std::vector<data::DataSource> out;
   read_sources(s, key.c_str(), false, out);  // the config's own reader
+  ctx.throw_if_errors();
   return out;
 }
 
@@ -1417,6 +1594,13 @@ std::vector<ConfigKey> config_keys() {
   KeyLister lister{&keys, ""};
   visit_fields(lister, static_cast<Config*>(nullptr));
   return keys;
+}
+
+std::string with_key_source(const Config& c, const std::string& msg) {
+  const size_t colon = msg.find(": ");
+  if (colon == std::string::npos) return msg;
+  const auto it = c.key_sources.find(msg.substr(0, colon));
+  return it == c.key_sources.end() ? msg : it->second + ": " + msg;
 }
 
 std::string tokenizer_source(const ModelSource& m) {

@@ -117,7 +117,10 @@ inline bool operator!=(const Config& a, const Config& b) { return !(a == b); }
 /// Reads the YAML file at `path`, applies `overrides` ("section.key=value", each value parsed as a
 /// YAML scalar or flow collection, e.g. "lora.target_modules=[q_proj, v_proj]") to the tree, and
 /// validates the result against the schema. Throws qlora::Error with one line naming `path:line:`
-/// (or the `--set` override) and the dotted key; on error nothing is returned.
+/// (or the `--set` override) and the dotted key; a config with several errors that can each be
+/// found on its own (unknown keys, type and range errors, ...) throws qlora::ErrorList, one such
+/// line per error, in file order then the --set ones (docs/config.md, "Every error in one run").
+/// On error nothing is returned.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 /// As load_config, on YAML text; `source_name` stands for the file name in error messages.
@@ -147,22 +150,31 @@ std::vector<std::string> parse_target_modules(const std::string& value, const st
 std::vector<data::DataSource> data_sources_in(const std::string& config_yaml, const std::string& key,
                                              const std::string& source_name);
 
+/// `msg` with the source of its key in front when it starts with a dotted key of `c.key_sources`
+/// and ": " ("data.val_set_size: ..." -> "t.yaml:12: data.val_set_size: ..."); else `msg`.
+std::string with_key_source(const Config& c, const std::string& msg);
+
 /// Runs `f()` and returns its result. A qlora::Error thrown by it whose message starts with a
 /// dotted key of `c.key_sources` and ": " (the form data/model errors take: "data.val_set_size: 5000
 /// leaves no training example out of 681") is rethrown with that key's source in front, as config
-/// errors read: "t.yaml:12: data.val_set_size: ...". Any other exception passes through unchanged.
-/// For the checks only possible once files are read (model dir, data size), far from the YAML.
+/// errors read: "t.yaml:12: data.val_set_size: ...". An ErrorList (several such errors, e.g. every
+/// missing data file) is rethrown with each line so placed. Any other exception passes through
+/// unchanged. For the checks only possible once files are read (model dir, data size), far from
+/// the YAML.
 template <class F>
 auto with_key_sources(const Config& c, F&& f) -> decltype(f()) {
   try {
     return std::forward<F>(f)();
+  } catch (const ErrorList& e) {
+    std::vector<std::string> lines;
+    for (const std::string& line : e.lines()) lines.push_back(with_key_source(c, line));
+    throw ErrorList(lines);
   } catch (const Error& e) {
+    if (typeid(e) != typeid(Error)) throw;
     const std::string msg = e.what();
-    const size_t colon = msg.find(": ");
-    if (typeid(e) != typeid(Error) || colon == std::string::npos) throw;
-    const auto it = c.key_sources.find(msg.substr(0, colon));
-    if (it == c.key_sources.end()) throw;
-    throw Error(it->second + ": " + msg);
+    const std::string placed = with_key_source(c, msg);
+    if (placed == msg) throw;
+    throw Error(placed);
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "common/error.h"
@@ -170,6 +171,36 @@ void add_stats(DataStats* into, const DataStats& from) {
       if (into->listed[reason].size() < DataStats::kListedPerReason) into->listed[reason].push_back(l);
 }
 
+namespace fs = std::filesystem;
+
+/// The config key of file `i` of `n` in data.train (data.eval when `is_eval`): "data.train" for the
+/// only file, else "data.train[i]" (Config::key_sources knows both: with_key_sources puts the
+/// entry's file:line in front of a message that starts with it).
+std::string source_key(bool is_eval, size_t n, size_t i) {
+  const std::string key = is_eval ? "data.eval" : "data.train";
+  return n == 1 ? key : key + "[" + std::to_string(i) + "]";
+}
+
+/// Every file of data.train and data.eval exists and is not a directory; else throws one line per
+/// file at fault, each starting with its config key: "data.train[1]: no such file: /x/y.json" (an
+/// ErrorList when there are several), before any file is read.
+void check_files_exist(const DataOptions& opts) {
+  std::vector<std::string> bad;
+  for (const bool is_eval : {false, true}) {
+    const std::vector<DataSource>& v = is_eval ? opts.eval : opts.train;
+    for (size_t i = 0; i < v.size(); ++i) {
+      std::error_code ec;
+      const fs::file_status st = fs::status(v[i].path, ec);
+      if (!fs::exists(st)) bad.push_back(source_key(is_eval, v.size(), i) + ": no such file: " + v[i].path);
+      else if (fs::is_directory(st))
+        bad.push_back(source_key(is_eval, v.size(), i) + ": " + v[i].path +
+                      " is a directory, expected a data file (.json, .jsonl or .txt)");
+    }
+  }
+  if (bad.size() == 1) throw Error(bad[0]);
+  if (bad.size() > 1) throw ErrorList(bad);
+}
+
 /// Reads and tokenises each file of `sources` on its own (options_for: its format, field_map,
 /// role_map), refuses a file that gives no example, and concatenates the examples in list order
 /// with ids 0..n-1. `total` gets the files' stats together (add_stats), `per` each file's.
@@ -178,7 +209,8 @@ std::vector<Example> load_sources(const std::vector<DataSource>& sources, const 
   std::vector<Example> all;
   for (size_t i = 0; i < sources.size(); ++i) {
     SourceStats fs{sources[i], {}, 0};
-    const DataOptions o = options_for(opts, fs.source);
+    // Its messages name the entry's own field_map / role_map / format as data.train[i].field_map.
+    const DataOptions o = options_for(opts, fs.source, source_key(is_eval, sources.size(), i));
     const std::vector<Record> recs = read_records(fs.source.path, o, &fs.stats.read);
     std::vector<Example> ex = build_examples(recs, o, tok, &fs.stats);
     const DataStats& st = fs.stats;
@@ -208,6 +240,7 @@ std::vector<Example> load_sources(const std::vector<DataSource>& sources, const 
 
 Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
   QLORA_CHECK(!opts.train.empty(), "data.train: no training file given");
+  check_files_exist(opts);
   Datasets d;
   std::vector<Example> all = load_sources(opts.train, opts, tok, false, &d.stats, &d.train_sources);
   if (!opts.eval.empty()) {

@@ -61,15 +61,34 @@ struct DataOptions {
   /// `default_system_message`: it replaces the template's own default system prompt (smollm2's
   /// "You are a helpful AI assistant named SmolLM...", qwen2.5's "You are Qwen...") in those records.
   std::string default_system_message;
+  /// Not settings (the config's field table, to_yaml and the configs' operator== leave them out):
+  /// the config keys that messages name for the field_map, role_map and format in effect —
+  /// "data.field_map", or "data.train[1].field_map" where that entry of data.train sets its own
+  /// (options_for).
+  std::string field_map_key = "data.field_map";
+  std::string role_map_key = "data.role_map";
+  std::string format_key = "data.format";
 };
 
 /// The options file `src` is read with: `opts` with src's format, field_map and role_map where
-/// the entry sets them.
-inline DataOptions options_for(const DataOptions& opts, const DataSource& src) {
+/// the entry sets them. `entry_key` is the entry's config key ("data.train[1]"): messages about a
+/// map or format the entry sets name it there ("data.train[1].field_map"); "" keeps the section's
+/// keys in messages.
+inline DataOptions options_for(const DataOptions& opts, const DataSource& src, const std::string& entry_key = "") {
   DataOptions o = opts;
-  if (src.format) o.format = *src.format;
-  if (src.field_map) o.field_map = *src.field_map;
-  if (src.role_map) o.role_map = *src.role_map;
+  const bool named = !entry_key.empty();
+  if (src.format) {
+    o.format = *src.format;
+    if (named) o.format_key = entry_key + ".format";
+  }
+  if (src.field_map) {
+    o.field_map = *src.field_map;
+    if (named) o.field_map_key = entry_key + ".field_map";
+  }
+  if (src.role_map) {
+    o.role_map = *src.role_map;
+    if (named) o.role_map_key = entry_key + ".role_map";
+  }
   return o;
 }
 

@@ -125,7 +125,8 @@ std::string field_name(const DataOptions& o, const std::string& canonical) {
 // "" or, when data.field_map looks written the wrong way round for record `obj` (an entry whose value
 // is one of our field names and whose key is not, but is a field of the record: `{question:
 // instruction}` for a file with `question`), "; data.field_map {question: instruction} looks swapped
-// (it maps our field name to the name in your file): write {instruction: question}".
+// (it maps our field name to the name in your file): write {instruction: question}". The map is
+// named by its config key (o.field_map_key: data.train[1].field_map when the entry set it).
 std::string swapped_field_map_hint(const json& obj, const DataOptions& o) {
   static const std::set<std::string> kOurs = {"instruction", "input",  "output", "system",   "conversations",
                                               "messages",    "text",   "tools",  "tool_calls"};
@@ -136,7 +137,7 @@ std::string swapped_field_map_hint(const json& obj, const DataOptions& o) {
     want += (want.empty() ? "" : ", ") + theirs + ": " + ours;
   }
   if (got.empty()) return "";
-  return "; data.field_map {" + got + "} looks swapped (it maps our field name to the name in your file): write {" +
+  return "; " + o.field_map_key + " {" + got + "} looks swapped (it maps our field name to the name in your file): write {" +
          want + "}";
 }
 
@@ -169,7 +170,7 @@ std::string map_role(const std::string& role, const DataOptions& o, const JsonPa
   std::string r = role;
   if (auto it = o.role_map.find(r); it != o.role_map.end()) r = it->second;
   if (auto it = kDefault.find(r); it != kDefault.end()) return it->second;
-  bad("unknown role", "unknown role '" + role + "' (map it with data.role_map to system|user|assistant|tool)", at);
+  bad("unknown role", "unknown role '" + role + "' (map it with " + o.role_map_key + " to system|user|assistant|tool)", at);
 }
 
 std::string detect(const json& j, const DataOptions& o) {
@@ -182,7 +183,7 @@ std::string detect(const json& j, const DataOptions& o) {
   for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
   const std::string hint = swapped_field_map_hint(j, o);
   bad("unknown format", "cannot detect the format from the keys [" + keys + "]" +
-                            (hint.empty() ? "; set data.format (alpaca|sharegpt|messages|completion) or data.field_map"
+                            (hint.empty() ? "; set " + o.format_key + " (alpaca|sharegpt|messages|completion) or " + o.field_map_key
                                           : hint));
 }
 
@@ -337,7 +338,7 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
     get_string(j, o, "text", true, false, &r.text);
     r.is_text = true;
   } else {
-    fail("data.format: unknown format '", format, "' (auto|alpaca|sharegpt|messages|completion)");
+    fail(o.format_key, ": unknown format '", format, "' (auto|alpaca|sharegpt|messages|completion)");
   }
   return r;
 }

@@ -4,17 +4,22 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "common/error.h"
 #include "tests/badinput/config_expectations.h"
 #include "tests/test_util.h"
 #include "config/config.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
 
 namespace qlora {
 namespace {
+namespace fs = std::filesystem;
 
 std::filesystem::path corpus_dir() { return test::source_dir() / "tests" / "badinput" / "configs"; }
 
@@ -71,6 +76,42 @@ TEST(BadInputConfig, OverridesCannotSmuggleBadValues) {
   }
 }
 
+// A data file that does not exist is named by its entry's key and the config's file:line
+// (with_key_sources over data::load_datasets, as `qlora train` / `eval` / `data preview` call it);
+// every missing file of data.train and data.eval at once, before any is read.
+TEST(BadInputConfig, MissingDataFilesNameTheirEntryLine) {
+  const test::TempDir tmp("missing_data");
+  const fs::path dir = tmp.path;
+  fs::create_directories(dir / "tok");
+  fs::copy_file(test::source_dir() / "tests/badinput/tokenizers/valid_rich.json", dir / "tok" / "tokenizer.json");
+  const data::Tokenizer tok = data::Tokenizer::from_pretrained((dir / "tok").string());
+  std::ofstream(dir / "a.jsonl") << R"({"instruction": "hi", "output": "ho"})" << "\n";
+  const std::string a = (dir / "a.jsonl").string(), y = (dir / "y.json").string(), z = (dir / "z.jsonl").string(),
+                    e = (dir / "e.jsonl").string();
+  const fs::path cfg = dir / "config.yaml";
+  std::ofstream(cfg) << "output_dir: o\nmodel: {path: m}\ndata:\n  train:\n    - " << a << "\n    - " << y
+                     << "\n    - {path: " << z << ", format: alpaca}\n  eval: " << e << "\n";
+  const Config c = load_config(cfg.string());
+  auto load = [&](const Config& conf) { with_key_sources(conf, [&] { return data::load_datasets(conf.data, tok); }); };
+  try {
+    load(c);
+    ADD_FAILURE() << "loaded";
+  } catch (const ErrorList& err) {
+    EXPECT_EQ(err.lines(), (std::vector<std::string>{cfg.string() + ":6: data.train[1]: no such file: " + y,
+                                                     cfg.string() + ":7: data.train[2]: no such file: " + z,
+                                                     cfg.string() + ":8: data.eval: no such file: " + e}));
+  }
+  // One file: one plain line; a --set names itself; a directory is said to be one.
+  EXPECT_EQ(test::error_of([&] { load(load_config(cfg.string(), {"data.eval=" + a, "data.train=[" + a + ", " + z + "]"})); }),
+            "--set data.train=[" + a + ", " + z + "]: data.train[1]: no such file: " + z);
+  std::ofstream(cfg, std::ios::trunc) << "output_dir: o\nmodel: {path: m}\ndata:\n  train: " << y << "\n";
+  EXPECT_EQ(test::error_of([&] { load(load_config(cfg.string())); }),
+            cfg.string() + ":4: data.train: no such file: " + y);
+  EXPECT_EQ(test::error_of([&] { load(load_config(cfg.string(), {"data.train=" + dir.string()})); }),
+            "--set data.train=" + dir.string() + ": data.train: " + dir.string() +
+                " is a directory, expected a data file (.json, .jsonl or .txt)");
+}
+
 TEST(BadInputConfig, ArbitraryBytesNeverCrash) {
   // Truncations of a valid config and a few hostile inputs: each either loads or throws qlora::Error.
   std::string text = "output_dir: o\nmodel: {path: m}\ndata: {train: t, field_map: {a: b}}\n"
@@ -87,7 +128,9 @@ TEST(BadInputConfig, ArbitraryBytesNeverCrash) {
     try {
       parse_config_string(in, "fuzz.yaml");
     } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+      // One error a line (a config with several gives them all), each naming the file.
+      std::istringstream lines(e.what());
+      for (std::string line; std::getline(lines, line);) EXPECT_EQ(line.rfind("fuzz.yaml", 0), 0u) << e.what();
     } catch (const std::exception& e) {
       ADD_FAILURE() << "non-qlora exception for input of " << in.size() << " bytes: " << e.what();
     }

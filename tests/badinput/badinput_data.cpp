@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,6 +96,46 @@ TEST(BadInputData, SwappedFieldMapIsNamed) {
   o.field_map = {{"prompt", "instruction"}};
   EXPECT_EQ(error_of(p, o), p.string() + ":1: cannot detect the format from the keys [question, answer]; set "
                                          "data.format (alpaca|sharegpt|messages|completion) or data.field_map");
+}
+
+// The map of an entry of data.train / data.eval is named by its own key (options_for's entry_key),
+// not data.field_map: the section's map is not the one at fault (found in a README-only trial).
+TEST(BadInputData, EntryFieldMapAndRoleMapAreNamedByTheirEntry) {
+  const fs::path p = corpus("field_map_swapped.jsonl");
+  DataOptions section;
+  section.field_map = {{"instruction", "prompt"}};
+  const std::map<std::string, std::string> swapped = {{"question", "instruction"}, {"answer", "output"}};
+  const DataSource entry{p.string(), std::nullopt, swapped};
+  EXPECT_EQ(error_of(p, options_for(section, entry, "data.train[1]")),
+            p.string() + ":1: cannot detect the format from the keys [question, answer]; data.train[1].field_map "
+                         "{answer: output, question: instruction} looks swapped (it maps our field name to the name "
+                         "in your file): write {output: answer, instruction: question}");
+  const DataSource with_format{p.string(), std::string("alpaca"), swapped};
+  EXPECT_EQ(error_of(p, options_for(section, with_format, "data.eval[0]")),
+            p.string() + ":1: missing field 'instruction'; data.eval[0].field_map {answer: output, question: "
+                         "instruction} looks swapped (it maps our field name to the name in your file): write {output: "
+                         "answer, instruction: question}");
+  // An entry that sets no map of its own reads with the section's: that one is named.
+  DataOptions swapped_section;
+  swapped_section.field_map = swapped;
+  EXPECT_NE(error_of(p, options_for(swapped_section, DataSource{p.string()}, "data.train[1]"))
+                .find("; data.field_map {answer: output, question: instruction} looks swapped"),
+            std::string::npos);
+  // Without a map to blame, the advice names the entry's keys when the entry set the format or map.
+  const DataSource own_format{p.string(), std::string("auto"), std::map<std::string, std::string>{}};
+  EXPECT_EQ(error_of(p, options_for(section, own_format, "data.train[2]")),
+            p.string() + ":1: cannot detect the format from the keys [question, answer]; set data.train[2].format "
+                         "(alpaca|sharegpt|messages|completion) or data.train[2].field_map");
+  // role_map: the entry's own.
+  const qlora::test::TempDir tmp("entry_role_map");
+  const fs::path sg = tmp.path;
+  std::ofstream(sg / "chats.jsonl") << R"({"conversations": [{"from": "client", "value": "ping"}, {"from": "gpt", "value": "pong"}]})"
+                                    << "\n";
+  const DataSource chats{(sg / "chats.jsonl").string(), std::nullopt, std::nullopt,
+                         std::map<std::string, std::string>{{"customer", "user"}}};
+  EXPECT_EQ(error_of(sg / "chats.jsonl", options_for(section, chats, "data.train[0]")),
+            (sg / "chats.jsonl").string() + ":1: unknown role 'client' (map it with data.train[0].role_map to "
+                                             "system|user|assistant|tool)");
 }
 
 TEST(BadInputData, SkipInvalidCounts) {

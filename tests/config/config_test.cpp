@@ -10,6 +10,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "common/error.h"
@@ -184,6 +185,104 @@ TEST(Config, ErrorsNameFileLineAndKey) {
   EXPECT_EQ(error_of(kMinimal, {"model.base_model=x"}),
             "--set model.base_model=x: model.base_model: unknown key; Axolotl / Hugging Face's \"base_model\" is "
             "\"model.path\" here (docs/config.md)");
+}
+
+// A config brought over from Axolotl has many wrong keys; one run names every one of them (issue:
+// a user needed 8 runs of `qlora train`, one hint each). Each line reads exactly as that error
+// alone would; lines with a place in the file come in file order, then the --set ones.
+TEST(Config, EveryErrorOfAConfigInOneRun) {
+  const std::string text =
+      "base_model: models/m\n"                        // 1: an Axolotl name
+      "output_dir: runs/t\n"                          // 2
+      "model: {path: models/m, dtype: float64}\n"     // 3: a value out of its choices
+      "lora_r: 16\n"                                  // 4: an Axolotl name
+      "learning_rate: 2e-4\n"                         // 5: a key of another section
+      "data:\n"                                       // 6
+      "  train:\n"                                    // 7
+      "    - path: a.jsonl\n"                         // 8
+      "      type: alpaca\n"                          // 9: an Axolotl entry key
+      "  sequence_len: 0\n"                           // 10: out of range
+      "lora:\n"                                       // 11
+      "  target_modules: [q_proj, v_prj, k_prjo]\n"   // 12: two unknown modules
+      "training:\n"                                   // 13
+      "  micro_batch_size: four\n"                    // 14: not a number
+      "  lerning_rate: 1e-4\n"                        // 15: a typo
+      "  num_epochs: 0\n";                            // 16: a cross-key rule (nothing to train): after the keys
+  const std::vector<std::string> want = {
+      "t.yaml:1: base_model: unknown key; Axolotl / Hugging Face's \"base_model\" is \"model.path\" here (docs/config.md)",
+      "t.yaml:3: model.dtype: expected one of bf16|fp16|fp32|auto (or torch's bfloat16|float16|float32), got \"float64\"",
+      "t.yaml:4: lora_r: unknown key; Axolotl / Hugging Face's \"lora_r\" is \"lora.r\" here (docs/config.md)",
+      "t.yaml:5: learning_rate: unknown key; did you mean \"training.learning_rate\" (it belongs under training:)?",
+      "t.yaml:9: data.train[0].type: unknown key; Axolotl's \"type\" is \"format\" here (alpaca|sharegpt|messages|completion; "
+      "Axolotl's chat_template type is messages) (docs/config.md)",
+      "t.yaml:10: data.sequence_len: expected a positive integer, got 0",
+      "t.yaml:12: lora.target_modules[1]: unknown module \"v_prj\"; did you mean \"v_proj\"?",
+      "t.yaml:12: lora.target_modules[2]: unknown module \"k_prjo\"; did you mean \"k_proj\"?",
+      "t.yaml:14: training.micro_batch_size: expected a positive integer, got \"four\"",
+      "t.yaml:15: training.lerning_rate: unknown key; did you mean \"learning_rate\"?",
+  };
+  auto lines_of = [](const std::string& msg) {
+    std::vector<std::string> out;
+    std::istringstream is(msg);
+    for (std::string l; std::getline(is, l);) out.push_back(l);
+    return out;
+  };
+  EXPECT_EQ(lines_of(error_of(text)), want);
+  // Thrown as an ErrorList (qlora prints each line as an error of its own); one error stays a
+  // plain Error whose message is that one line.
+  try {
+    parse(text);
+    ADD_FAILURE() << "parsed";
+  } catch (const ErrorList& e) {
+    EXPECT_EQ(e.lines(), want);
+  }
+  try {
+    parse(kMinimal, {"lora.r=0"});
+  } catch (const Error& e) {
+    EXPECT_EQ(typeid(e), typeid(Error));
+    EXPECT_EQ(std::string(e.what()), "--set lora.r=0: lora.r: expected a positive integer, got 0");
+  }
+  // Each line is the error the config gives with only that mistake.
+  EXPECT_EQ(error_of(std::string(kMinimal) + "lora_r: 16\n"),
+            "t.yaml:5: lora_r: unknown key; Axolotl / Hugging Face's \"lora_r\" is \"lora.r\" here (docs/config.md)");
+  // A --set keeps its own source and comes after the file's lines.
+  std::vector<std::string> with_set = want;
+  with_set.push_back("--set training.seed=-1: training.seed: expected an integer >= 0, got -1");
+  EXPECT_EQ(lines_of(error_of(text, {"training.seed=-1"})), with_set);
+  // The cross-key rules run once the keys are clean, and name every broken rule.
+  const std::string fixed = "output_dir: runs/t\nmodel: {path: models/m}\ndata:\n  train: a.jsonl\n"
+                            "training:\n  num_epochs: 0\n  eval_steps: 5\n";
+  EXPECT_EQ(lines_of(error_of(fixed)),
+            (std::vector<std::string>{
+                "t.yaml:6: training.num_epochs: nothing to train: set training.num_epochs > 0 or training.max_steps > 0",
+                "t.yaml:7: training.eval_steps: no eval data: set data.eval or data.val_set_size > 0, or eval_steps: 0"}));
+}
+
+// What follows from an error is not reported as an error of its own: a missing or malformed
+// section's keys are not "missing"; a refused list item does not make the list "empty".
+TEST(Config, ErrorsDoNotCascade) {
+  EXPECT_EQ(error_of("output_dir: o\nmodel: {path: m}\n"), "t.yaml: data: required section is missing");
+  EXPECT_EQ(error_of("output_dir: o\nmodel: {path: m}\ndata: [a.jsonl]\n"),
+            "t.yaml:3: data: expected a map of keys, got a list");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "lora: {target_modules: [[q_proj]]}\n"),
+            "t.yaml:5: lora.target_modules[0]: expected a name, got a list");
+  EXPECT_EQ(error_of(std::string(kMinimal) + "checkpoint: {resume: [a]}\n"),
+            "t.yaml:5: checkpoint.resume: expected a string, got a list");
+  // Two mistakes in one list entry and a second entry: all three (on one line: by column).
+  EXPECT_EQ(error_of("output_dir: o\nmodel: {path: m}\ndata:\n  train:\n    - {path: a, format: alpacca, ds_type: json}\n"
+                     "    - {format: sharegpt}\n"),
+            "t.yaml:5: data.train[0].format: expected one of auto|alpaca|sharegpt|messages|completion, got \"alpacca\"; "
+            "did you mean \"alpaca\"?\n"
+            "t.yaml:5: data.train[0].ds_type: unknown key; Axolotl's \"ds_type\" is \"format\" here; the file type comes "
+            "from the extension (.json, .jsonl, .txt) (docs/config.md)\n"
+            "t.yaml:6: data.train[1].path: required key is missing");
+  // A config of nothing but wrong keys lists the first 50 and counts the rest.
+  std::string many = kMinimal;
+  for (int i = 0; i < 60; ++i) many += "junk_key_" + std::to_string(i) + ": 1\n";
+  const std::string msg = error_of(many);
+  EXPECT_EQ(std::count(msg.begin(), msg.end(), '\n'), 50) << msg;
+  EXPECT_EQ(msg.substr(msg.rfind('\n') + 1), "t.yaml: 10 more errors not listed");
+  EXPECT_EQ(msg.rfind("t.yaml:5: junk_key_0: unknown key", 0), 0u) << msg;
 }
 
 // More Axolotl / Hugging Face names (issue: a new user's Axolotl config): each answered with the

@@ -790,7 +790,18 @@ TEST(DataList, PerFileFieldMapRoleMapAndFormat) {
   o.train[2].role_map.reset();
   const std::string e = qlora::test::error_of([&] { load_datasets(o, tok); });
   EXPECT_EQ(e.rfind(chats.string() + ":1: ", 0), 0u) << e;
-  EXPECT_NE(e.find("unknown role 'client'"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown role 'client' (map it with data.role_map to"), std::string::npos) << e;
+  // The entry's own role_map, missing a role: that map is named, by the entry's key.
+  o.train[2].role_map = std::map<std::string, std::string>{{"client", "user"}};
+  const std::string own = qlora::test::error_of([&] { load_datasets(o, tok); });
+  EXPECT_NE(own.find("unknown role 'bot' (map it with data.train[2].role_map to"), std::string::npos) << own;
+  // The entry's own field_map, written the wrong way round: data.train[0].field_map, not data.field_map.
+  o.train[2].role_map = std::map<std::string, std::string>{{"client", "user"}, {"bot", "assistant"}};
+  o.train[0].field_map = std::map<std::string, std::string>{{"question", "instruction"}, {"answer", "output"}};
+  const std::string fm = qlora::test::error_of([&] { load_datasets(o, tok); });
+  EXPECT_EQ(fm.rfind(qa.string() + ":1: ", 0), 0u) << fm;
+  EXPECT_NE(fm.find("; data.train[0].field_map {answer: output, question: instruction} looks swapped"),
+            std::string::npos) << fm;
 }
 
 // A bad record names its own file and line; a file of the list that gives no example is refused

@@ -241,6 +241,28 @@ TEST(TrainE2E, BadConfigsFailBeforeWritingOutput) {
   fs::remove_all(shared);
 }
 
+// A config with many errors (here an Axolotl-style one): `qlora train` prints every one, each as
+// its own "error: " line, in file order, then the --set ones; exit 1, nothing written.
+TEST(TrainE2E, EveryConfigErrorIsPrintedOnItsOwnLine) {
+  const fs::path d = temp_dir("cfg_errors");
+  write(d / "axolotl.yaml", "base_model: m\noutput_dir: runs/t\nmodel: {path: m}\nlora_r: 16\ndata:\n  train:\n"
+                            "    - path: a.jsonl\n      type: alpaca\ntraining:\n  micro_batch_size: four\n");
+  const CliRun r = run("train axolotl.yaml --set training.lerning_rate=1e-4", d);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_EQ(r.out,
+            "error: axolotl.yaml:1: base_model: unknown key; Axolotl / Hugging Face's \"base_model\" is \"model.path\" "
+            "here (docs/config.md)\n"
+            "error: axolotl.yaml:4: lora_r: unknown key; Axolotl / Hugging Face's \"lora_r\" is \"lora.r\" here "
+            "(docs/config.md)\n"
+            "error: axolotl.yaml:8: data.train[0].type: unknown key; Axolotl's \"type\" is \"format\" here "
+            "(alpaca|sharegpt|messages|completion; Axolotl's chat_template type is messages) (docs/config.md)\n"
+            "error: axolotl.yaml:10: training.micro_batch_size: expected a positive integer, got \"four\"\n"
+            "error: --set training.lerning_rate=1e-4: training.lerning_rate: unknown key; did you mean "
+            "\"learning_rate\"?\n");
+  EXPECT_FALSE(fs::exists(d / "runs"));
+  fs::remove_all(d);
+}
+
 TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
   const fs::path d = temp_dir("baddata");
   {
@@ -256,7 +278,22 @@ TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
   // A data file that does not exist.
   write(d / "missing_data.yaml", "output_dir: " + (d / "out1").string() + "\nmodel:\n  path: " +
                                      (d / "model").string() + "\ndata:\n  train: " + (d / "nope.json").string() + common);
-  expect_one_line_error(run("train " + q(d / "missing_data.yaml")), "missing data", "nope.json");
+  expect_one_line_error(run("train " + q(d / "missing_data.yaml")), "missing data",
+                        (d / "missing_data.yaml").string() + ":5: data.train: no such file: " + (d / "nope.json").string());
+  EXPECT_FALSE(fs::exists(d / "out1"));
+  // Several files, two missing: both, each on its own error line with its entry's key and line.
+  write(d / "missing_list.yaml", "output_dir: " + (d / "out1").string() + "\nmodel:\n  path: " + (d / "model").string() +
+                                     "\ndata:\n  train:\n    - " + (d / "train.json").string() + "\n    - " +
+                                     (d / "nope1.json").string() + "\n    - {path: " + (d / "nope2.jsonl").string() +
+                                     ", format: alpaca}" + common);
+  CliRun lr = run("train " + q(d / "missing_list.yaml"));
+  EXPECT_EQ(lr.status, 1) << lr.out;
+  const std::string list_cfg = (d / "missing_list.yaml").string();
+  EXPECT_NE(lr.out.find("error: " + list_cfg + ":7: data.train[1]: no such file: " + (d / "nope1.json").string() +
+                        "\nerror: " + list_cfg + ":8: data.train[2]: no such file: " + (d / "nope2.jsonl").string() +
+                        "\n"),
+            std::string::npos)
+      << lr.out;
   EXPECT_FALSE(fs::exists(d / "out1"));
 
   // A preset whose tokenizer file does not exist.
