@@ -89,8 +89,10 @@ Config eval_config(const EvalOptions& o) {
     if (!layout.empty()) {
       std::string names;
       for (const std::string& n : layout) names += (names.empty() ? "" : ", ") + n;
-      log::info("eval: the run's ", names, " describe its own files and are not applied to --data ", o.data,
-                " (--set them if it has the same layout)");
+      const bool one = layout.size() == 1;
+      log::info("eval: the run's ", names, one ? " describes" : " describe", " its own files and ",
+                one ? "is" : "are", " not applied to --data ", o.data, " (--set ", one ? "it" : "them",
+                " if that file has the same layout)");
     }
   }
   return cfg;

@@ -183,7 +183,7 @@ namespace {
 // The tiny model and a run trained on it with every rendering / labelling key of
 // adapter_run_keys() away from its default: chatml with its own default_system_message,
 // train_on_inputs, no EOS, truncation truncate at 96 tokens (every alpaca record is longer: the
-// default, drop, keeps none), NF4; data.eval is evaluated by the run at its end (summary.json
+// default, drop, keeps none), NF4, format alpaca (a layout key: not brought); data.eval is evaluated by the run at its end (summary.json
 // eval_loss, the trial's reference). Returns {model, run dir, eval file}.
 struct RenderRun {
   fs::path model, run, eval_file, config;
@@ -198,7 +198,7 @@ RenderRun make_render_run(const fs::path& dir, const fs::path& tokenizer, const 
   std::ofstream(rr.config) << "output_dir: " << rr.run.string() << "\nmodel:\n  path: " << rr.model.string()
                            << "\n  dtype: fp32\nquantization:\n  method: nf4\nlora:\n  r: 4\n  alpha: 8\n"
                            << "data:\n  train: " << (dir / "train.json").string() << "\n  eval: " << rr.eval_file.string()
-                           << "\n  template: chatml\n  sequence_len: 96\n  truncation: truncate\n"
+                           << "\n  format: alpaca\n  template: chatml\n  sequence_len: 96\n  truncation: truncate\n"
                            << "  train_on_inputs: true\n  add_eos: false\n"
                            << "  default_system_message: You are Quokka, made by Acme Labs.\n"
                            << "training:\n  micro_batch_size: 1\n  gradient_accumulation_steps: 1\n  max_steps: 2\n"
@@ -242,6 +242,10 @@ TEST(EvalCli, AdapterRunBringsEveryRenderingAndLabellingKey) {
                          "data.train_on_inputs true, data.add_eos false, data.default_system_message "
                          "\"You are Quokka, made by Acme Labs.\", quantization nf4 (blocksize 64, double_quant true) "
                          "from " + adapter.string()),
+              std::string::npos) << r.out;
+    // the run's file layout keys are named, not applied to --data
+    EXPECT_NE(r.out.find("eval: the run's data.format describes its own files and is not applied to --data " +
+                         rr.eval_file.string()),
               std::string::npos) << r.out;
   }
   // --set wins, and the log says so (the run's values named), not the run's value
