@@ -32,17 +32,24 @@ struct GenerateCliOptions {
   std::string prompt;
   std::string dtype = "auto";
   bool print_ids = false;  ///< print new token ids instead of text
-  std::string adapter;     ///< PEFT adapter directory to apply ("" = base model only)
-  std::string template_name;  ///< --template NAME|auto: --prompt is a user message in that chat template
-  std::string system;         ///< --system TEXT: a system message before it (with --template)
+  /// PEFT adapter directory to apply ("" = base model only). One trained here (config.resolved.yaml,
+  /// or a checkpoint's trainer_state.json "config") brings its run's template,
+  /// default_system_message and quantization (adapter_run_keys() with for_prompt) unless given below.
+  std::string adapter;
+  std::string template_name;  ///< --template NAME|auto|raw: --prompt is a user message in that chat template ("" = the adapter run's, else raw; raw = the prompt as it is)
+  std::string system;         ///< --system TEXT: a system message before it (with a template)
+  bool has_system = false;    ///< --system was given (so --system '' means none, not the run's)
   /// --quant nf4|fp4|none: quantize the base's decoder linears on load as `train` / `eval` do with
   /// quantization.method (double quant, blocksize 64), so a QLoRA adapter decodes on the base it was
   /// trained on (bitsandbytes users: load_in_4bit + PeftModel); none = the stored 16/32-bit weights.
-  std::string quant = "none";
+  /// "" = the adapter run's quantization section, else none.
+  std::string quant;
   GenerateOptions gen;
 };
 /// `qlora generate MODEL_DIR --prompt TEXT [...]`: prints the continuation (or its ids). Stops at
-/// any id of the tokenizer's eos_ids() (generation_config.json's eos_token_id list).
+/// any id of the tokenizer's eos_ids() (generation_config.json's eos_token_id list). With an
+/// adapter trained here, logs each brought setting and where its value came from. Throws
+/// qlora::Error for --system without a template, an unknown template, a bad model or adapter.
 std::string cmd_generate(const GenerateCliOptions& o);
 
 struct TokenizeOptions {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -16,6 +17,7 @@
 #include "data/dataset.h"
 #include "data/template.h"
 #include "data/tokenizer.h"
+#include "cli/adapter_run.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "model/generate.h"
@@ -46,8 +48,8 @@ constexpr int64_t kDequantCacheBytes = int64_t{2} << 30;
 
 /// The config an eval runs with: the file's (plus overrides), or with no file a minimal one
 /// built from --model and --data (dtype auto, the other keys at their defaults; with an adapter
-/// of ours, its run's template, sequence_len and quantization), with the overrides applied and
-/// validated as in a file (config_with_overrides).
+/// of ours, its run's adapter_run_keys(), each logged with where its value came from), with the
+/// overrides applied and validated as in a file (config_with_overrides).
 Config eval_config(const EvalOptions& o) {
   std::vector<std::string> ov = o.overrides;
   if (!o.model_dir.empty()) ov.insert(ov.begin(), "model.path=" + json(o.model_dir).dump());
@@ -58,37 +60,42 @@ Config eval_config(const EvalOptions& o) {
   base.model.path = o.model_dir;
   base.model.dtype = DType::kAuto;
   base.data.train = {data::DataSource{o.data}};
-  // An adapter trained here says how its examples were rendered and what base it was trained on:
-  // its run's template, length and quantization (config.resolved.yaml beside a run's final
-  // adapter; a checkpoint dir's trainer_state.json "config"), so a loss compares with its training
-  // eval_loss (a no-double-quant or 16-bit LoRA run was evaluated on the NF4 double-quant default
-  // before); --set wins.
-  if (!o.adapter.empty()) {
-    const fs::path resolved = fs::path(o.adapter) / "config.resolved.yaml";
-    const fs::path state = fs::path(o.adapter) / "trainer_state.json";
-    const fs::path src = fs::exists(resolved) ? resolved : fs::exists(state) ? state : fs::path();
-    if (!src.empty()) {
-      try {
-        const Config t =
-            src == resolved
-                ? load_config(src.string())
-                : parse_config_string(checkpoint_config_yaml(o.adapter), src.string() + " config");
-        base.data.template_name = t.data.template_name;
-        base.data.sequence_len = t.data.sequence_len;
-        base.quantization = t.quantization;
-        log::info("eval: data.template ", t.data.template_name, ", data.sequence_len ", t.data.sequence_len, " from ",
-                  src.string(), " (the adapter's training run)");
-        log::info("eval: quantization ", quant_method_name(t.quantization.quant_type),
-                  t.quantization.enabled() ? " (blocksize " + std::to_string(t.quantization.blocksize) +
-                                                 ", double_quant " + (t.quantization.double_quant ? "true" : "false") + ")"
-                                           : std::string(),
-                  " from ", src.string());
-      } catch (const std::exception& e) {
-        log::warn("eval: ", src.string(), " not used (", e.what(), "); data.* at their defaults");
-      }
+  // An adapter trained here says how its examples were rendered and labelled and what base it was
+  // trained on: its run's adapter_run_keys() (template, sequence_len, truncation, train_on_inputs,
+  // add_eos, default_system_message, quantization; config.resolved.yaml beside a run's final
+  // adapter, a checkpoint dir's trainer_state.json "config"), so a loss compares with its training
+  // eval_loss (a run with its own default_system_message was evaluated under the template's default
+  // system prompt, a truncation: split run dropped its long records, before); --set wins.
+  std::optional<AdapterRun> run;
+  if (!o.adapter.empty()) run = read_adapter_run(o.adapter, "eval");
+  if (run) apply_adapter_run(run->config, base, /*prompt_only=*/false);
+  Config cfg = config_with_overrides(base, o.overrides, "eval (no config)");
+  if (run) {
+    for (const std::string& line :
+         adapter_run_log(*run, cfg, false, [&](const std::string& k) { return set_override_for(o.overrides, k); }))
+      log::info("eval: ", line);
+    // The layout keys describe the run's own files, not --data: said, not applied.
+    std::vector<std::string> layout;
+    const data::DataOptions& rd = run->config.data;
+    auto entry_sets = [&](auto member) {
+      for (const auto* list : {&rd.train, &rd.eval})
+        for (const data::DataSource& s : *list)
+          if (s.*member) return true;
+      return false;
+    };
+    if (rd.format != "auto" || entry_sets(&data::DataSource::format)) layout.push_back("data.format");
+    if (!rd.field_map.empty() || entry_sets(&data::DataSource::field_map)) layout.push_back("data.field_map");
+    if (!rd.role_map.empty() || entry_sets(&data::DataSource::role_map)) layout.push_back("data.role_map");
+    if (!layout.empty()) {
+      std::string names;
+      for (const std::string& n : layout) names += (names.empty() ? "" : ", ") + n;
+      const bool one = layout.size() == 1;
+      log::info("eval: the run's ", names, one ? " describes" : " describe", " its own files and ",
+                one ? "is" : "are", " not applied to --data ", o.data, " (--set ", one ? "it" : "them",
+                " if that file has the same layout)");
     }
   }
-  return config_with_overrides(base, o.overrides, "eval (no config)");
+  return cfg;
 }
 
 std::string trim(const std::string& s) {
@@ -173,6 +180,35 @@ std::string cmd_eval(const EvalOptions& o) {
   std::vector<data::Example> exs = o.data.empty() ? std::move(ds.eval) : std::move(ds.train);
   QLORA_CHECK(!exs.empty(), o.config_path.empty() ? o.data : o.config_path, ": no eval data (set data.eval or data.val_set_size, or pass --data FILE)");
   if (o.max_examples > 0 && static_cast<int64_t>(exs.size()) > o.max_examples) exs.resize(static_cast<size_t>(o.max_examples));
+  // exact_match's prompts and answers: the last assistant answer of each example as
+  // train_on_inputs: false labels it (with train_on_inputs every token is a target and no answer
+  // span could be told apart; the same records, the same order: labels change no length).
+  std::vector<data::Example> em_exs;
+  if (o.metric == "exact_match") {
+    if (dopts.train_on_inputs) {
+      data::DataOptions eo = dopts;
+      eo.train_on_inputs = false;
+      data::Datasets eds = with_key_sources(cfg, [&] { return data::load_datasets(eo, tok); });
+      em_exs = o.data.empty() ? std::move(eds.eval) : std::move(eds.train);
+      if (em_exs.size() > exs.size()) em_exs.resize(exs.size());
+    } else {
+      em_exs = exs;
+    }
+    // Raw text (format completion) has no answer: every token is a target (but a BOS), so the
+    // "answer" would be the whole text after it, or nothing (0/0 = 0.0, exit 0, before).
+    const data::DataStats& st = eval_file ? ds.eval_stats : ds.stats;
+    const std::string what = !o.data.empty() ? o.data : data::source_paths(eval_file ? dopts.eval : dopts.train);
+    QLORA_CHECK(st.read.format != "completion", "eval --metric exact_match: ", what,
+                ": the data is raw text (format completion), with no assistant answer to match; exact match needs "
+                "records with an assistant answer (use --metric loss)");
+    int64_t answered = 0;
+    for (const data::Example& ex : em_exs) {
+      const auto [start, end] = data::last_answer_span(ex);
+      answered += start > 0 && start < end;
+    }
+    QLORA_CHECK(answered > 0, "eval --metric exact_match: ", what, ": none of the ", em_exs.size(),
+                " examples has an assistant answer to match (use --metric loss)");
+  }
   if (!o.adapter.empty()) {
     QLORA_CHECK(fs::is_directory(o.adapter), o.adapter, ": adapter directory not found");
     read_peft_config(o.adapter);  // fails early on a bad adapter_config.json
@@ -221,7 +257,7 @@ std::string cmd_eval(const EvalOptions& o) {
      << ", sequence_len " << dopts.sequence_len << "), " << targets << " target tokens: loss " << loss
      << "  perplexity " << std::exp(loss) << "\n";
   if (o.metric == "exact_match") {
-    const ExactMatch em = exact_match(model, tok, exs);
+    const ExactMatch em = exact_match(model, tok, em_exs);
     const double acc = em.total ? static_cast<double>(em.correct) / static_cast<double>(em.total) : 0.0;
     j["exact_match"] = {{"correct", em.correct}, {"total", em.total}, {"accuracy", acc}, {"samples", em.samples}};
     os << "exact_match: " << em.correct << "/" << em.total << " = " << std::setprecision(4) << acc << "\n";

@@ -23,6 +23,7 @@
 #include "common/tensor_io.h"
 #include "data/template.h"
 #include "data/tokenizer.h"
+#include "cli/adapter_run.h"
 #include "cli/commands.h"
 #include "model/model.h"
 
@@ -241,15 +242,51 @@ std::string cmd_generate(const GenerateCliOptions& o) {
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   load_model_config(o.model_dir);  // a missing dir / config.json is named before the tokenizer's files
   data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
-  QLORA_CHECK(!o.template_name.empty() || o.system.empty(), "generate: --system needs --template NAME (or auto)");
+  // The settings used: the flags, else (an adapter trained here) its run's template, system message
+  // and quantization (adapter_run_keys() with for_prompt, as eval takes them), else raw / none.
+  Config used;
+  used.data.template_name = "raw";
+  used.data.default_system_message.clear();
+  used.quantization.quant_type = std::nullopt;
+  std::optional<AdapterRun> run;
+  if (!o.adapter.empty()) {
+    QLORA_CHECK(fs::is_directory(o.adapter), o.adapter, ": adapter directory not found");
+    run = read_adapter_run(o.adapter, "generate");
+  }
+  if (run) {
+    apply_adapter_run(run->config, used, /*prompt_only=*/true);
+    // A raw-text run (format completion, or truncation split, which only raw text takes) was trained
+    // on plain text: its prompt is plain text too, whatever data.template says.
+    const data::DataOptions& rd = run->config.data;
+    if (rd.format == "completion" || rd.truncation == "split") used.data.template_name = "raw";
+  }
+  if (!o.template_name.empty()) used.data.template_name = o.template_name;
+  if (o.has_system) used.data.default_system_message = o.system;
+  if (!o.quant.empty()) {
+    used.quantization = QuantOptions{};
+    used.quantization.quant_type = parse_quant_method(o.quant);
+  }
+  if (run) {
+    const auto flag = [&](const std::string& k) -> std::string {
+      if (k == "data.template" && !o.template_name.empty()) return "--template";
+      if (k == "data.template" && used.data.template_name != run->config.data.template_name)
+        return "the run's data (raw text)";
+      if (k == "data.default_system_message" && o.has_system) return "--system";
+      if (k == "quantization" && !o.quant.empty()) return "--quant";
+      return "";
+    };
+    for (const std::string& line : adapter_run_log(*run, used, /*prompt_only=*/true, flag))
+      log::info("generate: ", line);
+  }
+  const bool raw = used.data.template_name == "raw";
+  QLORA_CHECK(!raw || !o.has_system || o.system.empty(), "generate: --system needs --template NAME (or auto)");
   std::vector<int64_t> prompt;
   const data::TokenIds ids_in =
-      o.template_name.empty()
-          ? tok.encode_with_special_tokens(o.prompt)  // = transformers' tokenizer(prompt): BOS as the tokenizer adds it
-          : data::chat_prompt(tok, data::resolve_template(o.template_name, o.model_dir), o.system, o.prompt);
+      raw ? tok.encode_with_special_tokens(o.prompt)  // = transformers' tokenizer(prompt): BOS as the tokenizer adds it
+          : data::chat_prompt(tok, data::resolve_template(used.data.template_name, o.model_dir),
+                              used.data.default_system_message, o.prompt);
   for (int32_t id : ids_in) prompt.push_back(id);
-  QuantOptions q;
-  q.quant_type = parse_quant_method(o.quant);
+  const QuantOptions& q = used.quantization;
   LlamaModel model = load_with_quant_flag(o.model_dir, torch_dtype(parse_dtype(o.dtype), device), device, q);
   if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);  // dropout off
   // Dequantize the 4-bit linears once rather than at every decode step (same values: eval does the

@@ -60,15 +60,21 @@ int run(int argc, char** argv) {
   generate->add_option("--seed", gen.gen.seed, "sampling seed")->capture_default_str();
   generate->add_option("--dtype", gen.dtype, "fp32|bf16|fp16|auto")->capture_default_str()->transform(dtype_names());
   generate->add_flag("--ids", gen.print_ids, "print the new token ids instead of text");
-  generate->add_option("--adapter", gen.adapter, "PEFT LoRA adapter directory to apply");
+  generate->add_option("--adapter", gen.adapter,
+                       "PEFT LoRA adapter directory to apply; one trained here (a run dir or its checkpoint) "
+                       "brings its run's data.template, data.default_system_message and quantization");
   generate->add_option("--template", gen.template_name,
-                       "NAME|auto: --prompt is a user message in that chat template (as training renders it), "
-                       "followed by the assistant header");
-  generate->add_option("--system", gen.system, "with --template: a system message before the user message");
+                       "NAME|auto|raw: --prompt is a user message in that chat template (as training renders it), "
+                       "followed by the assistant header; raw = the prompt as it is (default: the adapter run's "
+                       "data.template, else raw)");
+  const CLI::Option* gen_system = generate->add_option(
+      "--system", gen.system,
+      "with a template: a system message before the user message (default: the adapter run's "
+      "data.default_system_message, else the template's own)");
   generate->add_option("--quant", gen.quant,
                        "nf4|fp4|none: the base quantized on load as training does (double quant, blocksize 64), "
-                       "e.g. to decode a QLoRA adapter on the base it was trained on")
-      ->capture_default_str()
+                       "e.g. to decode a QLoRA adapter on the base it was trained on (default: the adapter run's "
+                       "quantization, else none)")
       ->check(CLI::IsMember({"nf4", "fp4", "none"}));
 
   qlora::TokenizeOptions tkz;
@@ -217,6 +223,7 @@ int run(int argc, char** argv) {
         est.given.insert(opt->get_name() == "--no-double-quant" ? std::string("--double-quant") : opt->get_name());
 
   if (*inspect) std::cout << qlora::cmd_inspect(ins);
+  gen.has_system = gen_system->count() > 0;
   if (*generate) std::cout << qlora::cmd_generate(gen);
   tkz.has_text = tkz_text->count() > 0;
   if (*tokenize) std::cout << qlora::cmd_tokenize(tkz);

@@ -1,6 +1,6 @@
-// `qlora eval --model DIR --data FILE` without a config: an adapter given as a checkpoint dir brings
-// its run's data.template and data.sequence_len (trainer_state.json "config") as a run dir does
-// (config.resolved.yaml), and a template that is not the model's own is warned about.
+// `qlora eval --model DIR --data FILE` without a config: an adapter trained here (its run dir, or a
+// checkpoint dir) brings its run's rendering, labelling and quantization keys (adapter_run_keys()),
+// a template that is not the model's own is warned about, exact_match refuses raw text.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -46,12 +46,13 @@ TEST(EvalCli, CheckpointDirGivesItsRunsTemplateAndLength) {
     r = run("eval --model " + q(d.path / "model") + " --data " + q(data) + " --adapter " + q(adapter) +
             " --max-examples 2 --out " + q(d.path / "eval.json"));
     ASSERT_EQ(r.status, 0) << r.out;
-    EXPECT_NE(r.out.find("data.template alpaca, data.sequence_len 256 from "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("eval: data.template alpaca, data.sequence_len 256, "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("(template alpaca, sequence_len 256)"), std::string::npos) << r.out;
     EXPECT_EQ(read_json(d.path / "eval.json")["template"], "alpaca") << adapter;
     EXPECT_EQ(read_json(d.path / "eval.json")["sequence_len"], 256) << adapter;
     // and the run's quantization (no double quant here), not the NF4 double-quant default
-    EXPECT_NE(r.out.find("eval: quantization nf4 (blocksize 64, double_quant false) from "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(", quantization nf4 (blocksize 64, double_quant false) from " + adapter.string()),
+              std::string::npos) << r.out;
     EXPECT_EQ(read_json(d.path / "eval.json")["quantization"],
               json({{"method", "nf4"}, {"blocksize", 64}, {"double_quant", false}}));
     EXPECT_EQ(read_json(d.path / "eval.json")["dtype"], "fp32");
@@ -176,3 +177,134 @@ TEST(EvalCli, BaseAndAdapterEvalsKeepTheirOwnFiles) {
 }
 
 }  // namespace
+
+namespace {
+
+// The tiny model and a run trained on it with every rendering / labelling key of
+// adapter_run_keys() away from its default: chatml with its own default_system_message,
+// train_on_inputs, no EOS, truncation truncate at 96 tokens (every alpaca record is longer: the
+// default, drop, keeps none), NF4, format alpaca (a layout key: not brought); data.eval is evaluated by the run at its end (summary.json
+// eval_loss, the trial's reference). Returns {model, run dir, eval file}.
+struct RenderRun {
+  fs::path model, run, eval_file, config;
+};
+RenderRun make_render_run(const fs::path& dir, const fs::path& tokenizer, const fs::path& alpaca) {
+  RenderRun rr{dir / "model", dir / "run", dir / "ev.json", dir / "run.yaml"};
+  CliRun r = run("init-model --preset tiny --out " + q(rr.model) + " --tokenizer " + q(tokenizer) + " --seed 0");
+  EXPECT_EQ(r.status, 0) << r.out;
+  const json all = read_json(alpaca);
+  std::ofstream(dir / "train.json") << json(std::vector<json>(all.begin(), all.begin() + 20)).dump();
+  std::ofstream(rr.eval_file) << json(std::vector<json>(all.begin() + 40, all.begin() + 46)).dump();
+  std::ofstream(rr.config) << "output_dir: " << rr.run.string() << "\nmodel:\n  path: " << rr.model.string()
+                           << "\n  dtype: fp32\nquantization:\n  method: nf4\nlora:\n  r: 4\n  alpha: 8\n"
+                           << "data:\n  train: " << (dir / "train.json").string() << "\n  eval: " << rr.eval_file.string()
+                           << "\n  format: alpaca\n  template: chatml\n  sequence_len: 96\n  truncation: truncate\n"
+                           << "  train_on_inputs: true\n  add_eos: false\n"
+                           << "  default_system_message: You are Quokka, made by Acme Labs.\n"
+                           << "training:\n  micro_batch_size: 1\n  gradient_accumulation_steps: 1\n  max_steps: 2\n"
+                           << "  learning_rate: 0.01\n  warmup_steps: 0\n  eval_steps: 0\n  gradient_checkpointing: false\n"
+                           << "checkpoint:\n  save_steps: 1\n  save_minutes: 0\n";
+  r = run("train " + q(rr.config));
+  EXPECT_EQ(r.status, 0) << r.out;
+  return rr;
+}
+
+}  // namespace
+
+// `eval --model --data --adapter RUN` renders and labels --data as the run did (the trial: a run
+// with its own default_system_message evaluated under the template's default system prompt gave
+// 3.13 for a training eval_loss of 1.18; a truncation run's long records were dropped): its loss
+// is the run's own eval_loss of that file (summary.json) and the loss of `eval CONFIG --data`, for
+// the run dir and its checkpoint alike; each brought key is logged with its source; --set wins and
+// is logged as the source of its value (before: the run's quantization was logged under
+// --set quantization.method=none); exact_match finds the answers of a train_on_inputs run.
+TEST(EvalCli, AdapterRunBringsEveryRenderingAndLabellingKey) {
+  QLORA_REQUIRE_SHARED(data, "data/alpaca_en_demo.json");
+  QLORA_REQUIRE_SHARED(tokenizer, "tokenizers/llama2/tokenizer.model");
+  const qlora::test::TempDir d("eval_run_keys");
+  const RenderRun rr = make_render_run(d.path, tokenizer, data);
+  const double train_eval_loss = read_json(rr.run / "summary.json")["eval_loss"].get<double>();
+  CliRun r = run("eval " + q(rr.config) + " --adapter " + q(rr.run) + " --data " + q(rr.eval_file) + " --out " +
+                 q(d.path / "ref.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json ref = read_json(d.path / "ref.json");
+  EXPECT_EQ(ref["examples"], 6);
+  EXPECT_NEAR(ref["loss"].get<double>(), train_eval_loss, 1e-5 * train_eval_loss);
+  const std::string base = "eval --model " + q(rr.model) + " --data " + q(rr.eval_file);
+  for (const fs::path& adapter : {rr.run, rr.run / "checkpoints" / "checkpoint-2"}) {
+    r = run(base + " --adapter " + q(adapter) + " --out " + q(d.path / "e.json"));
+    ASSERT_EQ(r.status, 0) << r.out;
+    const json j = read_json(d.path / "e.json");
+    EXPECT_EQ(j["examples"], ref["examples"]) << adapter;
+    EXPECT_EQ(j["targets"], ref["targets"]) << adapter;
+    EXPECT_NEAR(j["loss"].get<double>(), train_eval_loss, 1e-5 * train_eval_loss) << adapter;
+    EXPECT_NE(r.out.find("eval: data.template chatml, data.sequence_len 96, data.truncation truncate, "
+                         "data.train_on_inputs true, data.add_eos false, data.default_system_message "
+                         "\"You are Quokka, made by Acme Labs.\", quantization nf4 (blocksize 64, double_quant true) "
+                         "from " + adapter.string()),
+              std::string::npos) << r.out;
+    // the run's file layout keys are named, not applied to --data
+    EXPECT_NE(r.out.find("eval: the run's data.format describes its own files and is not applied to --data " +
+                         rr.eval_file.string()),
+              std::string::npos) << r.out;
+  }
+  // --set wins, and the log says so (the run's values named), not the run's value
+  r = run(base + " --adapter " + q(rr.run) + " --max-examples 2 --set quantization.method=none --set " +
+          q("data.default_system_message=Be brief.") + " --out " + q(d.path / "e.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("eval: quantization none from --set quantization.method (the run's: nf4 (blocksize 64, "
+                       "double_quant true))"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("eval: data.default_system_message \"Be brief.\" from --set data.default_system_message "
+                       "(the run's: \"You are Quokka, made by Acme Labs.\")"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("quantization nf4 (blocksize 64, double_quant true) from"), std::string::npos) << r.out;
+  EXPECT_EQ(read_json(d.path / "e.json")["quantization"]["method"], "none");
+  // exact_match on a train_on_inputs run: its answers are found (labels as train_on_inputs: false)
+  r = run(base + " --adapter " + q(rr.run) + " --max-examples 2 --metric exact_match --out " + q(d.path / "e.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(read_json(d.path / "e.json")["exact_match"]["total"], 2) << r.out;
+}
+
+// A raw-text run with truncation: split: eval --adapter splits --data as the run did (before: the
+// default, drop, lost every record over sequence_len; the trial's c4 adapter lost 228 of 300),
+// the example count of `eval CONFIG --data`. exact_match on raw text is a one-line error naming
+// why, before the model loads (before: "exact_match: 0/0 = 0.0000" and exit 0).
+TEST(EvalCli, RawTextRunSplitsAndExactMatchIsRefused) {
+  QLORA_REQUIRE_SHARED(c4, "data/c4_demo.jsonl");
+  QLORA_REQUIRE_SHARED(tokenizer, "tokenizers/llama2/tokenizer.model");
+  const qlora::test::TempDir d("eval_run_split");
+  const fs::path model = d.path / "model", run_dir = d.path / "run", cfg = d.path / "run.yaml", text = d.path / "c4.jsonl";
+  CliRun r = run("init-model --preset tiny --out " + q(model) + " --tokenizer " + q(tokenizer) + " --seed 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  {
+    std::ifstream in(c4);
+    std::ofstream out(text);
+    std::string line;
+    for (int i = 0; i < 12 && std::getline(in, line); ++i) out << line << "\n";
+  }
+  std::ofstream(cfg) << "output_dir: " << run_dir.string() << "\nmodel:\n  path: " << model.string()
+                     << "\n  dtype: fp32\nquantization:\n  method: none\nlora:\n  r: 4\n  alpha: 8\n"
+                     << "data:\n  train: " << text.string() << "\n  sequence_len: 64\n  truncation: split\n"
+                     << "training:\n  micro_batch_size: 1\n  gradient_accumulation_steps: 1\n  max_steps: 1\n"
+                     << "  eval_steps: 0\n  gradient_checkpointing: false\ncheckpoint:\n  save_steps: 0\n  save_minutes: 0\n";
+  r = run("train " + q(cfg));
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run("eval " + q(cfg) + " --adapter " + q(run_dir) + " --data " + q(text) + " --out " + q(d.path / "ref.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json ref = read_json(d.path / "ref.json");
+  EXPECT_GT(ref["examples"].get<int>(), 12);  // split: more pieces than records
+  r = run("eval --model " + q(model) + " --data " + q(text) + " --adapter " + q(run_dir) + " --out " + q(d.path / "e.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(read_json(d.path / "e.json")["examples"], ref["examples"]);
+  EXPECT_EQ(read_json(d.path / "e.json")["targets"], ref["targets"]);
+  EXPECT_NEAR(read_json(d.path / "e.json")["loss"].get<double>(), ref["loss"].get<double>(), 1e-6);
+  EXPECT_NE(r.out.find("data.truncation split"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("records not used"), std::string::npos) << r.out;
+  r = run("eval --model " + q(model) + " --data " + q(text) + " --metric exact_match --out " + q(d.path / "em.json"));
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("error: eval --metric exact_match: " + text.string() +
+                       ": the data is raw text (format completion), with no assistant answer to match; exact match "
+                       "needs records with an assistant answer (use --metric loss)"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("target tokens: loss"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d.path / "em.json"));
+}

@@ -41,6 +41,12 @@ std::vector<int64_t> parse_ids(const std::string& out) {
   return v;
 }
 
+// The ids on the output's last line (the log lines come before it).
+std::vector<int64_t> last_line_ids(std::string out) {
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return parse_ids(out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1));
+}
+
 }  // namespace
 
 TEST(TokenizeCli, SmolLM2IdsPiecesAndChatLabelsMatchTransformers) {
@@ -174,4 +180,61 @@ TEST(Generate, QuantNf4DecodesAsTransformersBitsandbytes) {
   EXPECT_NE(parse_ids(r.out), want) << "the unquantized base decodes as the NF4 one: the check cannot fail";
   r = run(gen + " --quant int8");
   EXPECT_EQ(r.status, 2) << r.out;  // a usage error
+}
+
+// `generate --adapter RUN` (a run dir, or its checkpoint) decodes as the run trained: its
+// data.template, data.default_system_message and quantization, exactly as the same settings given
+// as flags to a plain PEFT copy of the adapter (before: a raw prompt on the unquantized base, an
+// empty line for a chat adapter), and says where each came from. Flags win. A plain PEFT adapter
+// dir (no config.resolved.yaml) decodes as before: raw prompt, no quantization, nothing logged.
+TEST(Generate, AdapterRunBringsTemplateSystemMessageAndQuantization) {
+  QLORA_REQUIRE_SHARED(data, "data/alpaca_en_demo.json");
+  QLORA_REQUIRE_SHARED(tokenizer, "tokenizers/llama2/tokenizer.model");
+  const qlora::test::TempDir d("gen_run");
+  const fs::path model = d.path / "model", run_dir = d.path / "run", plain = d.path / "plain", cfg = d.path / "run.yaml";
+  auto r = run("init-model --preset tiny --out " + model.string() + " --tokenizer " + tokenizer.string() + " --seed 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ofstream(cfg) << "output_dir: " << run_dir.string() << "\nmodel:\n  path: " << model.string()
+                     << "\n  dtype: fp32\nquantization:\n  method: nf4\nlora:\n  r: 4\n  alpha: 8\n"
+                     << "data:\n  train: " << data.string() << "\n  template: chatml\n  sequence_len: 256\n"
+                     << "  default_system_message: You are Quokka, made by Acme Labs.\n"
+                     << "training:\n  micro_batch_size: 1\n  gradient_accumulation_steps: 1\n  max_steps: 2\n"
+                     << "  learning_rate: 0.05\n  warmup_steps: 0\n  eval_steps: 0\n  gradient_checkpointing: false\n"
+                     << "checkpoint:\n  save_steps: 1\n  save_minutes: 0\n";
+  r = run("train " + q(cfg.string()));
+  ASSERT_EQ(r.status, 0) << r.out;
+  fs::create_directories(plain);
+  for (const char* f : {"adapter_config.json", "adapter_model.safetensors"}) fs::copy_file(run_dir / f, plain / f);
+  const std::string gen = "generate " + q(model.string()) + " --prompt " + q("Name a colour.") +
+                          " --max-new-tokens 6 --ids --adapter ";
+  const std::string as_flags =
+      " --template chatml --system " + q("You are Quokka, made by Acme Labs.") + " --quant nf4";
+  r = run(gen + q(plain.string()) + as_flags);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::vector<int64_t> want = last_line_ids(r.out);
+  ASSERT_EQ(want.size(), 6u) << r.out;
+  for (const fs::path& adapter : {run_dir, run_dir / "checkpoints" / "checkpoint-2"}) {
+    r = run(gen + q(adapter.string()));
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(last_line_ids(r.out), want) << r.out;
+    EXPECT_NE(r.out.find("generate: data.template chatml, data.default_system_message \"You are Quokka, made by "
+                         "Acme Labs.\", quantization nf4 (blocksize 64, double_quant true) from " + adapter.string()),
+              std::string::npos) << r.out;
+  }
+  // flags win: the raw prompt on the unquantized base is the plain adapter dir's default
+  r = run(gen + q(plain.string()));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("generate:"), std::string::npos) << r.out;  // nothing brought, nothing said
+  const std::vector<int64_t> raw = last_line_ids(r.out);
+  EXPECT_NE(raw, want) << "the run's settings decode as the plain defaults: the check cannot fail";
+  r = run(gen + q(run_dir.string()) + " --template raw --quant none");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(last_line_ids(r.out), raw) << r.out;
+  EXPECT_NE(r.out.find("generate: data.template raw from --template (the run's: chatml)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("generate: quantization none from --quant (the run's: nf4 (blocksize 64, double_quant true))"),
+            std::string::npos) << r.out;
+  r = run(gen + q(run_dir.string()) + " --system ''");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("generate: data.default_system_message \"\" from --system (the run's: \"You are Quokka, made "
+                       "by Acme Labs.\")"), std::string::npos) << r.out;
 }

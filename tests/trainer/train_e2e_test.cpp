@@ -133,11 +133,13 @@ TEST(TrainE2E, TinyNf4OnAlpacaDemoLearnsAndLoadsInPeft) {
   r = run("eval " + q(cfg) + " --adapter " + q(d / "run") + " --out " + q(d / "eval_after.json"));
   ASSERT_EQ(r.status, 0) << r.out;
   const double after = read_json(d / "eval_after.json")["loss"].get<double>();
-  // Without a config, an adapter trained here brings its run's template and sequence_len; --set wins.
+  // Without a config, an adapter trained here brings its run's template, sequence_len (and the other
+  // adapter_run_keys()); --set wins.
   r = run("eval --model " + q(d / "model") + " --data " + q(data) + " --adapter " + q(d / "run") +
           " --max-examples 4 --out " + q(d / "eval_nocfg.json"));
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("data.template alpaca, data.sequence_len 256 from " + (d / "run" / "config.resolved.yaml").string()),
+  EXPECT_NE(r.out.find("eval: data.template alpaca, data.sequence_len 256, "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" from " + (d / "run" / "config.resolved.yaml").string() + " (the adapter's training run)"),
             std::string::npos) << r.out;
   EXPECT_EQ(read_json(d / "eval_nocfg.json")["template"], "alpaca");
   EXPECT_EQ(read_json(d / "eval_nocfg.json")["sequence_len"], 256);
