@@ -149,7 +149,8 @@ int run(int argc, char** argv) {
   estimate->add_option("--set", est.overrides, "with --config: override a config key: section.key=value");
   estimate->add_option("--method", est.method, "inference|lora|qlora|full")->capture_default_str()
       ->check(CLI::IsMember({"inference", "lora", "qlora", "full"}));
-  estimate->add_option("--bits", est.bits, "16|8|4 (base weights)")->capture_default_str();
+  estimate->add_option("--bits", est.bits, "16|8|4 (base weights; default 4 for qlora, 16 for inference, lora and "
+                      "full; inference --bits 4: an NF4 base, as eval and generate --quant nf4 run it)");
   estimate->add_option("--blocksize", est.blocksize, "4-bit blocksize")->capture_default_str();
   auto* est_dq = estimate->add_flag_callback("--double-quant", [&est] { est.double_quant = true; },
                                              "4-bit: quantize the absmax constants too (the default, as "
