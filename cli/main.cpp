@@ -45,8 +45,13 @@ int run(int argc, char** argv) {
   inspect->add_flag("--json", ins.json, "machine-readable output");
   auto* ins_quant = inspect->add_option("--quant", ins.quant, "really quantize on load: nf4|fp4")
                         ->check(CLI::IsMember({"nf4", "fp4"}));
-  inspect->add_flag("--double-quant", ins.double_quant, "with --quant: quantize the absmax constants")
-      ->needs(ins_quant);
+  auto* ins_dq = inspect->add_flag_callback("--double-quant", [&ins] { ins.double_quant = true; },
+                                            "with --quant: quantize the absmax constants too (the default, as "
+                                            "train's quantization.double_quant, generate --quant and estimate)")
+                     ->needs(ins_quant);
+  inspect->add_flag_callback("--no-double-quant", [&ins] { ins.double_quant = false; },
+                             "with --quant: keep the absmax constants in fp32 (double quant is on by default)")
+      ->needs(ins_quant)->excludes(ins_dq);
   inspect->add_option("--blocksize", ins.blocksize, "with --quant: 32..4096, power of two")
       ->capture_default_str()->needs(ins_quant);
 
