@@ -99,6 +99,30 @@ TEST(Cli, InitInspectGenerateOnTinyPreset) {
 
 TEST(Cli, MissingDirectory) { expect_clean_error(run("inspect /nonexistent/model"), "/nonexistent/model"); }
 
+// A directory that is an adapter / a training run's output, not a model: the error says what it is
+// and what to pass instead (before: only "an HF model directory needs config.json").
+TEST(Cli, AdapterOrRunDirectoryIsNamedAsSuch) {
+  const fs::path d = temp_dir("adapter_dir");
+  write(d / "adapter_config.json", R"({"peft_type": "LORA", "base_model_name_or_path": "models/SmolLM2-135M-Instruct"})");
+  write(d / "run.json", "{}");
+  for (const std::string cmd : {"inspect ", "generate --prompt x "}) {
+    const CliRun r = run(cmd + d.string());
+    expect_clean_error(r, (d / "config.json").string() + ": not found (an HF model directory needs config.json); it "
+                          "holds adapter_config.json: a LoRA adapter (a training run's output_dir), not a model. Pass "
+                          "the base model directory (its base: models/SmolLM2-135M-Instruct) and this directory as "
+                          "--adapter " + d.string());
+    EXPECT_NE(r.out.find("qlora merge --base BASE --adapter " + d.string() + " --out DIR"), std::string::npos) << r.out;
+  }
+  fs::remove(d / "adapter_config.json");  // a run interrupted before its first adapter
+  expect_clean_error(run("inspect " + d.string()), "it holds run.json: a training run's output_dir (no adapter written "
+                                                   "yet), not a model. Pass the run config's model.path");
+  fs::remove(d / "run.json");  // an empty directory: the plain message
+  const CliRun r = run("inspect " + d.string());
+  expect_clean_error(r, "config.json: not found (an HF model directory needs config.json)");
+  EXPECT_EQ(r.out.find("it holds"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
 // generate refuses a bad --max-new-tokens / --temperature / --top-p before loading anything, as eval
 // refuses --max-examples -2 (before: -5 printed nothing and exited 0).
 TEST(Cli, GenerateRefusesBadSamplingFlags) {
