@@ -15,12 +15,13 @@ struct InspectOptions {
   std::string model_dir;
   bool json = false;
   std::string quant;          ///< "" = headers only; "nf4" | "fp4" = really quantize on load
-  bool double_quant = false;  ///< with quant: quantize the absmax constants too
+  bool double_quant = true;   ///< with quant: quantize the absmax constants too (training's default)
   int64_t blocksize = 64;     ///< with quant: 32..4096, power of two
 };
 /// `qlora inspect MODEL_DIR [--json]`: architecture, parameters and bytes per component, dtypes.
 /// Reads only config.json and the safetensors headers. Returns the text it printed.
-/// With `--quant nf4|fp4 [--double-quant] [--blocksize N]`: loads the model on the CPU, quantizing
+/// With `--quant nf4|fp4 [--no-double-quant] [--blocksize N]` (double quant on by default, as
+/// training's quantization.double_quant): loads the model on the CPU, quantizing
 /// the decoder linears as it streams them (LlamaModel::load with QuantOptions; a bitsandbytes
 /// checkpoint is read as stored), and reports bytes of the quantized weights, of the quantization
 /// constants and of the unquantized (stored-dtype) modules, bits per parameter, the rule of thumb

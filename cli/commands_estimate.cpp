@@ -74,7 +74,14 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
     auto note = [&](const std::string& flag, const std::string& value) { applied.push_back(flag + " " + value); };
     if (given("--method")) {
       e.method = parse_estimate_method(o.method);
-      if (!given("--bits")) e.bits = e.method == EstimateOptions::Method::QLora ? 4 : 16;
+      // Without --bits: inference keeps the config's base (a quantized base is run at 4 bits, as
+      // `eval` and `generate --quant nf4` run it); qlora quantizes a 16-bit config's base to 4 bits;
+      // lora and full train a 16-bit base.
+      if (!given("--bits")) {
+        using M = EstimateOptions::Method;
+        if (e.method == M::QLora && e.bits == 16) e.bits = 4;
+        if (e.method == M::Lora || e.method == M::Full) e.bits = 16;
+      }
       note("--method", o.method);
     }
     if (given("--bits")) {
@@ -120,7 +127,9 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
     }
   } else {
     e.method = parse_estimate_method(o.method);
-    e.bits = e.method == EstimateOptions::Method::QLora ? o.bits : (o.bits == 4 ? 16 : o.bits);
+    // --bits given: as given (estimate_memory refuses a conflict such as --method lora --bits 4);
+    // not given: 4 for qlora, 16 for inference, lora and full.
+    e.bits = given("--bits") || e.method == EstimateOptions::Method::QLora ? o.bits : 16;
     e.blocksize = o.blocksize;
     e.double_quant = o.double_quant;
     e.lora_r = o.lora_r;

@@ -239,6 +239,7 @@ std::string cmd_inspect(const InspectOptions& o) {
 }
 
 std::string cmd_generate(const GenerateCliOptions& o) {
+  check_generate_options(o.gen);  // a bad flag is named before anything loads
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   load_model_config(o.model_dir);  // a missing dir / config.json is named before the tokenizer's files
   data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);

@@ -45,8 +45,13 @@ int run(int argc, char** argv) {
   inspect->add_flag("--json", ins.json, "machine-readable output");
   auto* ins_quant = inspect->add_option("--quant", ins.quant, "really quantize on load: nf4|fp4")
                         ->check(CLI::IsMember({"nf4", "fp4"}));
-  inspect->add_flag("--double-quant", ins.double_quant, "with --quant: quantize the absmax constants")
-      ->needs(ins_quant);
+  auto* ins_dq = inspect->add_flag_callback("--double-quant", [&ins] { ins.double_quant = true; },
+                                            "with --quant: quantize the absmax constants too (the default, as "
+                                            "train's quantization.double_quant, generate --quant and estimate)")
+                     ->needs(ins_quant);
+  inspect->add_flag_callback("--no-double-quant", [&ins] { ins.double_quant = false; },
+                             "with --quant: keep the absmax constants in fp32 (double quant is on by default)")
+      ->needs(ins_quant)->excludes(ins_dq);
   inspect->add_option("--blocksize", ins.blocksize, "with --quant: 32..4096, power of two")
       ->capture_default_str()->needs(ins_quant);
 
@@ -155,7 +160,8 @@ int run(int argc, char** argv) {
   estimate->add_option("--set", est.overrides, "with --config: override a config key: section.key=value");
   estimate->add_option("--method", est.method, "inference|lora|qlora|full")->capture_default_str()
       ->check(CLI::IsMember({"inference", "lora", "qlora", "full"}));
-  estimate->add_option("--bits", est.bits, "16|8|4 (base weights)")->capture_default_str();
+  estimate->add_option("--bits", est.bits, "16|8|4 (base weights; default 4 for qlora, 16 for inference, lora and "
+                      "full; inference --bits 4: an NF4 base, as eval and generate --quant nf4 run it)");
   estimate->add_option("--blocksize", est.blocksize, "4-bit blocksize")->capture_default_str();
   auto* est_dq = estimate->add_flag_callback("--double-quant", [&est] { est.double_quant = true; },
                                              "4-bit: quantize the absmax constants too (the default, as "

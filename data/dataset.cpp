@@ -12,9 +12,15 @@
 
 namespace qlora::data {
 
+int64_t trained_targets(const std::vector<int32_t>& labels) {
+  if (labels.size() < 2) return 0;
+  return std::count_if(labels.begin() + 1, labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+}
+
 namespace {
+/// A target the shifted loss uses (a label past the first position).
 bool has_trainable(const std::vector<int32_t>& labels) {
-  return std::any_of(labels.begin(), labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+  return labels.size() > 1 && std::any_of(labels.begin() + 1, labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
 }
 
 // Keys of DataStats::listed, in the order listed_records prints them.
@@ -96,7 +102,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
         list(st, kTruncatedAway, r, "every trainable token past sequence_len " + Ls + ntok);
       } else {
         ++st->dropped_no_trainable;
-        list(st, kNoTrainable, r, "no assistant turn" + ntok);
+        list(st, kNoTrainable, r, (r.is_text ? "nothing to predict" : "no assistant turn") + ntok);
       }
       continue;
     }
@@ -128,7 +134,7 @@ void count(const std::vector<Example>& v, DataStats* st) {
   for (const Example& e : v) {
     const int64_t n = int64_t(e.input_ids.size());
     st->tokens_total += n;
-    st->tokens_trainable += std::count_if(e.labels.begin(), e.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+    st->tokens_trainable += trained_targets(e.labels);
     st->max_len = std::max(st->max_len, n);
     st->length_hist[std::min<int64_t>(7, n / std::max<int64_t>(1, bin))]++;
   }
@@ -420,7 +426,12 @@ BatchingStats batching_stats(const std::vector<Example>& train, int64_t micro_ba
     st.examples += static_cast<int64_t>(b.example_ids.size());
     st.positions += b.batch_size * b.seq_len;
     st.tokens += std::count(b.attention_mask.begin(), b.attention_mask.end(), 1);
-    st.trained += std::count_if(b.labels.begin(), b.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+    // As the trainer's loss counts them (count_targets): label t is a target when position t - 1
+    // holds the same example (no target across a packed boundary, from padding, or at a row start).
+    for (int64_t r = 0; r < b.batch_size; ++r)
+      for (int64_t t = 1; t < b.seq_len; ++t)
+        st.trained += b.labels[size_t(b.at(r, t))] != kIgnoreIndex &&
+                      b.segment_ids[size_t(b.at(r, t))] == b.segment_ids[size_t(b.at(r, t - 1))];
   }
   return st;
 }
@@ -498,7 +509,7 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
         o << "warning: data: " << f.source.path << ": " << note << "\n";
   for (int i = 0; i < n && size_t(i) < d.train.size(); ++i) {
     const Example& e = d.train[size_t(i)];
-    const auto trainable = std::count_if(e.labels.begin(), e.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+    const int64_t trainable = trained_targets(e.labels);
     o << "---- example " << e.id << ": " << e.input_ids.size() << " tokens, " << trainable << " trainable\n"
       << render_masked(e, tok) << "\n";
   }

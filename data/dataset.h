@@ -30,6 +30,8 @@ struct DataStats {
   std::map<std::string, std::vector<std::string>> listed;
   static constexpr size_t kListedPerReason = 5;
   int64_t train_examples = 0, eval_examples = 0;
+  /// tokens_trainable: next-token targets the shifted loss uses (trained_targets: labels[1:] !=
+  /// -100 per example), what a run's target_tokens counts per epoch.
   int64_t tokens_total = 0, tokens_trainable = 0;
   int64_t max_len = 0;
   std::vector<int64_t> length_hist;   ///< 8 bins of width ceil(sequence_len / 8) over example lengths
@@ -37,6 +39,12 @@ struct DataStats {
   /// Multi-line human-readable summary.
   std::string summary() const;
 };
+
+/// The next-token targets one example trains: labels[t] != -100 for t >= 1 (position t - 1
+/// predicts label t; no position predicts the first token, so its label never counts). Equals
+/// transformers' `(labels[..., 1:] != -100).sum()` on the example, and what the trainer's loss
+/// counts for it in a batch (padding and packing add none).
+int64_t trained_targets(const std::vector<int32_t>& labels);
 
 /// One file of data.train / data.eval and what its load did.
 struct SourceStats {
@@ -122,7 +130,7 @@ struct BatchingStats {
   int64_t micro_batches = 0, rows = 0, examples = 0;
   int64_t tokens = 0;     ///< real tokens (attention_mask 1)
   int64_t positions = 0;  ///< batch positions: rows × the micro-batch's padded length, summed
-  int64_t trained = 0;    ///< positions with a label (!= -100)
+  int64_t trained = 0;    ///< next-token targets the loss uses (label != -100 at t, same example at t - 1)
 };
 /// Runs the loader over one epoch. Throws qlora::Error when micro_batch_size < 1 or pad_id < 0.
 BatchingStats batching_stats(const std::vector<Example>& train, int64_t micro_batch_size, const DataOptions& opts,

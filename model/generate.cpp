@@ -6,11 +6,16 @@
 
 namespace qlora {
 
+void check_generate_options(const GenerateOptions& opts) {
+  QLORA_CHECK(opts.max_new_tokens >= 1, "generate: --max-new-tokens must be >= 1, got ", opts.max_new_tokens);
+  QLORA_CHECK(opts.temperature >= 0, "generate: --temperature must be >= 0, got ", opts.temperature);
+  QLORA_CHECK(opts.top_p > 0 && opts.top_p <= 1, "generate: --top-p must be in (0, 1], got ", opts.top_p);
+}
+
 std::vector<int64_t> generate_tokens(const LlamaModel& model, const std::vector<int64_t>& prompt,
                                      const GenerateOptions& opts) {
   QLORA_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
-  QLORA_CHECK(opts.temperature >= 0, "generate: --temperature must be >= 0, got ", opts.temperature);
-  QLORA_CHECK(opts.top_p > 0 && opts.top_p <= 1, "generate: --top-p must be in (0, 1], got ", opts.top_p);
+  check_generate_options(opts);
   torch::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
   KVCache cache;

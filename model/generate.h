@@ -18,10 +18,14 @@ struct GenerateOptions {
   std::vector<int64_t> eos_token_ids;
 };
 
+/// Throws qlora::Error naming the flag for max_new_tokens < 1, a negative temperature, or top_p
+/// outside (0, 1] (`qlora generate` calls it before loading the model).
+void check_generate_options(const GenerateOptions& opts);
+
 /// Generates up to max_new_tokens after `prompt` (token ids, BOS included by the caller) and
 /// returns only the new ids (the EOS id included when one ended generation). Matches transformers'
-/// `generate(do_sample=False)` for temperature 0. Throws qlora::Error for an empty prompt, a
-/// negative temperature, or top_p outside (0, 1].
+/// `generate(do_sample=False)` for temperature 0. Throws qlora::Error for an empty prompt or
+/// options check_generate_options refuses.
 std::vector<int64_t> generate_tokens(const LlamaModel& model, const std::vector<int64_t>& prompt,
                                      const GenerateOptions& opts);
 

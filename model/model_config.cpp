@@ -222,10 +222,36 @@ json ModelConfig::to_hf_json() const {
   return j;
 }
 
+namespace {
+/// Why `dir` (which has no config.json) is not a model, when it is recognisably something else: a
+/// PEFT adapter (adapter_config.json; a `qlora train` output_dir holds one beside run.json) or a
+/// training run's output_dir before its adapter was written (run.json only). "" otherwise.
+std::string not_a_model_hint(const fs::path& dir) {
+  if (fs::exists(dir / "adapter_config.json")) {
+    std::string base;
+    try {
+      const json a = json::parse(read_file((dir / "adapter_config.json").string()));
+      if (a.contains("base_model_name_or_path") && a["base_model_name_or_path"].is_string())
+        base = a["base_model_name_or_path"].get<std::string>();
+    } catch (const std::exception&) {  // the hint is best effort; the error stands without it
+    }
+    return std::string("; it holds adapter_config.json: a LoRA adapter") +
+           (fs::exists(dir / "run.json") ? " (a training run's output_dir)" : "") +
+           ", not a model. Pass the base model directory" + (base.empty() ? "" : " (its base: " + base + ")") +
+           " and this directory as --adapter " + dir.string() + " (generate, eval), or make one model directory "
+           "with `qlora merge --base BASE --adapter " + dir.string() + " --out DIR`";
+  }
+  if (fs::exists(dir / "run.json"))
+    return "; it holds run.json: a training run's output_dir (no adapter written yet), not a model. Pass the "
+           "run config's model.path";
+  return "";
+}
+}  // namespace
+
 ModelConfig load_model_config(const std::string& dir) {
   QLORA_CHECK(fs::is_directory(dir), dir, ": model directory not found");
   const std::string path = (fs::path(dir) / "config.json").string();
-  QLORA_CHECK(fs::exists(path), path, ": not found (an HF model directory needs config.json)");
+  QLORA_CHECK(fs::exists(path), path, ": not found (an HF model directory needs config.json)", not_a_model_hint(dir));
   json j;
   try {
     j = json::parse(read_file(path));

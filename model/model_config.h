@@ -64,7 +64,9 @@ struct ModelConfig {
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
 
 /// Reads MODEL_DIR/config.json. Throws qlora::Error for a missing directory or file, invalid JSON,
-/// or any parse_model_config error.
+/// or any parse_model_config error. A directory without config.json that holds adapter_config.json
+/// (a LoRA adapter / `qlora train` output_dir) or run.json (a run's output_dir) is named as such in
+/// the error, with what to pass instead (the base model dir and --adapter, or qlora merge).
 ModelConfig load_model_config(const std::string& model_dir);
 
 /// Named shapes for init-model / estimate / bench: tiny, small, llama2-7b, llama2-13b, mistral-7b,

@@ -410,6 +410,64 @@ TEST(Length, SplitKeepsEveryTokenOfC4Demo) {
   }
 }
 
+// "Trainable" tokens are the targets the shifted loss uses (labels[1:] != -100 per example), so the
+// preview's count equals a run's target_tokens per epoch for raw text too: c4_demo at sequence_len
+// 256 split (Llama 2 tokenizer) is 885 examples, 186273 tokens, 185388 targets = n − k (each
+// piece's first token is context only). Independently: transformers' LlamaTokenizer on the same
+// tokenizer.model, Axolotl's pieces with labels = input_ids, Σ (labels[1:] != -100) = 185388
+// (docs/data.md). Before: 185973 (every label but the BOS, the 585 later pieces' first tokens
+// counted), also in the per-example "N trainable" and the batching summary's "trained".
+TEST(Length, TrainableCountsTheShiftedLossTargets) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_SHARED(path, "data/c4_demo.jsonl");
+  const Tokenizer tok = llama(model);
+  for (const bool train_on_inputs : {false, true}) {  // train_on_inputs labels the BOS: still no target
+    SCOPED_TRACE(train_on_inputs);
+    DataOptions o = c4_options(path, 256, "split");
+    o.train_on_inputs = train_on_inputs;
+    const Datasets d = load_datasets(o, tok);
+    ASSERT_EQ(d.train.size(), 885u);
+    EXPECT_EQ(d.stats.tokens_total, 186273);
+    EXPECT_EQ(d.stats.tokens_trainable, 185388);  // = 186273 − 885, and transformers' count (above)
+    int64_t shifted = 0;
+    for (const Example& e : d.train) {
+      int64_t n = 0;
+      for (size_t t = 1; t < e.labels.size(); ++t) n += e.labels[t] != kIgnoreIndex;
+      EXPECT_EQ(trained_targets(e.labels), n);
+      shifted += n;
+    }
+    EXPECT_EQ(shifted, d.stats.tokens_trainable);
+    for (const bool packing : {false, true}) {  // the loader's targets, as count_targets counts them
+      o.sample_packing = packing;
+      EXPECT_EQ(batching_stats(d.train, 4, o, tok.eos_id()).trained, 185388) << "packing " << packing;
+    }
+    o.sample_packing = false;
+    const std::string prev = render_preview(o, tok, 2);
+    EXPECT_NE(prev.find("tokens (train): 186273 total, 185388 trainable"), std::string::npos) << prev;
+    EXPECT_NE(prev.find("---- example 1: " + std::to_string(d.train[1].input_ids.size()) + " tokens, " +
+                        std::to_string(d.train[1].input_ids.size() - 1) + " trainable\n"),
+              std::string::npos)
+        << prev;
+  }
+  // A raw text of one token (the BOS alone, labelled by train_on_inputs) has nothing to predict:
+  // dropped as "no trainable token", not kept with 0 targets (a batch of those stopped training).
+  Record bos_only;
+  bos_only.is_text = true;
+  bos_only.file = "t.jsonl";
+  bos_only.line = 3;
+  DataOptions one = c4_options(path, 256, "drop");
+  one.add_eos = false;
+  one.train_on_inputs = true;
+  DataStats one_st;
+  EXPECT_TRUE(build_examples({bos_only}, one, tok, &one_st).empty());
+  EXPECT_EQ(one_st.dropped_no_trainable, 1);
+  ASSERT_EQ(one_st.listed["no trainable token"].size(), 1u);
+  EXPECT_EQ(one_st.listed["no trainable token"][0], "t.jsonl:3: nothing to predict (1 tokens)");
+  EXPECT_EQ(trained_targets({5}), 0);
+  EXPECT_EQ(trained_targets({}), 0);
+  EXPECT_EQ(trained_targets({5, kIgnoreIndex, 7}), 1);
+}
+
 // `qlora data preview` on raw text: the completion header (not the chat one), the first 5 dropped
 // records by file:line with their token counts, and the split line; the train warning's promise.
 TEST(Length, PreviewListsDroppedRecordsAndTheCompletionHeader) {
@@ -605,7 +663,7 @@ TEST_F(AlpacaDemo, BatchingStatsCountTheLoadersEpoch) {
   int64_t tokens = 0, trained = 0;
   for (const Example& e : d.train) {
     tokens += static_cast<int64_t>(e.input_ids.size());
-    trained += std::count_if(e.labels.begin(), e.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+    trained += trained_targets(e.labels);
   }
   const int64_t n = static_cast<int64_t>(d.train.size());
   ASSERT_GT(n, 100);
@@ -620,7 +678,7 @@ TEST_F(AlpacaDemo, BatchingStatsCountTheLoadersEpoch) {
   const BatchingStats packed = batching_stats(d.train, 4, o, tok.eos_id());
   EXPECT_EQ(packed.examples, n);
   EXPECT_EQ(packed.tokens, tokens);
-  EXPECT_LE(packed.trained, trained);  // the target across an example boundary is masked
+  EXPECT_EQ(packed.trained, trained);  // the target across an example boundary is masked: per example as unpacked
   EXPECT_LT(packed.rows, n * 6 / 10);  // 1.9 examples a row at sequence_len 512 (measured)
   EXPECT_LT(packed.positions, plain.positions);
   const BatchPlan plan{4, 3, 2, 0};

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
@@ -53,6 +54,23 @@ TEST(Cli, InitInspectGenerateOnTinyPreset) {
   r = run("inspect --json " + (d / "m").string());
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("\"parameters\""), std::string::npos);
+  // inspect --quant: double quant on by default, as train, generate --quant and estimate (before:
+  // off, 4.5 bits per quantized parameter); --no-double-quant turns it off.
+  r = run("inspect --json " + (d / "m").string() + " --quant nf4");
+  ASSERT_EQ(r.status, 0) << r.out;
+  nlohmann::json jq = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(jq["quant"]["double_quant"], true) << r.out;
+  const double bits_dq = jq["bits_per_quantized_param"].get<double>();
+  r = run("inspect --json " + (d / "m").string() + " --quant nf4 --no-double-quant");
+  ASSERT_EQ(r.status, 0) << r.out;
+  jq = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(jq["quant"]["double_quant"], false) << r.out;
+  // fp32 absmax: exactly 4 + 32/64 bits; double quant's differ (on this tiny model its per-tensor
+  // code table makes them more, on a 7B 4.127: docs/quantization.md)
+  EXPECT_EQ(jq["bits_per_quantized_param"].get<double>(), 4.5) << r.out;
+  EXPECT_NE(bits_dq, 4.5);
+  EXPECT_EQ(run("inspect " + (d / "m").string() + " --no-double-quant").status, 2);  // needs --quant
+  EXPECT_EQ(run("inspect " + (d / "m").string() + " --quant nf4 --double-quant --no-double-quant").status, 2);
   r = run("generate " + (d / "m").string() + " --prompt 'my printer' --max-new-tokens 5 --ids");
   ASSERT_EQ(r.status, 0) << r.out;
   // refuses to overwrite a non-empty directory
@@ -80,6 +98,42 @@ TEST(Cli, InitInspectGenerateOnTinyPreset) {
 }
 
 TEST(Cli, MissingDirectory) { expect_clean_error(run("inspect /nonexistent/model"), "/nonexistent/model"); }
+
+// A directory that is an adapter / a training run's output, not a model: the error says what it is
+// and what to pass instead (before: only "an HF model directory needs config.json").
+TEST(Cli, AdapterOrRunDirectoryIsNamedAsSuch) {
+  const fs::path d = temp_dir("adapter_dir");
+  write(d / "adapter_config.json", R"({"peft_type": "LORA", "base_model_name_or_path": "models/SmolLM2-135M-Instruct"})");
+  write(d / "run.json", "{}");
+  for (const std::string cmd : {"inspect ", "generate --prompt x "}) {
+    const CliRun r = run(cmd + d.string());
+    expect_clean_error(r, (d / "config.json").string() + ": not found (an HF model directory needs config.json); it "
+                          "holds adapter_config.json: a LoRA adapter (a training run's output_dir), not a model. Pass "
+                          "the base model directory (its base: models/SmolLM2-135M-Instruct) and this directory as "
+                          "--adapter " + d.string());
+    EXPECT_NE(r.out.find("qlora merge --base BASE --adapter " + d.string() + " --out DIR"), std::string::npos) << r.out;
+  }
+  fs::remove(d / "adapter_config.json");  // a run interrupted before its first adapter
+  expect_clean_error(run("inspect " + d.string()), "it holds run.json: a training run's output_dir (no adapter written "
+                                                   "yet), not a model. Pass the run config's model.path");
+  fs::remove(d / "run.json");  // an empty directory: the plain message
+  const CliRun r = run("inspect " + d.string());
+  expect_clean_error(r, "config.json: not found (an HF model directory needs config.json)");
+  EXPECT_EQ(r.out.find("it holds"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+// generate refuses a bad --max-new-tokens / --temperature / --top-p before loading anything, as eval
+// refuses --max-examples -2 (before: -5 printed nothing and exited 0).
+TEST(Cli, GenerateRefusesBadSamplingFlags) {
+  expect_clean_error(run("generate /nonexistent/model --prompt x --max-new-tokens -5"),
+                     "generate: --max-new-tokens must be >= 1, got -5");
+  expect_clean_error(run("generate /nonexistent/model --prompt x --max-new-tokens 0"),
+                     "generate: --max-new-tokens must be >= 1, got 0");
+  expect_clean_error(run("generate /nonexistent/model --prompt x --temperature -1"),
+                     "generate: --temperature must be >= 0, got -1");
+  expect_clean_error(run("generate /nonexistent/model --prompt x --top-p 0"), "generate: --top-p must be in (0, 1], got 0");
+}
 
 // Every --dtype takes torch's spellings too (the one dtype parser, model/options.h), as the
 // config's model.dtype does: `--dtype float32` is `--dtype fp32`; anything else is a usage error.

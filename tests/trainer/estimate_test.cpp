@@ -421,6 +421,70 @@ TEST(EstimateCli, ConfigTakesExplicitFlagsAndSet) {
   EXPECT_NE(r.out.find("qwen2.5-7b"), std::string::npos) << r.out;
 }
 
+// Inference on an NF4 base (what `eval` and `generate --quant nf4` run): `--method inference --bits 4`
+// is estimated at 4 bits with the dequantization scratch of the largest linear (llama2-7b: the MLP's
+// 11008 × 4096 in bf16 = 90,177,536 bytes) and the packed weights; without --bits inference is
+// 16-bit. With --config an nf4 config stays 4-bit under --method inference. --method lora/full with
+// --bits 4 is an error (conflicting flags). Before: --bits 4 became 16 for inference (12.55 GiB of
+// "unquantized modules", no scratch, "bits": 16), the nf4 config said 16-bit, and lora ignored --bits.
+TEST(EstimateCli, InferenceAtFourBitsKeepsNf4AndConflictsAreErrors) {
+  auto component = [](const nlohmann::json& j, const std::string& name) {
+    for (const nlohmann::json& c : j["components"])
+      if (c["name"] == name) return c["bytes"].get<int64_t>();
+    return int64_t{-1};
+  };
+  CliRun r = run("estimate --preset llama2-7b --method inference --bits 4 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j4 = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j4["options"]["method"], "inference");
+  EXPECT_EQ(j4["options"]["bits"], 4);
+  EXPECT_EQ(component(j4, "dequantization scratch"), int64_t{11008} * 4096 * 2);
+  EXPECT_GT(component(j4, "quantized weights (4-bit packed)"), 0);
+  EstimateOptions o;
+  o.method = EstimateOptions::Method::Inference;
+  o.bits = 4;
+  EXPECT_EQ(j4["total_bytes"].get<int64_t>(), estimate_memory(preset_config("llama2-7b"), o).total_bytes);
+  r = run("estimate --preset llama2-7b --method inference --bits 4");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("method inference, 4-bit base"), std::string::npos) << r.out;
+  r = run("estimate --preset llama2-7b --method inference --json");  // no --bits: a 16-bit base
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j16 = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j16["options"]["bits"], 16);
+  EXPECT_EQ(component(j16, "dequantization scratch"), 0);
+  EXPECT_GT(j16["total_bytes"].get<int64_t>(), 2 * j4["total_bytes"].get<int64_t>());  // 14.66 vs 6.10 GiB (docs/memory.md)
+  r = run("estimate --preset llama2-7b --method inference --bits 8 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["options"]["bits"], 8);
+  // --config with quantization.method nf4: inference keeps 4 bits (and the config's blocksize).
+  const std::string cfg = config_path("llama3/8b_qlora.yaml");
+  r = run("estimate --config " + cfg + " --preset llama3-8b --method inference --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json jc = nlohmann::json::parse(r.out);
+  EXPECT_EQ(jc["options"]["bits"], 4);
+  EXPECT_GT(component(jc, "dequantization scratch"), 0);
+  r = run("estimate --config " + cfg + " --preset llama3-8b --method inference --bits 16 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["options"]["bits"], 16);
+  r = run("estimate --config " + cfg + " --preset llama3-8b --method lora --json");  // lora: 16-bit base
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["options"]["bits"], 16);
+  // Conflicting flags: one line, exit 1, with or without --config.
+  for (const std::string& args : {std::string("--preset llama2-7b --method lora --bits 4"),
+                                  std::string("--preset llama2-7b --method full --bits 4"),
+                                  "--config " + cfg + " --preset llama3-8b --method lora --bits 4"}) {
+    r = run("estimate " + args);
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("--bits"), std::string::npos) << args << "\n" << r.out;
+  }
+  // The rule of thumb follows the estimate's bits: weights × 1.2 at 4 bits.
+  for (const nlohmann::json& rule : j4["rule_of_thumb"]) {
+    if (rule["rule"] == "inference = weights × 1.2 (at --bits)") {
+      EXPECT_EQ(rule["bytes"].get<int64_t>(), static_cast<int64_t>(j4["model"]["num_parameters"].get<double>() * 0.5 * 1.2));
+    }
+  }
+}
+
 // Fits: the capacity of the class's smallest card (16 GB: T4, 15360 MiB) and the headroom.
 TEST(EstimateCli, FitsStatesCapacityAndHeadroom) {
   CliRun r = run("estimate --preset llama2-70b --json");
