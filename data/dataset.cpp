@@ -18,11 +18,6 @@ int64_t trained_targets(const std::vector<int32_t>& labels) {
 }
 
 namespace {
-/// A target the shifted loss uses (a label past the first position).
-bool has_trainable(const std::vector<int32_t>& labels) {
-  return labels.size() > 1 && std::any_of(labels.begin() + 1, labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
-}
-
 // Keys of DataStats::listed, in the order listed_records prints them.
 constexpr const char* kDropped = "dropped";
 constexpr const char* kTruncatedAway = "truncated away";
@@ -64,7 +59,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
       continue;
     }
     Example ex = tokenize(render(r, opts.template_name, tok, opts.add_eos), tok, opts.train_on_inputs);
-    const bool had_trainable = has_trainable(ex.labels);
+    const bool had_trainable = trained_targets(ex.labels) > 0;
     const int64_t n = int64_t(ex.input_ids.size());
     const std::string ntok = " (" + std::to_string(n) + " tokens)";
     if (n > L && opts.truncation == "split") {
@@ -96,7 +91,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
       ++st->truncated;
       list(st, kTruncated, r, "cut to its first " + Ls + " tokens" + ntok);
     }
-    if (!has_trainable(ex.labels)) {
+    if (trained_targets(ex.labels) == 0) {
       if (had_trainable) {
         ++st->dropped_truncated_away;
         list(st, kTruncatedAway, r, "every trainable token past sequence_len " + Ls + ntok);

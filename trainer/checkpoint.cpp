@@ -407,7 +407,11 @@ std::vector<std::string> config_differences(const std::string& saved_yaml, const
 }
 
 namespace {
-std::string lock_held_message(const std::string& output_dir, const std::string& path, const std::string& holder) {
+// The refusal of a run on a locked output_dir, naming the holder run.lock records ("pid P on host
+// H since T").
+std::string lock_held_message(const std::string& output_dir, const std::string& path) {
+  std::string holder = read_file(path);
+  while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\r')) holder.pop_back();
   return "output_dir " + output_dir + " is in use by another qlora train (" +
          (holder.empty() ? std::string("holder unknown") : holder) + "; lock " + path +
          "): a run owns its output_dir; wait for that process to end (or stop it), or use another output_dir";
@@ -421,9 +425,7 @@ void OutputDirLock::check_free(const std::string& output_dir) {
   const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
   ::close(fd);  // releases the probe's lock, if it got one
   if (!held) return;
-  std::string holder = read_file(path);
-  while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\r')) holder.pop_back();
-  fail(lock_held_message(output_dir, path, holder));
+  fail(lock_held_message(output_dir, path));
 }
 
 OutputDirLock::OutputDirLock(const std::string& output_dir) : dir_(output_dir) {
@@ -438,11 +440,10 @@ OutputDirLock::OutputDirLock(const std::string& output_dir) : dir_(output_dir) {
     QLORA_CHECK(fd_ >= 0, "cannot open ", path, ": ", std::strerror(errno));
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
-      std::string holder = read_file(path);
-      while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\r')) holder.pop_back();
+      const std::string held = err == EWOULDBLOCK ? lock_held_message(output_dir, path) : std::string();
       ::close(fd_);
       fd_ = -1;
-      QLORA_CHECK(err != EWOULDBLOCK, lock_held_message(output_dir, path, holder));
+      QLORA_CHECK(err != EWOULDBLOCK, held);
       fail("cannot lock ", path, ": ", std::strerror(err));
     }
     // The file may have been removed (by a holder that created output_dir and failed) between our
