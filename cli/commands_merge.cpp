@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "adapters/lora.h"
+#include "cli/adapter_run.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "common/log.h"
@@ -66,17 +68,14 @@ void warn_about_merge_base(const MergeOptions& o, bool base_is_4bit) {
   if (!named.empty() && fs::is_directory(named, ec) && !fs::equivalent(named, o.base_dir, ec))
     log::warn("merge: ", o.adapter_dir, "/adapter_config.json names the base ", named, ", not --base ", o.base_dir,
               "; merging into another model (an already merged one merges the adapter twice)");
-  const fs::path resolved = fs::path(o.adapter_dir) / "config.resolved.yaml";
-  if (base_is_4bit || !fs::exists(resolved, ec)) return;
-  try {
-    const Config t = load_config(resolved.string());
-    if (!t.quantization.enabled()) return;
-    log::warn("merge: the adapter was trained on the ", quant_method_name(t.quantization.quant_type), "-quantized base (",
-              resolved.string(), "); merged into --base's unquantized weights the model is not the one training "
-              "and `qlora eval` measured (PEFT's merge_and_unload after QLoRA does the same): evaluate the merged "
-              "model (docs/training.md, \"Merging\")");
-  } catch (const std::exception&) {  // not a config of ours: nothing known of its training
-  }
+  if (base_is_4bit) return;
+  // a run dir or one of its checkpoints: the run's own config (read_adapter_run, as eval and generate read it)
+  const std::optional<AdapterRun> run = read_adapter_run(o.adapter_dir, "merge");
+  if (!run || !run->config.quantization.enabled()) return;
+  log::warn("merge: the adapter was trained on the ", quant_method_name(run->config.quantization.quant_type),
+            "-quantized base (", run->source, "); merged into --base's unquantized weights the model is not the one "
+            "training and `qlora eval` measured (PEFT's merge_and_unload after QLoRA does the same): evaluate the "
+            "merged model (docs/training.md, \"Merging\")");
 }
 
 }  // namespace

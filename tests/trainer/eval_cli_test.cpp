@@ -62,6 +62,25 @@ TEST(EvalCli, CheckpointDirGivesItsRunsTemplateAndLength) {
           " --max-examples 2 --set data.sequence_len=128 --out " + q(d.path / "eval.json"));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(read_json(d.path / "eval.json")["sequence_len"], 128);
+  // merge of the checkpoint knows its NF4 training as merge of the run dir does (read_adapter_run;
+  // before: only a run dir's config.resolved.yaml was read, so a checkpoint merged without a word)
+  r = run("merge --base " + q(d.path / "model") + " --adapter " + q(ck) + " --out " + q(d.path / "merged") +
+          " --dtype fp32");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("merge: the adapter was trained on the nf4-quantized base (" + (ck / "trainer_state.json").string()),
+            std::string::npos) << r.out;
+  // a checkpoint whose trainer_state.json has no config (written before it carried one): its run
+  // dir's config.resolved.yaml
+  json state = read_json(ck / "trainer_state.json");
+  ASSERT_TRUE(state.contains("config"));
+  state.erase("config");
+  std::ofstream(ck / "trainer_state.json") << state.dump();
+  r = run("eval --model " + q(d.path / "model") + " --data " + q(data) + " --adapter " + q(ck) +
+          " --max-examples 2 --out " + q(d.path / "eval.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("from " + (d.path / "run" / "config.resolved.yaml").string() + " (the adapter's training run)"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(read_json(d.path / "eval.json")["sequence_len"], 256);
 }
 
 // No config, no adapter: the default template (chatml) on a model whose own chat template is
