@@ -97,6 +97,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
         list(st, kTruncatedAway, r, "every trainable token past sequence_len " + Ls + ntok);
       } else {
         ++st->dropped_no_trainable;
+        st->dropped_nothing_to_predict += r.is_text;
         list(st, kNoTrainable, r, (r.is_text ? "nothing to predict" : "no assistant turn") + ntok);
       }
       continue;
@@ -162,6 +163,7 @@ void add_stats(DataStats* into, const DataStats& from) {
   into->dropped_too_long += from.dropped_too_long;
   into->truncated += from.truncated;
   into->dropped_no_trainable += from.dropped_no_trainable;
+  into->dropped_nothing_to_predict += from.dropped_nothing_to_predict;
   into->dropped_truncated_away += from.dropped_truncated_away;
   into->split_documents += from.split_documents;
   into->split_pieces += from.split_pieces;
@@ -275,7 +277,10 @@ std::string drop_reasons(const DataStats& st) {
   std::ostringstream o;
   o << st.read.records_read << " records read, " << st.dropped_too_long << " longer than sequence_len "
     << st.sequence_len << " (dropped), " << st.dropped_truncated_away << " whose trainable tokens were all past sequence_len "
-    << st.sequence_len << " (truncated away), " << st.dropped_no_trainable << " without an assistant turn";
+    << st.sequence_len << " (truncated away), " << st.dropped_no_trainable - st.dropped_nothing_to_predict
+    << " without an assistant turn";
+  if (st.dropped_nothing_to_predict > 0)
+    o << ", " << st.dropped_nothing_to_predict << " raw texts of one token (nothing to predict)";
   if (st.read.skipped_invalid > 0) o << ", " << st.read.skipped_invalid << " skipped as invalid";
   return o.str();
 }

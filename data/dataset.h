@@ -18,7 +18,8 @@ struct DataStats {
   ReadStats read;                     ///< records read / skipped (reasons) and the format
   int64_t dropped_too_long = 0;       ///< truncation = drop and longer than sequence_len
   int64_t truncated = 0;              ///< truncation = truncate and cut
-  int64_t dropped_no_trainable = 0;   ///< no label != -100 even before truncation (no assistant turn)
+  int64_t dropped_no_trainable = 0;   ///< no target even before truncation: no assistant turn, or (raw text) one token
+  int64_t dropped_nothing_to_predict = 0;  ///< of dropped_no_trainable: raw texts of one token (nothing to predict)
   int64_t dropped_truncated_away = 0; ///< truncation = truncate cut every trainable token away
   int64_t split_documents = 0;        ///< truncation = split: raw texts longer than sequence_len, split
   int64_t split_pieces = 0;           ///< the examples those documents became (tails dropped not counted)
@@ -64,8 +65,8 @@ struct Datasets {
 };
 
 /// "N records read, a longer than sequence_len L (dropped), b whose trainable tokens were all past
-/// sequence_len L (truncated away), c without an assistant turn, d skipped as invalid": the drop
-/// reasons of one file, for the "no example" errors.
+/// sequence_len L (truncated away), c without an assistant turn[, e raw texts of one token (nothing
+/// to predict)], d skipped as invalid": the drop reasons of one file, for the "no example" errors.
 std::string drop_reasons(const DataStats& st);
 
 /// "" when every record of the file became an example; else "N of M records not used (<drop_reasons>);

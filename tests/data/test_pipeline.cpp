@@ -463,6 +463,10 @@ TEST(Length, TrainableCountsTheShiftedLossTargets) {
   EXPECT_EQ(one_st.dropped_no_trainable, 1);
   ASSERT_EQ(one_st.listed["no trainable token"].size(), 1u);
   EXPECT_EQ(one_st.listed["no trainable token"][0], "t.jsonl:3: nothing to predict (1 tokens)");
+  // and the drop summary says so (before: "1 without an assistant turn", of a raw text)
+  EXPECT_EQ(one_st.dropped_nothing_to_predict, 1);
+  EXPECT_NE(drop_reasons(one_st).find("0 without an assistant turn, 1 raw texts of one token (nothing to predict)"),
+            std::string::npos) << drop_reasons(one_st);
   EXPECT_EQ(trained_targets({5}), 0);
   EXPECT_EQ(trained_targets({}), 0);
   EXPECT_EQ(trained_targets({5, kIgnoreIndex, 7}), 1);
