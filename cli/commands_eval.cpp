@@ -196,11 +196,14 @@ std::string cmd_eval(const EvalOptions& o) {
     }
     // Raw text (format completion) has no answer: every token is a target (but a BOS), so the
     // "answer" would be the whole text after it, or nothing (0/0 = 0.0, exit 0, before).
-    const data::DataStats& st = eval_file ? ds.eval_stats : ds.stats;
+    // Each file on its own: a raw-text file in a list of chat ones would score its whole text.
+    const std::vector<data::SourceStats>& files = eval_file ? ds.eval_sources : ds.train_sources;
+    for (const data::SourceStats& f : files)
+      QLORA_CHECK(f.stats.read.format != "completion", "eval --metric exact_match: ", f.source.path,
+                  ": the data is raw text (format completion), with no assistant answer to match; exact match needs "
+                  "records with an assistant answer (use --metric loss",
+                  files.size() > 1 ? ", or leave the raw-text files out of the list)" : ")");
     const std::string what = !o.data.empty() ? o.data : data::source_paths(eval_file ? dopts.eval : dopts.train);
-    QLORA_CHECK(st.read.format != "completion", "eval --metric exact_match: ", what,
-                ": the data is raw text (format completion), with no assistant answer to match; exact match needs "
-                "records with an assistant answer (use --metric loss)");
     int64_t answered = 0;
     for (const data::Example& ex : em_exs) {
       const auto [start, end] = data::last_answer_span(ex);

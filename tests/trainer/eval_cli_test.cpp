@@ -326,4 +326,19 @@ TEST(EvalCli, RawTextRunSplitsAndExactMatchIsRefused) {
             std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("target tokens: loss"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(d.path / "em.json"));
+  // a raw-text file in a list of chat ones: refused naming that file (before: its whole text was
+  // scored as an "answer", the list's format "alpaca, completion" not being "completion")
+  QLORA_REQUIRE_SHARED(alpaca, "data/alpaca_en_demo.json");
+  const fs::path mixed = d.path / "mixed.yaml";
+  std::ofstream(mixed) << "output_dir: " << (d.path / "mixed").string() << "\nmodel:\n  path: " << model.string()
+                       << "\n  dtype: fp32\nquantization:\n  method: none\ndata:\n  train: " << alpaca.string()
+                       << "\n  eval: [" << alpaca.string() << ", " << text.string() << "]\n  sequence_len: 2048\n";
+  r = run("eval " + q(mixed) + " --metric exact_match --max-examples 2 --out " + q(d.path / "em.json"));
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("error: eval --metric exact_match: " + text.string() +
+                       ": the data is raw text (format completion), with no assistant answer to match; exact match "
+                       "needs records with an assistant answer (use --metric loss, or leave the raw-text files out of "
+                       "the list)"),
+            std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d.path / "em.json"));
 }
