@@ -311,9 +311,15 @@ std::string cmd_bench(const BenchOptions& o) {
     rows.push_back(row_text(p, err, cost));
     log::info("bench: point done in ", last_wall, " s: ", rows.back());
     if (o.sweep) {
-      csv << p.seq_len << "," << p.micro_batch_size << "," << (p.fits ? "true" : "false") << "," << p.step_s << ","
-          << p.tokens_per_s << "," << p.mfu << "," << p.hfu << "," << p.measured_peak << "," << p.measured_reserved
-          << "," << p.estimated << "," << err << "," << cost << "," << p.estimated_allocated << "," << std::fixed
+      // A value not measured or not defined is an empty field, not 0 (a 0 MFU on a CPU, a 0 step time
+      // of a point that did not fit, would plot as a measurement).
+      const auto field = [](bool known, double v) { return known ? format_number(v) : std::string(); };
+      const bool timed = p.fits && p.step_s > 0;
+      csv << p.seq_len << "," << p.micro_batch_size << "," << (p.fits ? "true" : "false") << ","
+          << field(timed, p.step_s) << "," << field(timed, p.tokens_per_s) << "," << field(timed && peak_flops > 0, p.mfu)
+          << "," << field(timed && peak_flops > 0, p.hfu) << "," << p.measured_peak << ","
+          << (cuda ? std::to_string(p.measured_reserved) : std::string()) << "," << p.estimated << ","
+          << field(p.measured_peak > 0, err) << "," << field(cost > 0, cost) << "," << p.estimated_allocated << "," << std::fixed
           << std::setprecision(3) << start_unix << "," << unix_now() << std::defaultfloat << std::setprecision(6) << "\n";
       csv.flush();
       QLORA_CHECK(csv.good(), "bench: writing ", o.out_prefix, ".csv failed");

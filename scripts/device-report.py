@@ -82,9 +82,11 @@ def bench_rows(path, smi):
     rows = []
     for r in csv.DictReader(text.splitlines()):
         try:
+            # an empty field is a value not measured (a point that did not fit, no known peak FLOP/s)
             row = {"seq_len": int(r["seq_len"]), "micro_batch_size": int(r["micro_batch_size"]),
-                   "fits": r["fits"] == "true", "tokens_per_s": float(r["tokens_per_s"]), "mfu": float(r["mfu"]),
-                   "peak_allocated": int(r["measured_peak_bytes"]), "peak_reserved": int(r["measured_reserved_bytes"]),
+                   "fits": r["fits"] == "true", "tokens_per_s": float(r["tokens_per_s"] or 0),
+                   "mfu": float(r["mfu"]) if r["mfu"] else None,
+                   "peak_allocated": int(r["measured_peak_bytes"]), "peak_reserved": int(r["measured_reserved_bytes"] or 0),
                    "estimated_reserved": int(r["estimated_bytes"]),
                    "estimated_allocated": int(r.get("estimated_allocated_bytes") or r["estimated_bytes"])}
         except (KeyError, ValueError):
@@ -206,7 +208,7 @@ def main():
                      f"{gib(r['estimated_allocated'])} | {pct(r['error_allocated'])} | {gib(r['peak_reserved'])} | "
                      f"{gib(r['estimated_reserved'])} | {pct(r['error_reserved'])} | "
                      f"{r['smi_peak_mib'] if r['smi_peak_mib'] is not None else '-'} | {r['tokens_per_s']:.0f} | "
-                     f"{100 * r['mfu']:.1f}% | {f16} |")
+                     f"{'-' if r['mfu'] is None else format(100 * r['mfu'], '.1f') + '%'} | {f16} |")
     table(rep["bench_7b"], "llama2-7b", "bench-7b")
     table(rep["bench_13b"], "llama2-13b", "bench-13b")
     L.append("")

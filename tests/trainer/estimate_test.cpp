@@ -700,6 +700,10 @@ BenchCsvPoint bench_small_point(int64_t seq, const std::filesystem::path& dir) {
     return p;
   }
   EXPECT_EQ(cols[2], "true") << r.out;
+  // on a CPU without a price: no MFU / HFU (no peak FLOP/s known), no reserved bytes, no cost: empty
+  // fields, not 0 (before: 0, which plots as a measurement); the step time is measured
+  EXPECT_FALSE(cols[3].empty()) << row;
+  EXPECT_EQ(cols[5] + cols[6] + cols[8] + cols[11], "") << row;
   p.measured = std::stoll(cols[7]);
   p.estimated = std::stoll(cols[9]);
   return p;
