@@ -119,6 +119,7 @@ struct EvalOptions {
   std::string metric = "loss";         ///< loss | exact_match
   std::string out;                     ///< result path ("" = <adapter>/eval.json; no adapter: <output_dir>/eval_base.json)
   int64_t max_examples = 0;            ///< evaluate the first N examples only (0 = all)
+  std::string predictions;             ///< --predictions: exact_match's every prediction as JSONL ("" = none)
   std::vector<std::string> overrides;  ///< --set key=value
 };
 /// `qlora eval CONFIG|--model DIR --data FILE [--adapter DIR] [--metric loss|exact_match]`:

@@ -2,6 +2,7 @@
 // loading shared with `qlora generate --adapter`.
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -107,7 +108,7 @@ std::string trim(const std::string& s) {
 
 struct ExactMatch {
   int64_t correct = 0, total = 0;
-  json samples = json::array();
+  std::vector<json> rows;  ///< every scored example {id, reference, prediction, match}, in order
 };
 
 /// Greedy exact match: the prompt is every token before the last answer span (exactly what
@@ -133,7 +134,7 @@ ExactMatch exact_match(const LlamaModel& model, const data::Tokenizer& tok, cons
     const bool ok = want == got;
     em.correct += ok;
     ++em.total;
-    if (em.samples.size() < 20) em.samples.push_back({{"id", ex.id}, {"reference", want}, {"prediction", got}, {"match", ok}});
+    em.rows.push_back({{"id", ex.id}, {"reference", want}, {"prediction", got}, {"match", ok}});
   }
   return em;
 }
@@ -155,6 +156,9 @@ std::string cmd_eval(const EvalOptions& o) {
                           : !o.config_path.empty() ? (fs::path(cfg.output_dir) / "eval_base.json").string()
                                                    : std::string("eval_base.json");
   check_can_create(out, "eval: result file");
+  QLORA_CHECK(o.predictions.empty() || o.metric == "exact_match",
+              "eval: --predictions needs --metric exact_match (the loss has no predictions)");
+  if (!o.predictions.empty()) check_can_create(o.predictions, "eval: --predictions file");
   const torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
 
   // Data first: every bad-input error comes before the (slow) model load.
@@ -262,8 +266,22 @@ std::string cmd_eval(const EvalOptions& o) {
   if (o.metric == "exact_match") {
     const ExactMatch em = exact_match(model, tok, em_exs);
     const double acc = em.total ? static_cast<double>(em.correct) / static_cast<double>(em.total) : 0.0;
-    j["exact_match"] = {{"correct", em.correct}, {"total", em.total}, {"accuracy", acc}, {"samples", em.samples}};
+    const size_t kept = std::min<size_t>(em.rows.size(), 20);
+    j["exact_match"] = {{"correct", em.correct}, {"total", em.total}, {"accuracy", acc},
+                        {"samples", json(std::vector<json>(em.rows.begin(), em.rows.begin() + std::ptrdiff_t(kept)))}};
     os << "exact_match: " << em.correct << "/" << em.total << " = " << std::setprecision(4) << acc << "\n";
+    if (!o.predictions.empty()) {
+      std::string lines;
+      for (const json& row : em.rows) lines += row.dump() + "\n";
+      try {
+        if (fs::path(o.predictions).has_parent_path()) fs::create_directories(fs::path(o.predictions).parent_path());
+        atomic_write_string(o.predictions, lines);
+      } catch (const std::exception&) {
+        std::cout << os.str() << std::flush;  // the numbers are not lost with the file
+        throw;
+      }
+      os << "wrote " << em.rows.size() << " predictions to " << o.predictions << "\n";
+    }
   }
   j["metric"] = o.metric;
   j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

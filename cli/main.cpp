@@ -128,6 +128,9 @@ int run(int argc, char** argv) {
   eval_cmd->add_option("--out", ev.out, "result path (default: <adapter>/eval.json; no --adapter: <output_dir>/eval_base.json)");
   eval_cmd->add_option("--max-examples", ev.max_examples, "evaluate the first N examples only (0 = all)")
       ->capture_default_str();
+  eval_cmd->add_option("--predictions", ev.predictions,
+                       "with --metric exact_match: write every example's prediction here, one JSON line each "
+                       "{id, reference, prediction, match} (the result file keeps the first 20)");
   eval_cmd->add_option("--set", ev.overrides, "override a config key: section.key=value");
 
   qlora::MergeOptions mrg;

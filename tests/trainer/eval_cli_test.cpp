@@ -278,9 +278,23 @@ TEST(EvalCli, AdapterRunBringsEveryRenderingAndLabellingKey) {
   EXPECT_EQ(r.out.find("quantization nf4 (blocksize 64, double_quant true) from"), std::string::npos) << r.out;
   EXPECT_EQ(read_json(d.path / "e.json")["quantization"]["method"], "none");
   // exact_match on a train_on_inputs run: its answers are found (labels as train_on_inputs: false)
-  r = run(base + " --adapter " + q(rr.run) + " --max-examples 2 --metric exact_match --out " + q(d.path / "e.json"));
+  // (--predictions: every prediction as JSONL, here the same 2 as the result file's samples)
+  r = run(base + " --adapter " + q(rr.run) + " --max-examples 2 --metric exact_match --out " + q(d.path / "e.json") +
+          " --predictions " + q(d.path / "p" / "pred.jsonl"));
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_EQ(read_json(d.path / "e.json")["exact_match"]["total"], 2) << r.out;
+  const json em = read_json(d.path / "e.json")["exact_match"];
+  EXPECT_EQ(em["total"], 2) << r.out;
+  EXPECT_NE(r.out.find("wrote 2 predictions to " + (d.path / "p" / "pred.jsonl").string()), std::string::npos) << r.out;
+  std::ifstream pred(d.path / "p" / "pred.jsonl");
+  json lines = json::array();
+  for (std::string line; std::getline(pred, line);) lines.push_back(json::parse(line));
+  EXPECT_EQ(lines, em["samples"]);
+  EXPECT_EQ(lines.size(), 2u);
+  // --predictions of the loss: refused before anything is read
+  r = run(base + " --predictions " + q(d.path / "p2.jsonl"));
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("error: eval: --predictions needs --metric exact_match"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("target tokens"), std::string::npos) << r.out;
 }
 
 // A raw-text run with truncation: split: eval --adapter splits --data as the run did (before: the
