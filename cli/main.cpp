@@ -68,7 +68,7 @@ int run(int argc, char** argv) {
   generate->add_option("--max-new-tokens", gen.gen.max_new_tokens, "tokens to generate")->capture_default_str();
   generate->add_option("--temperature", gen.gen.temperature, "0 = greedy; > 0 samples")->capture_default_str();
   generate->add_option("--top-k", gen.top_k,
-                       "sampling: keep the K most likely tokens (ties with the K-th too), 0 = off (default: "
+                       "sampling: keep the K most likely tokens (ties with the K-th too), 0 = off (default when sampling: "
                        "generation_config.json's top_k, else 50, transformers' GenerationConfig default)");
   generate->add_option("--top-p", gen.gen.top_p, "sampling: nucleus mass in (0, 1], 1 = off")->capture_default_str();
   generate->add_option("--repetition-penalty", gen.gen.repetition_penalty,

@@ -18,7 +18,7 @@ struct GenerateOptions {
   double temperature = 0.0;  ///< 0 = greedy (argmax, ties to the lowest id as torch.argmax); > 0 samples
   /// Sampling only: keep the top_k highest scores (ties with the k-th included), 0 = off. This
   /// struct's default is off; `qlora generate` defaults to generation_config.json's top_k, else
-  /// transformers' GenerationConfig default 50 (generation_top_k_default).
+  /// transformers' GenerationConfig default 50 (kTransformersDefaultTopK).
   int64_t top_k = 0;
   double top_p = 1.0;               ///< sampling only: nucleus mass in (0, 1], 1 = off
   double repetition_penalty = 1.0;  ///< > 0; 1 = off. Greedy and sampling; over the prompt and the new ids
