@@ -64,8 +64,8 @@ struct GenerateCliOptions {
 /// `--prompt` alone would (the sampling generator reseeded with --seed for each). With an
 /// adapter trained here, logs each brought setting and where its value came from. Throws
 /// qlora::Error for bad options (check_generate_options), a bad --prompts line (FILE:LINE and the
-/// key, before the model loads), --system without a template, an unknown template, a bad model
-/// or adapter.
+/// key, before the model loads), a prompt with no tokens (an empty text, no BOS), --system without
+/// a template, an unknown template, a bad model or adapter.
 void cmd_generate(const GenerateCliOptions& o, std::ostream& out);
 
 /// One prompt of `generate --prompts FILE`: its text and, when the line has one, its system message.

@@ -351,6 +351,9 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
     const data::TokenIds ids_in =
         raw ? tok.encode_with_special_tokens(p.prompt)  // = transformers' tokenizer(prompt): BOS as the tokenizer adds it
             : data::chat_prompt(tok, data::resolve_template(used.data.template_name, o.model_dir), system, p.prompt);
+    // an empty text under a tokenizer that adds no BOS: nothing to condition on (named before loading)
+    QLORA_CHECK(!ids_in.empty(), o.prompts_file.empty() ? "generate: --prompt" : o.prompts_file + ":" +
+                std::to_string(p.line) + ": prompt", ": no tokens to continue (the text is empty and the tokenizer adds no BOS)");
     prompt_ids.emplace_back(ids_in.begin(), ids_in.end());
   }
   const QuantOptions& q = used.quantization;

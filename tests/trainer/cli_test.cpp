@@ -234,6 +234,13 @@ TEST(Cli, GeneratePromptsFileEqualsSinglePromptRuns) {
   const nlohmann::json l = nlohmann::json::parse(last_line(r.out));
   EXPECT_EQ(l["finish_reason"], "eos") << r.out;
   EXPECT_EQ(l["ids"], nlohmann::json(std::vector<int64_t>(ref["new_ids"].begin(), ref["new_ids"].begin() + 3)));
+  // an empty prompt under a tokenizer that adds no BOS has no token to continue: named with its line
+  write(m2 / "tokenizer_config.json", R"({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+      "add_bos_token": false, "add_eos_token": false, "legacy": true, "tokenizer_class": "LlamaTokenizer"})");
+  write(d / "empty.jsonl", "{\"prompt\": \"a\"}\n{\"prompt\": \"\"}\n");
+  expect_clean_error(run("generate " + m2.string() + " --prompts " + (d / "empty.jsonl").string()),
+                     (d / "empty.jsonl").string() + ":2: prompt: no tokens to continue");
+  expect_clean_error(run("generate " + m2.string() + " --prompt ''"), "generate: --prompt: no tokens to continue");
   // a "system" needs a template: named with its line before the model loads
   write(d / "sys.jsonl", "{\"prompt\": \"a\"}\n{\"prompt\": \"b\", \"system\": \"Be brief.\"}\n");
   expect_clean_error(run("generate " + m + " --prompts " + (d / "sys.jsonl").string()),
