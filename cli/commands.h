@@ -2,6 +2,8 @@
 // Each throws qlora::Error for user-caused failures; main() prints it on one line and exits 1.
 #pragma once
 #include <cstdint>
+#include <optional>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -31,8 +33,14 @@ std::string cmd_inspect(const InspectOptions& o);
 struct GenerateCliOptions {
   std::string model_dir;
   std::string prompt;
+  /// --prompts FILE: JSONL, one {"prompt": TEXT, "system"?: TEXT} per line (blank lines skipped),
+  /// instead of --prompt; the model loads once and each line prints one JSON line.
+  std::string prompts_file;
   std::string dtype = "auto";
   bool print_ids = false;  ///< print new token ids instead of text
+  /// --top-k K (0 = off). nullopt: when sampling, generation_config.json's top_k, else transformers'
+  /// GenerationConfig default 50 (kTransformersDefaultTopK), as model.generate(do_sample=True) takes it.
+  std::optional<int64_t> top_k;
   /// PEFT adapter directory to apply ("" = base model only). One trained here (config.resolved.yaml,
   /// or a checkpoint's trainer_state.json "config") brings its run's template,
   /// default_system_message and quantization (adapter_run_keys() with for_prompt) unless given below.
@@ -45,13 +53,33 @@ struct GenerateCliOptions {
   /// trained on (bitsandbytes users: load_in_4bit + PeftModel); none = the stored 16/32-bit weights.
   /// "" = the adapter run's quantization section, else none.
   std::string quant;
-  GenerateOptions gen;
+  GenerateOptions gen;  ///< its top_k is set from `top_k` above; stop_strings = --stop (repeatable)
 };
-/// `qlora generate MODEL_DIR --prompt TEXT [...]`: prints the continuation (or its ids). Stops at
-/// any id of the tokenizer's eos_ids() (generation_config.json's eos_token_id list). With an
+/// `qlora generate MODEL_DIR --prompt TEXT [...]`: writes the continuation (or its ids) and a
+/// newline to `out`: the new ids decoded, EOS ids left out, a stop string and whatever its last
+/// token adds after it kept (as transformers' output ids decode). Stops at any id of the
+/// tokenizer's eos_ids() (generation_config.json's eos_token_id list), at a --stop string, or after
+/// --max-new-tokens. With --prompts FILE: one JSON line per prompt, {"prompt", "output", "ids",
+/// "finish_reason": "eos"|"stop"|"length"}, each flushed when done; every prompt decodes as
+/// `--prompt` alone would (the sampling generator reseeded with --seed for each). With an
 /// adapter trained here, logs each brought setting and where its value came from. Throws
-/// qlora::Error for --system without a template, an unknown template, a bad model or adapter.
-std::string cmd_generate(const GenerateCliOptions& o);
+/// qlora::Error for bad options (check_generate_options), a bad --prompts line (FILE:LINE and the
+/// key, before the model loads), a prompt with no tokens (an empty text, no BOS), --system without
+/// a template, an unknown template, a bad model or adapter.
+void cmd_generate(const GenerateCliOptions& o, std::ostream& out);
+
+/// One prompt of `generate --prompts FILE`: its text and, when the line has one, its system message.
+struct PromptLine {
+  std::string prompt;
+  std::optional<std::string> system;
+  int64_t line = 0;  ///< 1-based line in the file
+};
+/// Reads `generate --prompts FILE`: JSONL, each non-blank line an object with a string "prompt" and
+/// optionally a string (or null) "system"; other keys are refused (a typo such as "sytem" would
+/// otherwise drop the system message silently). Throws qlora::Error "FILE:LINE: KEY: problem" (or
+/// "FILE:LINE: problem" for a line that is not a JSON object), or "FILE: ..." for an unreadable or
+/// empty file.
+std::vector<PromptLine> read_prompts_jsonl(const std::string& path);
 
 struct TokenizeOptions {
   std::string model_dir;      ///< model dir (or tokenizer file) to load the tokenizer from

@@ -25,6 +25,7 @@
 #include "data/tokenizer.h"
 #include "cli/adapter_run.h"
 #include "cli/commands.h"
+#include "model/generate.h"
 #include "model/model.h"
 
 namespace qlora {
@@ -238,11 +239,72 @@ std::string cmd_inspect(const InspectOptions& o) {
   return os.str();
 }
 
-std::string cmd_generate(const GenerateCliOptions& o) {
-  check_generate_options(o.gen);  // a bad flag is named before anything loads
+std::vector<PromptLine> read_prompts_jsonl(const std::string& path) {
+  QLORA_CHECK(fs::is_regular_file(path), path, ": --prompts file not found");
+  const std::string bytes = read_file(path);
+  std::vector<PromptLine> out;
+  int64_t line_no = 0;
+  for (size_t pos = 0; pos < bytes.size();) {
+    size_t end = bytes.find('\n', pos);
+    if (end == std::string::npos) end = bytes.size();
+    const std::string line = bytes.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (std::all_of(line.begin(), line.end(), [](unsigned char c) { return std::isspace(c); })) continue;
+    const std::string at = path + ":" + std::to_string(line_no) + ": ";
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      // "[json.exception.parse_error.101] parse error at line 1, column 3: syntax error ..." -> the tail
+      std::string msg = e.what();
+      const size_t colon = msg.find(": ", msg.find("] "));
+      msg = colon != std::string::npos ? msg.substr(colon + 2) : msg;
+      if (msg.size() > 160) msg = msg.substr(0, 160) + "...";
+      fail(at, "invalid JSON: ", msg);
+    }
+    QLORA_CHECK(j.is_object(), at, "expected a JSON object {\"prompt\": ..., \"system\"?: ...}, got ", j.type_name());
+    PromptLine p;
+    p.line = line_no;
+    for (const auto& [key, v] : j.items()) {
+      if (key == "prompt") {
+        QLORA_CHECK(v.is_string(), at, "prompt: expected a string, got ", v.type_name());
+        p.prompt = v.get<std::string>();
+      } else if (key == "system") {
+        QLORA_CHECK(v.is_string() || v.is_null(), at, "system: expected a string, got ", v.type_name());
+        if (v.is_string()) p.system = v.get<std::string>();
+      } else {
+        fail(at, key, ": unknown key (a line has \"prompt\" and optionally \"system\")");
+      }
+    }
+    QLORA_CHECK(j.contains("prompt"), at, "prompt: missing (each line is {\"prompt\": ..., \"system\"?: ...})");
+    out.push_back(std::move(p));
+  }
+  QLORA_CHECK(!out.empty(), path, ": no prompts (one JSON object per line: {\"prompt\": ...})");
+  return out;
+}
+
+void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
+  GenerateOptions g = o.gen;
+  if (o.top_k) g.top_k = *o.top_k;
+  check_generate_options(g);  // a bad flag is named before anything loads
+  QLORA_CHECK(o.prompts_file.empty() || !o.print_ids,
+              "generate: --ids prints one prompt's ids; --prompts writes them in each JSON line's \"ids\"");
+  // --prompts: every line checked before the model loads; --prompt: one prompt
+  const std::vector<PromptLine> prompts =
+      o.prompts_file.empty() ? std::vector<PromptLine>{PromptLine{o.prompt, std::nullopt, 0}}
+                             : read_prompts_jsonl(o.prompts_file);
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   load_model_config(o.model_dir);  // a missing dir / config.json is named before the tokenizer's files
   data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
+  // Sampling without --top-k: generation_config.json's top_k, else transformers' default 50
+  // (GenerationConfig._get_default_generation_params), as model.generate(do_sample=True) takes it.
+  if (!o.top_k && g.temperature > 0) {
+    const std::optional<int64_t> k = generation_config_top_k(o.model_dir);
+    g.top_k = k.value_or(kTransformersDefaultTopK);
+    log::info("generate: top_k ", g.top_k, k ? " from generation_config.json" :
+              " (transformers' default when generation_config.json sets none; --top-k 0 turns it off)");
+  }
   // The settings used: the flags, else (an adapter trained here) its run's template, system message
   // and quantization (adapter_run_keys() with for_prompt, as eval takes them), else raw / none.
   Config used;
@@ -281,33 +343,52 @@ std::string cmd_generate(const GenerateCliOptions& o) {
   }
   const bool raw = used.data.template_name == "raw";
   QLORA_CHECK(!raw || !o.has_system || o.system.empty(), "generate: --system needs --template NAME (or auto)");
-  std::vector<int64_t> prompt;
-  const data::TokenIds ids_in =
-      raw ? tok.encode_with_special_tokens(o.prompt)  // = transformers' tokenizer(prompt): BOS as the tokenizer adds it
-          : data::chat_prompt(tok, data::resolve_template(used.data.template_name, o.model_dir),
-                              used.data.default_system_message, o.prompt);
-  for (int32_t id : ids_in) prompt.push_back(id);
+  std::vector<std::vector<int64_t>> prompt_ids;
+  for (const PromptLine& p : prompts) {
+    QLORA_CHECK(!raw || !p.system || p.system->empty(), o.prompts_file, ":", p.line,
+                ": system: needs --template NAME (or auto); the prompt is raw text");
+    const std::string& system = p.system ? *p.system : used.data.default_system_message;
+    const data::TokenIds ids_in =
+        raw ? tok.encode_with_special_tokens(p.prompt)  // = transformers' tokenizer(prompt): BOS as the tokenizer adds it
+            : data::chat_prompt(tok, data::resolve_template(used.data.template_name, o.model_dir), system, p.prompt);
+    // an empty text under a tokenizer that adds no BOS: nothing to condition on (named before loading)
+    QLORA_CHECK(!ids_in.empty(), o.prompts_file.empty() ? "generate: --prompt" : o.prompts_file + ":" +
+                std::to_string(p.line) + ": prompt", ": no tokens to continue (the text is empty and the tokenizer adds no BOS)");
+    prompt_ids.emplace_back(ids_in.begin(), ids_in.end());
+  }
   const QuantOptions& q = used.quantization;
   LlamaModel model = load_with_quant_flag(o.model_dir, torch_dtype(parse_dtype(o.dtype), device), device, q);
   if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);  // dropout off
   // Dequantize the 4-bit linears once rather than at every decode step (same values: eval does the
   // same, RealModelParity.SmolLM2Nf4GreedyDecodeCachedDequantMatchesTransformers), within 2 GiB.
   if (q.enabled()) model.cache_dequantized(int64_t{2} << 30);
-  GenerateOptions g = o.gen;
   if (g.eos_token_ids.empty()) g.eos_token_ids.assign(tok.eos_ids().begin(), tok.eos_ids().end());
-  const std::vector<int64_t> ids = generate_tokens(model, prompt, g);
-  std::ostringstream os;
-  if (o.print_ids) {
-    for (size_t i = 0; i < ids.size(); ++i) os << (i ? " " : "") << ids[i];
-    os << "\n";
-  } else {
+  // The text of new ids: EOS ids left out (they end generation and are not text)
+  const auto text_of = [&](const std::vector<int64_t>& ids) {
     data::TokenIds t;
     for (int64_t id : ids)
       if (std::find(g.eos_token_ids.begin(), g.eos_token_ids.end(), id) == g.eos_token_ids.end())
         t.push_back(static_cast<int32_t>(id));
-    os << tok.decode(t) << "\n";
+    return tok.decode(t);
+  };
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Generation r = generate(model, prompt_ids[i], g, text_of);
+    if (o.prompts_file.empty()) {
+      if (o.print_ids) {
+        for (size_t k = 0; k < r.ids.size(); ++k) out << (k ? " " : "") << r.ids[k];
+        out << "\n";
+      } else {
+        out << text_of(r.ids) << "\n";
+      }
+      log::debug("generate: finish_reason ", finish_reason_name(r.finish_reason));
+    } else {
+      // ordered: the keys in this order; invalid UTF-8 (a byte-fallback character cut by the
+      // length limit) written as U+FFFD rather than failing the line
+      const nlohmann::ordered_json line = {{"prompt", prompts[i].prompt}, {"output", text_of(r.ids)},
+                                           {"ids", r.ids}, {"finish_reason", finish_reason_name(r.finish_reason)}};
+      out << line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n" << std::flush;
+    }
   }
-  return os.str();
 }
 
 void cmd_init_model(const InitModelOptions& o) {

@@ -58,11 +58,28 @@ int run(int argc, char** argv) {
   qlora::GenerateCliOptions gen;
   auto* generate = app.add_subcommand("generate", "generate text from a prompt");
   generate->add_option("model_dir", gen.model_dir, "Hugging Face model directory")->required();
-  generate->add_option("--prompt", gen.prompt, "prompt text")->required();
+  auto* gen_src = generate->add_option_group("prompt", "what to continue");
+  gen_src->add_option("--prompt", gen.prompt, "prompt text");
+  gen_src->add_option("--prompts", gen.prompts_file,
+                      "JSONL file, one {\"prompt\": TEXT, \"system\"?: TEXT} per line: the model loads once and "
+                      "each prompt prints one JSON line {\"prompt\", \"output\", \"ids\", \"finish_reason\": "
+                      "eos|stop|length}, as --prompt alone would decode it");
+  gen_src->require_option(1);
   generate->add_option("--max-new-tokens", gen.gen.max_new_tokens, "tokens to generate")->capture_default_str();
-  generate->add_option("--temperature", gen.gen.temperature, "0 = greedy")->capture_default_str();
-  generate->add_option("--top-p", gen.gen.top_p, "nucleus sampling mass")->capture_default_str();
-  generate->add_option("--seed", gen.gen.seed, "sampling seed")->capture_default_str();
+  generate->add_option("--temperature", gen.gen.temperature, "0 = greedy; > 0 samples")->capture_default_str();
+  generate->add_option("--top-k", gen.top_k,
+                       "sampling: keep the K most likely tokens (ties with the K-th too), 0 = off (default when sampling: "
+                       "generation_config.json's top_k, else 50, transformers' GenerationConfig default)");
+  generate->add_option("--top-p", gen.gen.top_p, "sampling: nucleus mass in (0, 1], 1 = off")->capture_default_str();
+  generate->add_option("--repetition-penalty", gen.gen.repetition_penalty,
+                       "> 0, 1 = off: each token of the prompt and the output so far has its logit divided by P "
+                       "(multiplied when negative), before temperature / top-k / top-p, greedy too "
+                       "(transformers' repetition_penalty)")->capture_default_str();
+  generate->add_option("--stop", gen.gen.stop_strings,
+                       "stop once the new text contains this string (repeatable; transformers' stop_strings); "
+                       "the output keeps it")
+      ->allow_extra_args(false);  // one string per --stop, so a positional after it stays positional
+  generate->add_option("--seed", gen.gen.seed, "sampling seed (torch.manual_seed)")->capture_default_str();
   generate->add_option("--dtype", gen.dtype, "fp32|bf16|fp16|auto")->capture_default_str()->transform(dtype_names());
   generate->add_flag("--ids", gen.print_ids, "print the new token ids instead of text");
   generate->add_option("--adapter", gen.adapter,
@@ -233,7 +250,7 @@ int run(int argc, char** argv) {
 
   if (*inspect) std::cout << qlora::cmd_inspect(ins);
   gen.has_system = gen_system->count() > 0;
-  if (*generate) std::cout << qlora::cmd_generate(gen);
+  if (*generate) qlora::cmd_generate(gen, std::cout);
   tkz.has_text = tkz_text->count() > 0;
   if (*tokenize) std::cout << qlora::cmd_tokenize(tkz);
   if (*init_model) qlora::cmd_init_model(init);

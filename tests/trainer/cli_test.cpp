@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "test_util.h"
 
@@ -133,6 +134,158 @@ TEST(Cli, GenerateRefusesBadSamplingFlags) {
   expect_clean_error(run("generate /nonexistent/model --prompt x --temperature -1"),
                      "generate: --temperature must be >= 0, got -1");
   expect_clean_error(run("generate /nonexistent/model --prompt x --top-p 0"), "generate: --top-p must be in (0, 1], got 0");
+  expect_clean_error(run("generate /nonexistent/model --prompt x --top-k -1"), "generate: --top-k must be >= 0 (0 = off), got -1");
+  expect_clean_error(run("generate /nonexistent/model --prompt x --repetition-penalty 0"),
+                     "generate: --repetition-penalty must be > 0 (1 = off), got 0");
+  expect_clean_error(run("generate /nonexistent/model --prompt x --repetition-penalty -1.2"),
+                     "generate: --repetition-penalty must be > 0 (1 = off), got -1.2");
+  expect_clean_error(run("generate /nonexistent/model --prompt x --stop ''"), "generate: --stop must not be empty");
+  EXPECT_EQ(run("generate /nonexistent/model --prompt x --top-k abc").status, 2);  // does not parse: usage
+}
+
+std::string sq(const std::string& s) {  // single-quoted for /bin/sh
+  std::string o = "'";
+  for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return o + "'";
+}
+
+// The output's last line (the log lines on stderr come before it).
+std::string last_line(std::string out) {
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  const size_t nl = out.rfind('\n');
+  return nl == std::string::npos ? out : out.substr(nl + 1);
+}
+
+// `generate --prompts FILE`: a bad line is one line naming FILE:LINE and the key, before the model
+// loads (the model dir does not exist here); --prompt and --prompts together, or neither: usage.
+TEST(Cli, GeneratePromptsFileBadLinesNameFileLineAndKey) {
+  const fs::path d = temp_dir("prompts_bad");
+  const std::string f = (d / "p.jsonl").string();
+  const auto error_for = [&](const std::string& body, const std::string& fragment) {
+    write(f, body);
+    expect_clean_error(run("generate /nonexistent/model --prompts " + f), fragment);
+  };
+  error_for("{\"prompt\": \"a\"}\n\n{\"prompt\": 3}\n", f + ":3: prompt: expected a string, got number");
+  error_for("{\"prompt\": \"a\", \"sytem\": \"b\"}\n", f + ":1: sytem: unknown key");
+  error_for("{\"prompt\": \"a\", \"system\": [1]}\n", f + ":1: system: expected a string, got array");
+  error_for("{\"system\": \"a\"}\n", f + ":1: prompt: missing");
+  error_for("{\"prompt\": \"a\"}\n[\"b\"]\n", f + ":2: expected a JSON object");
+  error_for("{\"prompt\": \"a\"}\n{\"prompt\": \"b\"\n", f + ":2: invalid JSON: ");
+  error_for("\n  \n", f + ": no prompts");
+  expect_clean_error(run("generate /nonexistent/model --prompts " + (d / "none.jsonl").string()),
+                     (d / "none.jsonl").string() + ": --prompts file not found");
+  write(f, "{\"prompt\": \"a\"}\n");
+  EXPECT_EQ(run("generate /nonexistent/model --prompts " + f + " --prompt x").status, 2);
+  EXPECT_EQ(run("generate /nonexistent/model").status, 2);
+  expect_clean_error(run("generate /nonexistent/model --prompts " + f + " --ids"), "generate: --ids prints one");
+  fs::remove_all(d);
+}
+
+// `generate --prompts FILE` on the transformers fixture model (make_models.py): one JSON line per
+// prompt, each equal to a `--prompt` run alone (ids, text, the sampling generator reseeded per
+// prompt), with finish_reason stop / length / eos; a "system" without a template is refused naming
+// the line, before the model loads.
+TEST(Cli, GeneratePromptsFileEqualsSinglePromptRuns) {
+  QLORA_REQUIRE_FIXTURE(model, "models/llama_gqa/generate_ref.json");
+  const nlohmann::json ref = nlohmann::json::parse(std::ifstream(model));
+  const fs::path d = temp_dir("prompts");
+  const std::string m = model.parent_path().string(), stop = ref["stop"]["stop"];
+  const std::vector<std::string> prompts = {ref["prompt"], "Hello", "The weather today"};
+  {
+    std::ofstream f(d / "p.jsonl");
+    for (const std::string& p : prompts) f << nlohmann::json({{"prompt", p}}).dump() << "\n";
+  }
+  for (const std::string& flags : std::vector<std::string>{" --max-new-tokens 8 --dtype fp32 --stop " + sq(stop),
+                                                         " --max-new-tokens 6 --dtype fp32 --temperature 0.9 --top-k 40 --seed 3"}) {
+    CliRun r = run("generate " + m + " --prompts " + (d / "p.jsonl").string() + flags);
+    ASSERT_EQ(r.status, 0) << r.out;
+    std::vector<nlohmann::json> lines;
+    std::istringstream is(r.out);
+    for (std::string line; std::getline(is, line);)
+      if (!line.empty() && line[0] == '{') lines.push_back(nlohmann::json::parse(line));
+    ASSERT_EQ(lines.size(), prompts.size()) << r.out;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const nlohmann::json& l = lines[i];
+      EXPECT_EQ(l["prompt"], prompts[i]);
+      const CliRun ids = run("generate " + m + " --prompt " + sq(prompts[i]) + flags + " --ids");
+      const CliRun text = run("generate " + m + " --prompt " + sq(prompts[i]) + flags);
+      ASSERT_EQ(ids.status, 0) << ids.out;
+      std::vector<int64_t> want;
+      std::istringstream ws(last_line(ids.out));
+      for (int64_t x; ws >> x;) want.push_back(x);
+      EXPECT_EQ(l["ids"].get<std::vector<int64_t>>(), want) << flags << " " << i;
+      EXPECT_EQ(l["output"].get<std::string>(), last_line(text.out)) << flags << " " << i;
+      EXPECT_EQ(l["finish_reason"], i == 0 && flags.find("--stop") != std::string::npos ? "stop" : "length") << i;
+    }
+    if (flags.find("--stop") != std::string::npos) {  // transformers' stop_strings: same ids, text kept
+      EXPECT_EQ(lines[0]["ids"], ref["stop"]["new_ids"]);
+      EXPECT_EQ(lines[0]["output"], ref["stop"]["text"]);
+    }
+  }
+  // an EOS id (generation_config.json's list) ends a line with finish_reason eos, the id last
+  const fs::path m2 = d / "m";
+  fs::create_directories(m2);
+  for (const auto& e : fs::directory_iterator(m)) fs::copy_file(e.path(), m2 / e.path().filename());
+  const int64_t eos = ref["new_ids"][2];
+  write(m2 / "generation_config.json", "{\"bos_token_id\": 1, \"eos_token_id\": [2, " + std::to_string(eos) + "]}");
+  write(d / "one.jsonl", nlohmann::json({{"prompt", prompts[0]}}).dump() + "\n");
+  CliRun r = run("generate " + m2.string() + " --prompts " + (d / "one.jsonl").string() + " --dtype fp32");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json l = nlohmann::json::parse(last_line(r.out));
+  EXPECT_EQ(l["finish_reason"], "eos") << r.out;
+  EXPECT_EQ(l["ids"], nlohmann::json(std::vector<int64_t>(ref["new_ids"].begin(), ref["new_ids"].begin() + 3)));
+  // an empty prompt under a tokenizer that adds no BOS has no token to continue: named with its line
+  write(m2 / "tokenizer_config.json", R"({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+      "add_bos_token": false, "add_eos_token": false, "legacy": true, "tokenizer_class": "LlamaTokenizer"})");
+  write(d / "empty.jsonl", "{\"prompt\": \"a\"}\n{\"prompt\": \"\"}\n");
+  expect_clean_error(run("generate " + m2.string() + " --prompts " + (d / "empty.jsonl").string()),
+                     (d / "empty.jsonl").string() + ":2: prompt: no tokens to continue");
+  expect_clean_error(run("generate " + m2.string() + " --prompt ''"), "generate: --prompt: no tokens to continue");
+  // a "system" needs a template: named with its line before the model loads
+  write(d / "sys.jsonl", "{\"prompt\": \"a\"}\n{\"prompt\": \"b\", \"system\": \"Be brief.\"}\n");
+  expect_clean_error(run("generate " + m + " --prompts " + (d / "sys.jsonl").string()),
+                     (d / "sys.jsonl").string() + ":2: system: needs --template NAME (or auto)");
+  fs::remove_all(d);
+}
+
+// The CLI's sampling defaults are transformers': no --top-k means generation_config.json's top_k,
+// else GenerationConfig's 50 (make_models.py sample_default_top_k: temperature 0.8, no top_k), and
+// the draws equal transformers' for the same --seed; a bad top_k in the file names file and key.
+TEST(Cli, GenerateSamplingDefaultsMatchTransformers) {
+  QLORA_REQUIRE_FIXTURE(model, "models/llama_gqa/generate_ref.json");
+  const nlohmann::json ref = nlohmann::json::parse(std::ifstream(model));
+  const std::string gen = " --prompt " + sq(ref["prompt"]) + " --max-new-tokens 32 --dtype fp32 --ids";
+  const auto ids_of = [](const CliRun& r) {
+    std::vector<int64_t> v;
+    std::istringstream is(last_line(r.out));
+    for (int64_t x; is >> x;) v.push_back(x);
+    return v;
+  };
+  const auto& dflt = ref["sample_default_top_k"];
+  CliRun r = run("generate " + model.parent_path().string() + gen + " --temperature 0.8 --seed 11");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(ids_of(r), dflt["new_ids"].get<std::vector<int64_t>>()) << r.out;
+  EXPECT_NE(r.out.find("generate: top_k 50 (transformers' default"), std::string::npos) << r.out;
+  r = run("generate " + model.parent_path().string() + gen + " --temperature 0.8 --seed 11 --top-k 0");
+  EXPECT_NE(ids_of(r), dflt["new_ids"].get<std::vector<int64_t>>()) << "--top-k 0 is off";
+  // generation_config.json's top_k 20 is the default; the "sample" reference used top_k 20
+  const fs::path d = temp_dir("topk");
+  for (const auto& e : fs::directory_iterator(model.parent_path())) fs::copy_file(e.path(), d / e.path().filename());
+  write(d / "generation_config.json", R"({"bos_token_id": 1, "eos_token_id": 2, "top_k": 20})");
+  const auto& s = ref["sample"];
+  r = run("generate " + d.string() + gen + " --temperature 0.8 --top-p 0.9 --seed 7");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(ids_of(r), s["new_ids"].get<std::vector<int64_t>>()) << r.out;
+  EXPECT_NE(r.out.find("generate: top_k 20 from generation_config.json"), std::string::npos) << r.out;
+  // --repetition-penalty with sampling (reference sample_penalty)
+  const auto& sp = ref["sample_penalty"];
+  r = run("generate " + d.string() + gen + " --temperature 0.7 --top-p 0.9 --repetition-penalty 1.3 --seed 5");
+  EXPECT_EQ(ids_of(r), sp["new_ids"].get<std::vector<int64_t>>()) << r.out;
+  write(d / "generation_config.json", R"({"bos_token_id": 1, "eos_token_id": 2, "top_k": "x"})");
+  expect_clean_error(run("generate " + d.string() + gen + " --temperature 0.8"),
+                     (d / "generation_config.json").string() + ": top_k: expected an integer >= 0, got \"x\"");
+  EXPECT_EQ(run("generate " + d.string() + gen).status, 0);  // greedy: top_k is not read
+  fs::remove_all(d);
 }
 
 // Every --dtype takes torch's spellings too (the one dtype parser, model/options.h), as the

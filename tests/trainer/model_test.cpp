@@ -2,12 +2,15 @@
 // padded batches (left vs right), and greedy generation token for token.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/tensor_io.h"
 #include "test_util.h"
+#include "data/tokenizer.h"
 #include "model/generate.h"
 #include "model/model.h"
 
@@ -168,6 +171,135 @@ TEST(Generate, GreedyMatchesTransformersGenerate) {
   g.eos_token_ids = {2};
   auto ids = generate_tokens(m, j["prompt_ids"].get<std::vector<int64_t>>(), g);
   EXPECT_EQ(ids, j["new_ids"].get<std::vector<int64_t>>());
+}
+
+// transformers' RepetitionPenaltyLogitsProcessor(1.3) in greedy decoding (make_models.py
+// decoding_refs): token for token, and not the plain greedy sequence (which repeats 10920).
+TEST(Generate, RepetitionPenaltyMatchesTransformersGenerate) {
+  QLORA_REQUIRE_FIXTURE(dir, "models/llama_gqa/generate_ref.json");
+  const auto j = nlohmann::json::parse(std::ifstream(dir));
+  const auto& ref = j["repetition_penalty"];
+  ASSERT_NE(ref["new_ids"], j["new_ids"]) << "the reference does not test the penalty";
+  LlamaModel m = LlamaModel::load(dir.parent_path().string(), torch::kFloat32, torch::kCPU);
+  GenerateOptions g;
+  g.max_new_tokens = 32;
+  g.eos_token_ids = {2};
+  g.repetition_penalty = ref["repetition_penalty"].get<double>();
+  const auto prompt = j["prompt_ids"].get<std::vector<int64_t>>();
+  EXPECT_EQ(generate_tokens(m, prompt, g), ref["new_ids"].get<std::vector<int64_t>>());
+  g.top_k = 3;  // greedy: the sampling warpers do not apply (transformers: do_sample=False)
+  g.top_p = 0.5;
+  EXPECT_EQ(generate_tokens(m, prompt, g), ref["new_ids"].get<std::vector<int64_t>>());
+}
+
+// Sampling draws what transformers' `torch.manual_seed(seed); generate(do_sample=True, ...)` draws:
+// the same processors in the same order (penalty, temperature, top-k, top-p), the same libtorch
+// ops on [1, vocab] fp32, the same generator state, and at::multinomial (one draw: argmax of
+// probs / Exponential(1)). Our fp32 logits differ from transformers' by float reassociation only
+// (Parity.Fp32LogitsMatchTransformers), which changes no draw of these 32-token references.
+TEST(Generate, SamplingMatchesTransformersForTheSameSeed) {
+  QLORA_REQUIRE_FIXTURE(dir, "models/llama_gqa/generate_ref.json");
+  const auto j = nlohmann::json::parse(std::ifstream(dir));
+  LlamaModel m = LlamaModel::load(dir.parent_path().string(), torch::kFloat32, torch::kCPU);
+  const auto prompt = j["prompt_ids"].get<std::vector<int64_t>>();
+  for (const std::string name : {"sample", "sample_penalty", "sample_default_top_k"}) {
+    const auto& ref = j[name];
+    GenerateOptions g;
+    g.max_new_tokens = 32;
+    g.eos_token_ids = {2};
+    g.seed = ref["seed"].get<uint64_t>();
+    g.temperature = ref["temperature"].get<double>();
+    g.top_k = ref.value("top_k", kTransformersDefaultTopK);  // none given: GenerationConfig's default
+    g.top_p = ref.value("top_p", 1.0);
+    g.repetition_penalty = ref.value("repetition_penalty", 1.0);
+    const std::vector<int64_t> ids = generate_tokens(m, prompt, g);
+    EXPECT_EQ(ids, ref["new_ids"].get<std::vector<int64_t>>()) << name;
+    EXPECT_NE(ids, j["new_ids"].get<std::vector<int64_t>>()) << name << ": not greedy";
+    g.seed += 1;
+    EXPECT_NE(generate_tokens(m, prompt, g), ids) << name << ": the seed matters";
+  }
+  // top_k 1 keeps only the argmax: sampling is greedy decoding, whatever the seed and temperature
+  GenerateOptions g;
+  g.max_new_tokens = 32;
+  g.eos_token_ids = {2};
+  g.temperature = 1.7;
+  g.top_k = 1;
+  g.seed = 123;
+  EXPECT_EQ(generate_tokens(m, prompt, g), j["new_ids"].get<std::vector<int64_t>>());
+}
+
+// Stop strings as transformers' stop_strings (StopStringCriteria): generation ends at the token that
+// completes the string (here spanning new tokens 6..8), which is kept; EOS ids and the length give
+// the other finish reasons.
+TEST(Generate, StopStringsEosAndLengthEndGenerationAsTransformers) {
+  QLORA_REQUIRE_FIXTURE(dir, "models/llama_gqa/generate_ref.json");
+  const auto j = nlohmann::json::parse(std::ifstream(dir));
+  const auto& ref = j["stop"];
+  LlamaModel m = LlamaModel::load(dir.parent_path().string(), torch::kFloat32, torch::kCPU);
+  const data::Tokenizer tok = data::Tokenizer::from_pretrained(dir.parent_path().string());
+  const DecodeFn decode = [&](const std::vector<int64_t>& ids) {
+    return tok.decode(data::TokenIds(ids.begin(), ids.end()));
+  };
+  const auto prompt = j["prompt_ids"].get<std::vector<int64_t>>();
+  const auto greedy = j["new_ids"].get<std::vector<int64_t>>();
+  GenerateOptions g;
+  g.max_new_tokens = 32;
+  g.eos_token_ids = {2};
+  g.stop_strings = {"never in this text", ref["stop"].get<std::string>()};
+  Generation r = generate(m, prompt, g, decode);
+  EXPECT_EQ(r.ids, ref["new_ids"].get<std::vector<int64_t>>());
+  EXPECT_EQ(r.finish_reason, FinishReason::stop);
+  EXPECT_EQ(decode(r.ids), ref["text"].get<std::string>());  // the stop string stays in the text
+  EXPECT_NE(error_of([&] { generate(m, prompt, g); }).find("stop strings need a decoder"), std::string::npos);
+  g.stop_strings.clear();
+  g.eos_token_ids = {2, greedy[3]};
+  r = generate(m, prompt, g);
+  EXPECT_EQ(r.ids, std::vector<int64_t>(greedy.begin(), greedy.begin() + 4));
+  EXPECT_EQ(r.finish_reason, FinishReason::eos);
+  g.eos_token_ids = {2};
+  g.max_new_tokens = 5;
+  r = generate(m, prompt, g);
+  EXPECT_EQ(r.ids, std::vector<int64_t>(greedy.begin(), greedy.begin() + 5));
+  EXPECT_EQ(r.finish_reason, FinishReason::length);
+  EXPECT_STREQ(finish_reason_name(FinishReason::length), "length");
+}
+
+// The processors on hand-made scores, as transformers' logits_process.py computes them:
+// RepetitionPenaltyLogitsProcessor divides a positive score and multiplies a negative one, once per
+// distinct id, and ignores ids past the vocab; TopKLogitsWarper keeps ties with the k-th score;
+// TopPLogitsWarper drops the ascending tokens whose cumulative mass is <= 1 - top_p.
+TEST(Generate, LogitsProcessorsFollowTransformers) {
+  const torch::Tensor s = torch::tensor({2.0f, -2.0f, 1.0f, 1.0f, 0.5f}).unsqueeze(0);
+  torch::Tensor p = apply_repetition_penalty(s, {0, 1, 1, 0, 7}, 2.0);
+  EXPECT_TRUE(torch::equal(p, torch::tensor({1.0f, -4.0f, 1.0f, 1.0f, 0.5f}).unsqueeze(0))) << p;
+  EXPECT_TRUE(torch::equal(apply_repetition_penalty(s, {0, 1}, 1.0), s));
+  const float inf = std::numeric_limits<float>::infinity();
+  torch::Tensor k = sample_warpers(s, 1.0, 3, 1.0);  // 3rd highest is 1.0, held by two ids: 4 kept
+  EXPECT_TRUE(torch::equal(k, torch::tensor({2.0f, -inf, 1.0f, 1.0f, -inf}).unsqueeze(0))) << k;
+  EXPECT_TRUE(torch::equal(sample_warpers(s, 1.0, 99, 1.0), s));  // k past the vocab: all kept
+  EXPECT_TRUE(torch::allclose(sample_warpers(s, 0.5, 0, 1.0), s * 2));
+  // probs of [ln 6, ln 3, ln 1] = [0.6, 0.3, 0.1]: top_p 0.85 drops only the 0.1 (its ascending
+  // cumulative 0.1 <= 0.15); top_p 0.95 drops none; top_p 0.5 keeps only the highest
+  const torch::Tensor t = torch::tensor({std::log(6.0f), std::log(3.0f), 0.0f}).unsqueeze(0);
+  EXPECT_TRUE(torch::equal(sample_warpers(t, 1.0, 0, 0.85).isinf(), torch::tensor({false, false, true}).unsqueeze(0)));
+  EXPECT_FALSE(sample_warpers(t, 1.0, 0, 0.95).isinf().any().item<bool>());
+  EXPECT_TRUE(torch::equal(sample_warpers(t, 1.0, 0, 0.5).isinf(), torch::tensor({false, true, true}).unsqueeze(0)));
+}
+
+// Bad options are refused naming the flag (cmd_generate checks them before loading anything).
+TEST(Generate, CheckGenerateOptionsNamesTheFlag) {
+  const auto err = [](auto set) {
+    GenerateOptions g;
+    set(g);
+    return error_of([&] { check_generate_options(g); });
+  };
+  EXPECT_EQ(err([](GenerateOptions& g) { g.top_k = -1; }), "generate: --top-k must be >= 0 (0 = off), got -1");
+  EXPECT_EQ(err([](GenerateOptions& g) { g.repetition_penalty = 0; }),
+            "generate: --repetition-penalty must be > 0 (1 = off), got 0");
+  EXPECT_NE(err([](GenerateOptions& g) { g.repetition_penalty = std::nan(""); }).find("--repetition-penalty must be > 0"),
+            std::string::npos);
+  EXPECT_EQ(err([](GenerateOptions& g) { g.stop_strings = {"ok", ""}; }), "generate: --stop must not be empty");
+  EXPECT_EQ(err([](GenerateOptions& g) { g.top_k = 0; g.repetition_penalty = 0.5; }), "");
 }
 
 TEST(Generate, KvCacheMatchesFullRecompute) {
