@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/files.h"
 #include "common/log.h"
 #include "trainer/checkpoint.h"
 
@@ -46,7 +47,23 @@ const std::vector<AdapterRunKey>& adapter_run_keys() {
   return keys;
 }
 
-std::optional<AdapterRun> read_adapter_run(const std::string& adapter_dir, const std::string& who) {
+namespace {
+
+/// `data_format` of trainer_state.json in `dir`, else of its summary.json; "" when neither has one.
+std::string run_data_format(const fs::path& dir) {
+  for (const char* name : {"trainer_state.json", "summary.json"}) {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(read_file((dir / name).string()));
+      if (j.is_object() && j.contains("data_format") && j["data_format"].is_string())
+        return j["data_format"].get<std::string>();
+    } catch (const std::exception&) {  // missing or not JSON: says nothing of the data
+    }
+  }
+  return "";
+}
+
+/// The run config part of read_adapter_run (data_format not filled).
+std::optional<AdapterRun> read_run_config(const std::string& adapter_dir, const std::string& who) {
   const fs::path dir(adapter_dir);
   const fs::path resolved = dir / "config.resolved.yaml", state = dir / "trainer_state.json";
   // <run>/checkpoints/checkpoint-N whose trainer_state.json has no config: the run dir's
@@ -56,24 +73,32 @@ std::optional<AdapterRun> read_adapter_run(const std::string& adapter_dir, const
   try {
     if (fs::exists(resolved)) {
       src = resolved.string();
-      return AdapterRun{src, load_config(src)};
+      return AdapterRun{src, load_config(src), ""};
     }
     if (fs::exists(state)) {
       src = state.string();
       try {
-        return AdapterRun{src, parse_config_string(checkpoint_config_yaml(dir.string()), src + " config")};
+        return AdapterRun{src, parse_config_string(checkpoint_config_yaml(dir.string()), src + " config"), ""};
       } catch (const Error&) {
         if (!in_run || !fs::exists(run_resolved)) throw;
       }
     }
     if (in_run && fs::exists(run_resolved)) {
       src = run_resolved.string();
-      return AdapterRun{src, load_config(src)};
+      return AdapterRun{src, load_config(src), ""};
     }
   } catch (const std::exception& e) {
     log::warn(who, ": ", src, " not used (", e.what(), "); the adapter's training settings are not known");
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<AdapterRun> read_adapter_run(const std::string& adapter_dir, const std::string& who) {
+  std::optional<AdapterRun> run = read_run_config(adapter_dir, who);
+  if (run) run->data_format = run_data_format(adapter_dir);
+  return run;
 }
 
 void apply_adapter_run(const Config& run, Config& to, bool prompt_only) {

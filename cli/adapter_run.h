@@ -32,13 +32,18 @@ const std::vector<AdapterRunKey>& adapter_run_keys();
 struct AdapterRun {
   std::string source;
   Config config;
+  /// The train files' formats as the run detected them ("completion" = raw text; "alpaca,
+  /// completion" for a list): trainer_state.json's (a checkpoint) or summary.json's (a finished
+  /// run dir) `data_format`; "" when neither says (an older run, or a run dir still training).
+  std::string data_format;
 };
 
 /// Reads the run config of an adapter trained here: `adapter_dir`/config.resolved.yaml (a run's
 /// output_dir), else `adapter_dir`/trainer_state.json "config" (a checkpoint), else, for
 /// <run>/checkpoints/checkpoint-N, <run>/config.resolved.yaml. nullopt for a plain PEFT adapter
 /// dir (none of these). A file that is there but unreadable: nullopt and a warning naming it,
-/// prefixed `who` ("eval", "generate").
+/// prefixed `who` ("eval", "generate"). data_format from `adapter_dir`'s trainer_state.json, else
+/// its summary.json (unreadable: "").
 std::optional<AdapterRun> read_adapter_run(const std::string& adapter_dir, const std::string& who);
 
 /// Copies every key of adapter_run_keys() (only for_prompt ones when `prompt_only`) from `run` to `to`.

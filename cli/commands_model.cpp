@@ -318,10 +318,12 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   }
   if (run) {
     apply_adapter_run(run->config, used, /*prompt_only=*/true);
-    // A raw-text run (format completion, or truncation split, which only raw text takes) was trained
-    // on plain text: its prompt is plain text too, whatever data.template says.
+    // A raw-text run (format completion, set or detected from its files, or truncation split, which
+    // only raw text takes) was trained on plain text: its prompt is plain text too, whatever
+    // data.template says.
     const data::DataOptions& rd = run->config.data;
-    if (rd.format == "completion" || rd.truncation == "split") used.data.template_name = "raw";
+    if (rd.format == "completion" || rd.truncation == "split" || run->data_format == "completion")
+      used.data.template_name = "raw";
   }
   if (!o.template_name.empty()) used.data.template_name = o.template_name;
   if (o.has_system) used.data.default_system_message = o.system;

@@ -63,7 +63,8 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"data_sha256", s.data_sha256},
           {"world_size", s.world_size},
           {"total_steps", s.total_steps},
-          {"setup_seconds", s.setup_seconds}};
+          {"setup_seconds", s.setup_seconds},
+          {"data_format", s.data_format}};
 }
 
 /// Dotted key -> value text of every leaf of a config tree (lists and maps below a key: flow text).
@@ -292,6 +293,7 @@ LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
     c.state.total_steps = j.value("total_steps", int64_t{0});
     QLORA_CHECK(c.state.total_steps >= 0, sp, ": total_steps must be >= 0, got ", c.state.total_steps);
     c.state.setup_seconds = j.value("setup_seconds", 0.0);
+    c.state.data_format = j.value("data_format", std::string());
   } catch (const json::exception& e) {
     fail(sp, ": ", e.what());
   }

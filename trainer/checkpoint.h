@@ -52,6 +52,9 @@ struct TrainerState {
   /// Model load + data preparation (setup) seconds of the invocations up to this checkpoint, this
   /// one's included (absent in older files: 0).
   double setup_seconds = 0;
+  /// The train data's formats as the run detected them, in list order ("alpaca", "completion" for
+  /// raw text, "alpaca, completion"): what `generate --adapter` prompts in (absent in older files: "").
+  std::string data_format;
   /// output_dir/metrics.jsonl's lines of steps 1..step, in order, each ending in "\n" (the file
   /// metrics.jsonl in the checkpoint; "" = none written: older checkpoints have none).
   std::string metrics_jsonl;

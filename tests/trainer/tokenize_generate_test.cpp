@@ -238,3 +238,53 @@ TEST(Generate, AdapterRunBringsTemplateSystemMessageAndQuantization) {
   EXPECT_NE(r.out.find("generate: data.default_system_message \"\" from --system (the run's: \"You are Quokka, made "
                        "by Acme Labs.\")"), std::string::npos) << r.out;
 }
+
+// A raw-text run whose format was detected (data.format auto, the default; no truncation: split):
+// `generate --adapter` of the run dir or its checkpoint prompts raw text, as the run trained, from
+// the data_format the run recorded (summary.json, trainer_state.json) (before: only a format set to
+// completion or truncation split told, so this run's prompt was wrapped in chatml).
+TEST(Generate, RawTextRunWithADetectedFormatPromptsRawText) {
+  QLORA_REQUIRE_SHARED(c4, "data/c4_demo.jsonl");
+  QLORA_REQUIRE_SHARED(tokenizer, "tokenizers/llama2/tokenizer.model");
+  const qlora::test::TempDir d("gen_raw_run");
+  const fs::path model = d.path / "model", run_dir = d.path / "run", plain = d.path / "plain", cfg = d.path / "run.yaml",
+                 text = d.path / "c4.jsonl";
+  auto r = run("init-model --preset tiny --out " + model.string() + " --tokenizer " + tokenizer.string() + " --seed 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  {
+    std::ifstream in(c4);
+    std::ofstream out(text);
+    std::string line;
+    for (int i = 0; i < 8 && std::getline(in, line); ++i) out << line << "\n";
+  }
+  std::ofstream(cfg) << "output_dir: " << run_dir.string() << "\nmodel:\n  path: " << model.string()
+                     << "\n  dtype: fp32\nquantization:\n  method: none\nlora:\n  r: 4\n  alpha: 8\n"
+                     << "data:\n  train: " << text.string() << "\n  sequence_len: 64\n  truncation: truncate\n"
+                     << "training:\n  micro_batch_size: 1\n  gradient_accumulation_steps: 1\n  max_steps: 2\n"
+                     << "  learning_rate: 0.05\n  warmup_steps: 0\n  eval_steps: 0\n  gradient_checkpointing: false\n"
+                     << "checkpoint:\n  save_steps: 1\n  save_minutes: 0\n";
+  r = run("train " + q(cfg.string()));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const fs::path ck = run_dir / "checkpoints" / "checkpoint-2";
+  for (const fs::path& f : {run_dir / "summary.json", ck / "trainer_state.json"}) {
+    std::ifstream in(f);
+    EXPECT_EQ(nlohmann::json::parse(in).value("data_format", ""), "completion") << f;
+  }
+  fs::create_directories(plain);
+  for (const char* f : {"adapter_config.json", "adapter_model.safetensors"}) fs::copy_file(run_dir / f, plain / f);
+  const std::string gen = "generate " + q(model.string()) + " --prompt " + q("The weather today") +
+                          " --max-new-tokens 6 --ids --adapter ";
+  r = run(gen + q(plain.string()) + " --template raw");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::vector<int64_t> want = last_line_ids(r.out);
+  r = run(gen + q(plain.string()) + " --template chatml");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(last_line_ids(r.out), want) << "chatml decodes as raw: the check cannot fail";
+  for (const fs::path& adapter : {run_dir, ck}) {
+    r = run(gen + q(adapter.string()));
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(last_line_ids(r.out), want) << r.out;
+    EXPECT_NE(r.out.find("generate: data.template raw from the run's data (raw text) (the run's: chatml)"),
+              std::string::npos) << r.out;
+  }
+}
