@@ -68,6 +68,43 @@ bool is_mistral_model_type(const std::string& t) {
   return std::any_of(std::begin(kTypes), std::end(kTypes), [&](const char* k) { return t == k; });
 }
 
+// Whether transformers 5.23 `AutoTokenizer.from_pretrained(dir)` loads a dir as Qwen2Tokenizer
+// (models/auto/tokenization_auto.py), which rebuilds the pipeline whatever tokenizer.json says
+// (qwen2_pipeline): the hub class (tokenizer_config.json's `tokenizer_class`, else config.json's)
+// is Qwen2Tokenizer[Fast] (a Mistral-family model_type aside: the file as written); or the
+// model_type is `qwen2` (listed in MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS: its registered
+// Qwen2Tokenizer wins over any hub class, e.g. DeepSeek-R1-Distill-Qwen's LlamaTokenizerFast); or a
+// model_type registered as Qwen2Tokenizer (qwen2_moe, qwen3, qwen3_moe) with no hub class.
+// tokenizer.json files only (Qwen2Tokenizer has no sentencepiece path).
+bool hf_is_qwen2_class(const nlohmann::json& tok_cfg, const fs::path& tok_cfg_path, const nlohmann::json& model_cfg,
+                       const fs::path& model_cfg_path, const fs::path& tokenizer_file) {
+  if (!is_json_path(tokenizer_file)) return false;
+  std::string cls = config_string(tok_cfg, tok_cfg_path, "tokenizer_class");
+  if (cls.empty()) cls = config_string(model_cfg, model_cfg_path, "tokenizer_class");
+  const std::string type = config_string(model_cfg, model_cfg_path, "model_type");
+  if (is_mistral_model_type(type)) return false;
+  if (cls == "Qwen2Tokenizer" || cls == "Qwen2TokenizerFast" || type == "qwen2") return true;
+  return cls.empty() && (type == "qwen2_moe" || type == "qwen3" || type == "qwen3_moe");
+}
+
+// Qwen2Tokenizer's own components (models/qwen2/tokenization_qwen2.py, transformers 5.23): NFC,
+// Split(PRETOKENIZE_REGEX, isolated) + ByteLevel(add_prefix_space=false, use_regex=false), decoder
+// ByteLevel. (Its BPE model options are the file's: Qwen2Tokenizer's own are unk none, no
+// byte_fallback, as every byte-level file has.)
+nlohmann::json qwen2_pipeline() {
+  using nlohmann::json;
+  const std::string re =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  return {{"normalizer", {{"type", "NFC"}}},
+          {"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             json::array({{{"type", "Split"}, {"pattern", {{"Regex", re}}}, {"behavior", "Isolated"}, {"invert", false}},
+                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                           {"use_regex", false}}})}}},
+          {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}}};
+}
+
 // How transformers 5.23 `AutoTokenizer.from_pretrained(dir)` reads a dir that names
 // `LlamaTokenizer` / `LlamaTokenizerFast` (models/auto/tokenization_auto.py; tokenizer_config.json's
 // `tokenizer_class`, else config.json's). Returns the Metaspace prepend scheme of the pipeline it
@@ -109,10 +146,11 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-void Tokenizer::load_file(const std::string& path, std::optional<PrependScheme> llama) {
+void Tokenizer::load_file(const std::string& path, std::optional<PrependScheme> llama, bool qwen2) {
   is_json_ = is_json_path(path);
   const PrependScheme scheme = llama.value_or(PrependScheme::kAlways);
-  impl_ = is_json_ ? detail::load_hf_json(path, llama) : detail::load_spm(path, scheme);
+  const nlohmann::json pipeline = qwen2 ? qwen2_pipeline() : llama ? llama_pipeline(*llama) : nlohmann::json();
+  impl_ = is_json_ ? detail::load_hf_json(path, pipeline.is_null() ? nullptr : &pipeline) : detail::load_spm(path, scheme);
   prefix_after_special_ = scheme == PrependScheme::kAlways;
   path_ = path;
   vocab_size_ = impl_->vocab_size();
@@ -155,11 +193,12 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
   QLORA_CHECK(fs::exists(file), file.string(), ": tokenizer model not found");
   const fs::path tok_cfg_path = dir / "tokenizer_config.json", gen_cfg_path = dir / "generation_config.json",
                  model_cfg_path = dir / "config.json";
-  const nlohmann::json tok_cfg = read_json_if_exists(tok_cfg_path);
+  const nlohmann::json tok_cfg = read_json_if_exists(tok_cfg_path), model_cfg = read_json_if_exists(model_cfg_path);
+  const bool qwen2 = hf_is_qwen2_class(tok_cfg, tok_cfg_path, model_cfg, model_cfg_path, file);
   const std::optional<PrependScheme> llama =
-      hf_llama_scheme(tok_cfg, tok_cfg_path, read_json_if_exists(model_cfg_path), model_cfg_path, file);
+      qwen2 ? std::nullopt : hf_llama_scheme(tok_cfg, tok_cfg_path, model_cfg, model_cfg_path, file);
   Tokenizer t;
-  t.load_file(file.string(), llama);
+  t.load_file(file.string(), llama, qwen2);
 
   const nlohmann::json st_map = read_json_if_exists(dir / "special_tokens_map.json");
   const nlohmann::json gen_cfg = read_json_if_exists(gen_cfg_path);

@@ -174,7 +174,9 @@ class Tokenizer {
 
  private:
   Tokenizer();
-  void load_file(const std::string& path, std::optional<PrependScheme> llama_scheme);
+  /// `llama_scheme`: a LlamaTokenizer dir's pipeline; `qwen2`: a Qwen2Tokenizer dir's (tokenizer.json
+  /// only); neither: the file's own.
+  void load_file(const std::string& path, std::optional<PrependScheme> llama_scheme, bool qwen2 = false);
   void finish_specials();
 
   std::unique_ptr<detail::TokenizerBackend> impl_;

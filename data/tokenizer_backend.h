@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,9 +43,11 @@ class TokenizerBackend {
 /// prepends "▁" (kNever: never; otherwise whenever `prefix`, the caller deciding what a chunk
 /// follows). Throws qlora::Error naming `path`.
 std::unique_ptr<TokenizerBackend> load_spm(const std::string& path, PrependScheme scheme = PrependScheme::kAlways);
-/// HF tokenizer.json (data/tokenizer_json.cpp). `llama_scheme` set: the file's normalizer,
-/// pre-tokenizer and decoder are replaced by transformers 5 LlamaTokenizer's, llama_pipeline(). Throws qlora::Error naming `path` and the JSON path.
-std::unique_ptr<TokenizerBackend> load_hf_json(const std::string& path,
-                                               std::optional<PrependScheme> llama_scheme = std::nullopt);
+/// HF tokenizer.json (data/tokenizer_json.cpp). `class_pipeline` set ({"normalizer",
+/// "pre_tokenizer", "decoder"} as tokenizer.json values, null = none): the file's three are
+/// replaced by them, as transformers 5 classes that rebuild their own pipeline do (LlamaTokenizer:
+/// llama_pipeline(); Qwen2Tokenizer). The file's own ones are still parsed (a malformed one is an
+/// error either way). Throws qlora::Error naming `path` and the JSON path.
+std::unique_ptr<TokenizerBackend> load_hf_json(const std::string& path, const nlohmann::json* class_pipeline = nullptr);
 
 }  // namespace qlora::data::detail

@@ -1414,7 +1414,7 @@ void parse_post(const Ctx& c, const json& j, const std::string& path, TokenIds* 
 
 class JsonBackend final : public TokenizerBackend {
  public:
-  JsonBackend(const std::string& path, std::optional<PrependScheme> llama_scheme);
+  JsonBackend(const std::string& path, const json* class_pipeline);
   TokenIds encode(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const override;
   std::string decode(const TokenIds& ids, bool skip_special_tokens, const Tokenizer& facade) const override;
   std::string id_to_piece(int32_t id) const override {
@@ -1463,7 +1463,7 @@ std::string read_all(const std::string& path) {
   return ss.str();
 }
 
-JsonBackend::JsonBackend(const std::string& path, std::optional<PrependScheme> llama_scheme) {
+JsonBackend::JsonBackend(const std::string& path, const json* class_pipeline) {
   ctx_.file = path;
   const Ctx& c = ctx_;
   QLORA_CHECK(std::filesystem::is_regular_file(path), path, ": tokenizer.json not found");
@@ -1482,12 +1482,13 @@ JsonBackend::JsonBackend(const std::string& path, std::optional<PrependScheme> l
   if (j.contains("normalizer") && !j["normalizer"].is_null()) normalizer_ = parse_normalizer(c, j["normalizer"], "normalizer");
   if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) pre_ = parse_pre(c, j["pre_tokenizer"], "pre_tokenizer");
   if (j.contains("decoder") && !j["decoder"].is_null()) decoder_ = parse_decoder(c, j["decoder"], "decoder");
-  if (llama_scheme) {
-    // transformers 5 LlamaTokenizer rebuilds these three whatever the file says (llama_pipeline;
-    // it has no normalizer). The file's own ones were still parsed above, so a malformed one is an
-    // error either way.
-    const json p = llama_pipeline(*llama_scheme);
+  if (class_pipeline) {
+    // a transformers 5 class that rebuilds these three whatever the file says (LlamaTokenizer,
+    // Qwen2Tokenizer). The file's own ones were still parsed above, so a malformed one is an error
+    // either way.
+    const json& p = *class_pipeline;
     normalizer_.reset();
+    if (!p["normalizer"].is_null()) normalizer_ = parse_normalizer(c, p["normalizer"], "normalizer");
     pre_ = parse_pre(c, p["pre_tokenizer"], "pre_tokenizer");
     decoder_ = parse_decoder(c, p["decoder"], "decoder");
   }
@@ -1698,8 +1699,8 @@ std::string JsonBackend::decode(const TokenIds& ids, bool skip_special_tokens, c
 
 }  // namespace
 
-std::unique_ptr<TokenizerBackend> load_hf_json(const std::string& path, std::optional<PrependScheme> llama_scheme) {
-  return std::make_unique<JsonBackend>(path, llama_scheme);
+std::unique_ptr<TokenizerBackend> load_hf_json(const std::string& path, const json* class_pipeline) {
+  return std::make_unique<JsonBackend>(path, class_pipeline);
 }
 
 }  // namespace qlora::data::detail

@@ -138,6 +138,14 @@ TEST(TokenizerJson, LlamaClassInConfigJsonMatchesTransformers) { expect_parity("
 TEST(TokenizerJson, MistralDirReadsTheFileAsWritten) { expect_parity("mistral_hf", 0); }
 // ... and a byte-level tokenizer.json under LlamaTokenizerFast (Llama 3-style dirs) as written too.
 TEST(TokenizerJson, ByteLevelFileUnderLlamaClassReadsTheFileAsWritten) { expect_parity("llama3_llama_class", 0); }
+// ... and a `qwen2` model_type loads Qwen2Tokenizer whatever the hub class, which rebuilds NFC +
+// Qwen2's regex in place of the file's (before: the file as written; "\n\n" was [198, 198], not
+// transformers' [1116]): SmolLM2's files, and a Llama 3-style byte-level file under
+// LlamaTokenizerFast with BOS (DeepSeek-R1-Distill-Qwen's layout).
+TEST(TokenizerJson, Qwen2ModelTypeRebuildsQwen2Pipeline) {
+  expect_parity("smollm2_as_qwen2", 511);
+  expect_parity("llama3_as_qwen2", 509);
+}
 
 // NFC + Replace normalizers, Split behaviours (Contiguous, MergedWithNext, MergedWithPrevious,
 // Removed + invert), Digits, Metaspace split, unk / fuse_unk / subword prefix / word suffix /
