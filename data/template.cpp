@@ -533,9 +533,9 @@ struct FamilyRenderer {
   void llama3(const std::string& bos) {
     // '<|start_header_id|>' + role + '<|end_header_id|>\n\n' + content|trim + '<|eot_id|>', bos_token first
     for (size_t i = 0; i < msgs.size(); ++i) {
-      at(i);
       const bool a = msgs[i].role == "assistant";
       if (i == 0) control(bos);
+      at(i);
       llama_header(msgs[i].role);
       text(py_strip(msgs[i].content), a);
       control("<|eot_id|>", a);
