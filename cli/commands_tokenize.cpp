@@ -42,6 +42,7 @@ std::string cmd_tokenize(const TokenizeOptions& o) {
   std::vector<int32_t> labels;
   std::string masked_view;
   std::string template_used;  // --chat: the template rendered with ("auto" resolved)
+  std::string warning;        // --chat: what the template drops (reasoning_content), "" = nothing
   if (!o.chat.empty()) {
     data::DataOptions dopts;  // training's defaults: add_eos, train_on_inputs = false
     dopts.format = "auto";
@@ -53,6 +54,11 @@ std::string cmd_tokenize(const TokenizeOptions& o) {
     ids = ex.input_ids;
     labels = ex.labels;
     masked_view = data::render_masked(ex, tok);
+    data::DataStats dropped;  // the per-file warning of train / eval, for this one record
+    dropped.reasoning_not_rendered =
+        !data::template_renders_reasoning(name) &&
+        std::any_of(r.turns.begin(), r.turns.end(), [](const data::Turn& t) { return t.has_reasoning && !t.reasoning_content.empty(); });
+    warning = data::reasoning_note(dropped, name);
   } else {
     const std::string text = !o.file.empty() ? read_bytes(o.file) : o.text;
     ids = o.no_special ? tok.encode(text) : tok.encode_with_special_tokens(text);
@@ -65,6 +71,7 @@ std::string cmd_tokenize(const TokenizeOptions& o) {
     for (int32_t id : ids) pieces.push_back(tok.id_to_piece(id));
     j["pieces"] = pieces;
     if (!template_used.empty()) j["template"] = template_used;
+    if (!warning.empty()) j["warning"] = warning;
     if (!labels.empty()) {
       j["labels"] = labels;
       std::vector<bool> trained;
@@ -75,6 +82,7 @@ std::string cmd_tokenize(const TokenizeOptions& o) {
     return os.str();
   }
   if (!template_used.empty()) os << "template: " << template_used << "\n";
+  if (!warning.empty()) os << "warning: " << warning << "\n";
   os << ids.size() << " tokens";
   if (!labels.empty()) {
     const auto n = std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l != data::kIgnoreIndex; });

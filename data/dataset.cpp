@@ -43,6 +43,9 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
   out.reserve(records.size());
   for (const Record& r : records) {
     if (!r.is_text && !r.tools.empty() && !template_renders_tools(opts.template_name)) ++st->tools_not_rendered;
+    if (!r.is_text && !template_renders_reasoning(opts.template_name) &&
+        std::any_of(r.turns.begin(), r.turns.end(), [](const Turn& t) { return t.has_reasoning && !t.reasoning_content.empty(); }))
+      ++st->reasoning_not_rendered;
     QLORA_CHECK(opts.truncation != "split" || r.is_text, r.file, ":", r.line,
                 ": data.truncation: split cuts raw text (format completion) into pieces; this record is a "
                 "conversation (a piece would train an answer without its prompt): use drop or truncate");
@@ -50,7 +53,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
     // they are dropped before paying for their tokenisation (a 10 MB line costs nothing).
     size_t bytes = r.text.size();
     for (const Turn& t : r.turns) {
-      bytes += t.content.size();
+      bytes += t.content.size() + t.reasoning_content.size();
       for (const ToolCall& c : t.tool_calls) bytes += c.name.size() + c.arguments.size();
     }
     if (opts.truncation == "drop" && bytes > size_t(L) * 64) {
@@ -169,6 +172,7 @@ void add_stats(DataStats* into, const DataStats& from) {
   into->split_pieces += from.split_pieces;
   into->split_tails_dropped += from.split_tails_dropped;
   into->tools_not_rendered += from.tools_not_rendered;
+  into->reasoning_not_rendered += from.reasoning_not_rendered;
   for (const auto& [reason, lines] : from.listed)
     for (const std::string& l : lines)
       if (into->listed[reason].size() < DataStats::kListedPerReason) into->listed[reason].push_back(l);
@@ -322,9 +326,20 @@ std::string tools_note(const DataStats& st, const std::string& template_name) {
          "); use a template that renders tools (" + renderers + ") or put the schemas in the system message";
 }
 
+std::string reasoning_note(const DataStats& st, const std::string& template_name) {
+  if (st.reasoning_not_rendered == 0) return "";
+  return std::to_string(st.reasoning_not_rendered) +
+         (st.reasoning_not_rendered == 1 ? " record carries" : " records carry") +
+         " reasoning_content on an assistant message that template " + template_name + " does not render (" +
+         (is_family_template(template_name) ? "its chat template ignores the field, as transformers' apply_chat_template does"
+                                            : "it has no place for it") +
+         "): the thinking is not trained; use qwen3 (the one template that renders it), or write it into the content";
+}
+
 std::vector<std::string> file_notes(const DataStats& st, const std::string& template_name) {
   std::vector<std::string> notes;
-  for (std::string note : {unused_records_note(st), placeholder_note(st.read), tools_note(st, template_name)})
+  for (std::string note : {unused_records_note(st), placeholder_note(st.read), tools_note(st, template_name),
+                           reasoning_note(st, template_name)})
     if (!note.empty()) notes.push_back(std::move(note));
   return notes;
 }
@@ -505,8 +520,8 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
   if (const std::string note = placeholder_note(d.stats.read); !note.empty()) o << "warning: " << note << "\n";
   for (const std::vector<SourceStats>* v : {&d.train_sources, &d.eval_sources})  // per file, as train / eval warn
     for (const SourceStats& f : *v)
-      if (const std::string note = tools_note(f.stats, opts.template_name); !note.empty())
-        o << "warning: data: " << f.source.path << ": " << note << "\n";
+      for (const std::string& note : {tools_note(f.stats, opts.template_name), reasoning_note(f.stats, opts.template_name)})
+        if (!note.empty()) o << "warning: data: " << f.source.path << ": " << note << "\n";
   for (int i = 0; i < n && size_t(i) < d.train.size(); ++i) {
     const Example& e = d.train[size_t(i)];
     const int64_t trainable = trained_targets(e.labels);

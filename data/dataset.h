@@ -25,6 +25,9 @@ struct DataStats {
   int64_t split_pieces = 0;           ///< the examples those documents became (tails dropped not counted)
   int64_t split_tails_dropped = 0;    ///< single-token last pieces dropped (nothing to predict in them)
   int64_t tools_not_rendered = 0;     ///< conversations with `tools` the template does not render (template_renders_tools)
+  /// conversations with an assistant `reasoning_content` (not "") the template does not render
+  /// (template_renders_reasoning: all but qwen3)
+  int64_t reasoning_not_rendered = 0;
   /// The first kListedPerReason records of each reason that were not used ("dropped", "no
   /// trainable token", "truncated away") or were cut ("truncated"), each
   /// "file:line: reason (N tokens)"; what `qlora data preview` lists.
@@ -89,8 +92,15 @@ std::string placeholder_note(const ReadStats& st);
 /// it the model learns to call functions it never saw defined. The list is template_renders_tools'.
 std::string tools_note(const DataStats& st, const std::string& template_name);
 
+/// "" when no record's reasoning_content was dropped; else "N records carry reasoning_content on an
+/// assistant message that template NAME does not render (its chat template ignores the field, as
+/// transformers' apply_chat_template does | it has no place for it): the thinking is not trained; use
+/// qwen3, or write it into the content" — the per-file warning (as tools_note). The list is
+/// template_renders_reasoning's.
+std::string reasoning_note(const DataStats& st, const std::string& template_name);
+
 /// The warnings `train` and `eval` log for one file of data.train / data.eval, in this order:
-/// unused_records_note, placeholder_note, tools_note (each only when non-empty). The caller prefixes
+/// unused_records_note, placeholder_note, tools_note, reasoning_note (each only when non-empty). The caller prefixes
 /// "data: <path>: ". Empty when the file needs no warning.
 std::vector<std::string> file_notes(const DataStats& st, const std::string& template_name);
 

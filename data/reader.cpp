@@ -281,7 +281,28 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
       auto in_turn = [&](const std::string& key) { return JsonPath{list, std::to_string(k), key}; };
       if (!t.is_object()) bad("wrong type", where + " must be an object, got " + type_name(t), at);
       auto rk = t.find(role_key);
-      if (rk == t.end()) bad("missing field", where + ": missing field '" + role_key + "'", at);
+      if (rk == t.end()) {
+        // The other conversation layout's keys (an Axolotl / LLaMA-Factory config followed literally:
+        // format messages over sharegpt's {from, value} turns, or the reverse): say which setting reads it.
+        const char* other_role = sg ? "role" : "from";
+        const char* other_content = sg ? "content" : "value";
+        std::string hint;
+        if (t.contains(other_role) && t.contains(other_content)) {
+          // the other format (its list renamed to this file's when needed), or this format with
+          // the turn keys renamed (the map to write: the current one plus the two keys)
+          const std::string other_format = sg ? "messages" : "sharegpt";
+          const std::string other_list = sg ? "messages" : "conversations";
+          std::string map;
+          for (const auto& [ours, theirs] : o.field_map)
+            if (ours != (sg ? "from" : "role") && ours != (sg ? "value" : "content")) map += ours + ": " + theirs + ", ";
+          map += std::string(sg ? "from" : "role") + ": " + other_role + ", " + (sg ? "value" : "content") + ": " + other_content;
+          hint = std::string(" (this is ") + (sg ? "the messages" : "sharegpt's") + " layout {" + other_role + ", " +
+                 other_content + "}: set " + o.format_key + ": " + other_format +
+                 (list == other_list ? "" : " with " + o.field_map_key + " {" + other_list + ": " + list + "}") + ", or " +
+                 o.field_map_key + " {" + map + "})";
+        }
+        bad("missing field", where + ": missing field '" + role_key + "'" + hint, at);
+      }
       if (!rk->is_string())
         bad("wrong type", where + "." + role_key + " must be a string, got " + type_name(*rk), in_turn(role_key));
       const std::string raw_role = rk->get<std::string>();
@@ -323,6 +344,25 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
           turn.tool_calls.push_back(read_call(v, cw, in_turn(content_key), true));
         }
         turn.content.clear();
+      }
+      // Axolotl's per-message weight: 0 = do not train this turn, 1 = train it (null = absent)
+      if (auto w = t.find("weight"); w != t.end() && !w->is_null()) {
+        const bool number = w->is_number() && !w->is_boolean();
+        const double v = number ? w->get<double>() : -1;
+        if (!number || (v != 0 && v != 1))
+          bad("wrong type", where + ".weight must be 0 (do not train this turn) or 1 (train it), got " +
+                                (w->is_string() ? "'" + w->get<std::string>() + "'" : w->dump()), in_turn("weight"));
+        turn.train = v == 1;
+      }
+      // transformers' reasoning_content (the thinking trace of an assistant message; qwen3 renders it)
+      if (auto rc = t.find("reasoning_content"); rc != t.end() && !rc->is_null()) {
+        if (turn.role != "assistant")
+          bad("wrong type", where + ".reasoning_content: only an assistant message has reasoning_content (this one is '" +
+                                raw_role + "')", in_turn("reasoning_content"));
+        if (!rc->is_string())
+          bad("wrong type", where + ".reasoning_content must be a string, got " + type_name(*rc), in_turn("reasoning_content"));
+        turn.reasoning_content = rc->get<std::string>();
+        turn.has_reasoning = true;
       }
       if (turn.role == "tool") {
         for (const char* key : {"tool_call_id", "name"}) {

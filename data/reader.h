@@ -9,6 +9,9 @@
 // transformers form; content absent, null, "" or text), or a `function_call` turn whose content
 // is the call's JSON (the glaive form); both become Turn::tool_calls. A tool message may carry
 // `tool_call_id` (kept) and `name` (checked, not rendered by any template).
+// Any message may carry Axolotl's `weight` (0: do not train this turn, 1: train it; else an
+// error); an assistant message may carry `reasoning_content` (a string: its thinking trace,
+// rendered by qwen3 only, counted per file for the others: DataStats::reasoning_not_rendered).
 //   completion {text} in JSON/JSONL, or a .txt file split into documents on blank lines -> raw text
 // Roles are normalised to system|user|assistant|tool (role_map first, then the defaults
 // human->user, gpt->assistant, function_call->assistant, observation->tool).
@@ -47,6 +50,15 @@ struct Turn {
   /// write the content and then each call as JSON {"name": ..., "arguments": ...}, one a line.
   std::vector<ToolCall> tool_calls{};
   std::string tool_call_id{};  ///< a tool turn's `tool_call_id` (OpenAI), "" when absent
+  /// An assistant message's `reasoning_content` (the thinking trace, as transformers' chat
+  /// messages carry it); meaningful only when has_reasoning (the field is present and not null:
+  /// qwen3's jinja tests `is defined and is not none`, so "" counts as given).
+  std::string reasoning_content{};
+  bool has_reasoning = false;
+  /// Axolotl's per-message `weight` (sharegpt): false for `weight: 0`, an assistant turn then not
+  /// trained (its labels -100, even under train_on_inputs); true for `weight: 1` or no weight.
+  /// Other turns keep the flag but it changes nothing (as in Axolotl: inputs follow train_on_inputs).
+  bool train = true;
 };
 
 /// A normalised record: a conversation, or (completion format) one raw text.

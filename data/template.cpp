@@ -84,11 +84,12 @@ const char* kVicunaSystem =
 
 struct Builder {
   std::vector<Segment> segs;
+  bool mask = false;  // the turn being written has weight 0: its segments are never trained
   void text(const std::string& t, bool train) {
-    if (!t.empty()) segs.push_back({t, -1, train});
+    if (!t.empty()) segs.push_back({t, -1, train && !mask, false, mask});
   }
   void special(int32_t id, bool train) {
-    if (id >= 0) segs.push_back({"", id, train});
+    if (id >= 0) segs.push_back({"", id, train && !mask, false, mask});
   }
 };
 
@@ -118,6 +119,8 @@ bool is_family_template(const std::string& name) {
 bool template_renders_tools(const std::string& name) {
   return name == "qwen2.5" || name == "qwen3" || name == "llama3.1" || name == "llama3.2" || name == "mistral";
 }
+
+bool template_renders_reasoning(const std::string& name) { return name == "qwen3"; }
 
 std::vector<Segment> render(const Record& r, const std::string& name, const Tokenizer& tok, bool add_eos) {
   if (is_family_template(name) && !r.is_text) {
@@ -151,6 +154,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
     // (no second EOS when the EOS is <|im_end|> itself: SmolLM2, Qwen instruct tokenizers)
     const int32_t turn_eos = eos >= 0 && tok.id_to_piece(eos) == "<|im_end|>" ? -1 : eos;
     for (const Turn& t : r.turns) {
+      b.mask = t.role == "assistant" && !t.train;
       if (t.role == "assistant") {
         b.text("<|im_start|>assistant\n", false);
         b.text(assistant_text(t) + "<|im_end|>", true);
@@ -169,6 +173,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
     // a later system turn folded into the next user turn) where the jinja raises.
     for (; k < r.turns.size(); ++k) {
       const Turn& t = r.turns[k];
+      b.mask = t.role == "assistant" && !t.train;
       if (t.role == "assistant") {
         b.text(" " + py_strip(assistant_text(t)) + " ", true);
         b.special(eos, true);
@@ -186,6 +191,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
     b.text((sys.empty() ? std::string(kVicunaSystem) : sys) + " ", false);
     for (; k < r.turns.size(); ++k) {
       const Turn& t = r.turns[k];
+      b.mask = t.role == "assistant" && !t.train;
       if (t.role == "assistant") {
         b.text(" " + assistant_text(t), true);
         b.special(eos, true);
@@ -200,6 +206,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
     b.text((sys.empty() ? std::string(kAlpacaSystem) : sys) + "\n\n", false);
     for (; k < r.turns.size(); ++k) {
       const Turn& t = r.turns[k];
+      b.mask = t.role == "assistant" && !t.train;
       if (t.role == "assistant") {
         b.text(assistant_text(t), true);
         b.special(eos, true);
@@ -212,6 +219,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
   } else if (name == "none") {
     // contents concatenated as they are; assistant content + EOS trained
     for (const Turn& t : r.turns) {
+      b.mask = t.role == "assistant" && !t.train;
       b.text(t.role == "assistant" ? assistant_text(t) : t.content, t.role == "assistant");
       if (t.role == "assistant") b.special(eos, true);
     }
@@ -225,6 +233,8 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
 
 Example tokenize(const std::vector<Segment>& segs_in, const Tokenizer& tok, bool train_on_inputs) {
   Example ex;
+  // a weight-0 turn's segments are never trained; train_on_inputs trains every other one
+  const auto trained = [&](const Segment& seg) { return seg.trainable || (train_on_inputs && !seg.masked); };
   // A leading BOS id (our templates' and raw text's: the one the tokenizer's post-processor adds in
   // transformers) is not part of the text: the text after it is tokenised as starting at offset 0
   // (Metaspace "first" prepends its "▁"), as tokenizer(text) does.
@@ -236,11 +246,11 @@ Example tokenize(const std::vector<Segment>& segs_in, const Tokenizer& tok, bool
     segs_rest.assign(segs_in.begin() + 1, segs_in.end());
     segs_p = &segs_rest;
     ex.input_ids.push_back(tok.bos_id());
-    ex.labels.push_back(train_on_inputs || segs_in.front().trainable ? tok.bos_id() : kIgnoreIndex);
+    ex.labels.push_back(trained(segs_in.front()) ? tok.bos_id() : kIgnoreIndex);
   }
   const std::vector<Segment>& segs = *segs_p;
   std::string chunk;
-  std::vector<std::pair<size_t, bool>> starts;  // (byte offset where a segment starts, trainable)
+  std::vector<std::pair<size_t, bool>> starts;  // (byte offset where a segment starts, its label kept)
   std::vector<int64_t> offs;
   auto flush = [&]() {
     if (chunk.empty()) return;
@@ -252,7 +262,7 @@ Example tokenize(const std::vector<Segment>& segs_in, const Tokenizer& tok, bool
     for (size_t i = 0; i < ids.size(); ++i) {
       while (s + 1 < starts.size() && starts[s + 1].first <= size_t(offs[i])) ++s;
       ex.input_ids.push_back(ids[i]);
-      ex.labels.push_back(train_on_inputs || starts[s].second ? ids[i] : kIgnoreIndex);
+      ex.labels.push_back(starts[s].second ? ids[i] : kIgnoreIndex);
     }
     chunk.clear();
     starts.clear();
@@ -264,7 +274,7 @@ Example tokenize(const std::vector<Segment>& segs_in, const Tokenizer& tok, bool
     for (const Segment& seg : segs) {
       const std::string t = seg.special_id >= 0 ? tok.id_to_piece(seg.special_id) : seg.text;
       if (t.empty()) continue;
-      starts.emplace_back(chunk.size(), seg.trainable);
+      starts.emplace_back(chunk.size(), trained(seg));
       chunk += t;
     }
     flush();
@@ -275,9 +285,9 @@ Example tokenize(const std::vector<Segment>& segs_in, const Tokenizer& tok, bool
     if (id >= 0) {
       flush();
       ex.input_ids.push_back(id);
-      ex.labels.push_back(train_on_inputs || seg.trainable ? id : kIgnoreIndex);
+      ex.labels.push_back(trained(seg) ? id : kIgnoreIndex);
     } else if (!seg.text.empty()) {
-      starts.emplace_back(chunk.size(), seg.trainable);
+      starts.emplace_back(chunk.size(), trained(seg));
       chunk += seg.text;
     }
   }
@@ -339,15 +349,19 @@ struct FamilyRenderer {
   std::vector<Turn> msgs;
   std::vector<ojson> tools;  // empty = no tools
   std::vector<Segment> segs;
+  bool mask = false;  // the message being written is an assistant turn of weight 0 (never trained)
+
+  /// Starts writing message i (each loop over msgs calls it first): sets `mask`.
+  void at(size_t i) { mask = msgs[i].role == "assistant" && !msgs[i].train; }
 
   [[noreturn]] void bad(const std::string& what) const {
     fail(r.file.empty() ? std::string("record") : r.file, ":", r.line, ": template ", name, ": ", what);
   }
   void text(const std::string& t, bool train = false) {
-    if (!t.empty()) segs.push_back({t, -1, train, false});
+    if (!t.empty()) segs.push_back({t, -1, train && !mask, false, mask});
   }
   void control(const std::string& piece, bool train = false) {
-    if (!piece.empty()) segs.push_back({piece, -1, train, true});
+    if (!piece.empty()) segs.push_back({piece, -1, train && !mask, true, mask});
   }
   /// One ChatML turn, '<|im_start|>' + head [+ body] + '<|im_end|>' + '\n' (smollm2, qwen2.5,
   /// qwen3): head is prompt-side text; body, '<|im_end|>' are trained when `train`. The head and
@@ -412,6 +426,7 @@ struct FamilyRenderer {
     // '<|im_start|>' + role + '\n' + content + '<|im_end|>' + '\n'
     for (size_t i = 0; i < msgs.size(); ++i) {
       if (i == 0 && msgs[0].role != "system") im_turn(std::string("system\n") + kSmolSystem);
+      at(i);
       im_turn(msgs[i].role + "\n", msgs[i].content, msgs[i].role == "assistant");
     }
   }
@@ -424,6 +439,7 @@ struct FamilyRenderer {
       im_turn("system\n" + (sys0 ? msgs[0].content : std::string(kQwenSystem)));
     }
     for (size_t i = 0; i < msgs.size(); ++i) {
+      at(i);
       const Turn& m = msgs[i];
       if (m.role == "user" || (m.role == "system" && i > 0)) {
         im_turn(m.role + "\n" + m.content);
@@ -458,13 +474,18 @@ struct FamilyRenderer {
       }
     }
     for (size_t i = 0; i < msgs.size(); ++i) {
+      at(i);
       const Turn& m = msgs[i];
       if (m.role == "user" || (m.role == "system" && i > 0)) {
         im_turn(m.role + "\n" + m.content);
       } else if (m.role == "assistant") {
         std::string content = m.content, reasoning;
         const size_t close = content.find("</think>");
-        if (close != std::string::npos) {
+        if (m.has_reasoning) {
+          // {%- if message.reasoning_content is defined and message.reasoning_content is not none %}:
+          // the field as given (even ""), the content not split
+          reasoning = m.reasoning_content;
+        } else if (close != std::string::npos) {
           // content.split('</think>')[-1].lstrip('\n'); split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n')
           std::string head = content.substr(0, close);
           content = content.substr(content.rfind("</think>") + 8);
@@ -514,6 +535,7 @@ struct FamilyRenderer {
     for (size_t i = 0; i < msgs.size(); ++i) {
       const bool a = msgs[i].role == "assistant";
       if (i == 0) control(bos);
+      at(i);
       llama_header(msgs[i].role);
       text(py_strip(msgs[i].content), a);
       control("<|eot_id|>", a);
@@ -555,6 +577,7 @@ struct FamilyRenderer {
       ++first;
     }
     for (size_t i = first; i < msgs.size(); ++i) {
+      at(i);
       const Turn& m = msgs[i];
       if (m.role == "tool" || m.role == "ipython") {
         llama_header("ipython");
@@ -633,6 +656,7 @@ struct FamilyRenderer {
     }
     control(bos);
     for (size_t i = first; i < msgs.size(); ++i) {
+      at(i);
       const Turn& m = msgs[i];
       if (m.role == "user") {
         // tools before the last user message (the jinja compares messages: every user message

@@ -44,6 +44,9 @@ struct Segment {
   int32_t special_id = -1;
   bool trainable = false;  ///< assistant content, its template suffix and its EOS
   bool control = false;
+  /// Never trained, not even under train_on_inputs: an assistant turn of `weight: 0` (Axolotl
+  /// masks such a turn whole, its role header too).
+  bool masked = false;
 };
 
 /// A tokenised example. input_ids and labels have the same length; labels[i] is input_ids[i]
@@ -68,6 +71,13 @@ bool is_family_template(const std::string& name);
 /// them. The one list render_family() consults (it drops the tools of the others).
 bool template_renders_tools(const std::string& name);
 
+/// True when template `name` renders an assistant message's `reasoning_content`: qwen3 only (its
+/// jinja writes it as <think>\n...\n</think>\n\n before the content, for the assistant turns after
+/// the last user query). Every other family jinja (smollm2, qwen2.5, llama3*, mistral) ignores the
+/// field, and the generic templates have no place for it: build_examples counts such records
+/// (DataStats::reasoning_not_rendered) for a per-file warning.
+bool template_renders_reasoning(const std::string& name);
+
 /// Renders a record with template `name`: exactly one BOS first, EOS after every assistant turn
 /// when add_eos (family templates: see the file comment). Raw text (completion) renders as
 /// BOS text [EOS], all trainable. Throws qlora::Error for an unknown template name, and (family
@@ -76,7 +86,8 @@ bool template_renders_tools(const std::string& name);
 /// tools) or a malformed tools list, and for a mistral message with both content and tool calls
 /// (its jinja would drop the content). An assistant turn's tool calls (Turn::tool_calls) render
 /// in the template's tool-call syntax (qwen2.5, qwen3, llama3.1/3.2, mistral), else as JSON text after the
-/// content, one call a line (docs/data.md "Formats").
+/// content, one call a line (docs/data.md "Formats"). An assistant turn of Axolotl `weight: 0`
+/// (Turn::train false) renders the same text, every segment of it `masked` (and not trainable).
 std::vector<Segment> render(const Record& r, const std::string& name, const Tokenizer& tok, bool add_eos);
 
 /// The family templates without a tokenizer: `bos` / `eos` are the tokenizer's bos_token and
@@ -111,7 +122,8 @@ std::string py_tojson(const std::string& json_text);
 /// Python str.strip() (Unicode whitespace, as jinja's `trim` filter) of UTF-8 text.
 std::string py_strip(const std::string& s);
 
-/// Tokenises rendered segments (see the file comment). train_on_inputs = true labels every token.
+/// Tokenises rendered segments (see the file comment). train_on_inputs = true labels every token
+/// but those of `masked` segments.
 Example tokenize(const std::vector<Segment>& segs, const Tokenizer& tok, bool train_on_inputs);
 
 /// [start, end) of the last run of trained labels of `ex`: its last assistant turn (answer,

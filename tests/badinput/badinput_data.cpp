@@ -252,3 +252,89 @@ TEST(BadInputData, EncodingsBomUtf16Utf32InvalidUtf8) {
   EXPECT_EQ(st.skip_reasons["invalid UTF-8"], 1);
   fs::remove_all(dir);
 }
+
+// Axolotl's per-message `weight` is 0 or 1 (null: absent); anything else is one line naming the file,
+// the line and the message's JSON path. reasoning_content is a string on an assistant message.
+TEST(BadInputData, WeightIsZeroOrOneAndReasoningContentAString) {
+  const qlora::test::TempDir tmp("weight");
+  const std::string ok = R"({"conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]})";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"2", "2"}, {"0.5", "0.5"}, {"\"1\"", "'1'"}, {"true", "true"}, {"-1", "-1"}, {"[0]", "[0]"}};
+  for (const auto& [value, shown] : bad) {
+    const fs::path p = tmp.path / "w.jsonl";
+    std::ofstream(p) << ok << "\n"
+                     << R"({"conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "BAD", "weight": )"
+                     << value << "}]}\n";
+    const std::string msg = error_of(p);
+    EXPECT_EQ(msg, p.string() + ":2: conversations[1].weight must be 0 (do not train this turn) or 1 (train it), got " + shown)
+        << value;
+  }
+  const fs::path good = tmp.path / "good.jsonl";
+  std::ofstream(good) << R"({"messages": [{"role": "user", "content": "Q", "weight": 1}, {"role": "assistant", "content": "A", "weight": 0},)"
+                      << R"( {"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "weight": 1.0},)"
+                      << R"( {"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "weight": null}]})" << "\n";
+  ReadStats st;
+  const auto recs = read_records(good.string(), {}, &st);
+  ASSERT_EQ(recs.size(), 1u);
+  std::vector<bool> train;
+  for (const Turn& t : recs[0].turns) train.push_back(t.train);
+  EXPECT_EQ(train, (std::vector<bool>{true, false, true, true, true, true}));
+  // pretty-printed: the line of the weight itself
+  const fs::path pretty = tmp.path / "pretty.json";
+  std::ofstream(pretty) << "[\n{\"messages\": [\n  {\"role\": \"user\", \"content\": \"Q\"},\n  {\"role\": \"assistant\",\n"
+                           "   \"content\": \"A\",\n   \"weight\": 0.5}\n]}\n]\n";
+  EXPECT_EQ(error_of(pretty), pretty.string() + ":6: messages[1].weight must be 0 (do not train this turn) or 1 (train it), got 0.5");
+  const fs::path rc = tmp.path / "rc.jsonl";
+  std::ofstream(rc) << R"({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "reasoning_content": 3}]})" << "\n";
+  EXPECT_EQ(error_of(rc), rc.string() + ":1: messages[1].reasoning_content must be a string, got number");
+  std::ofstream(rc) << R"({"messages": [{"role": "user", "content": "Q", "reasoning_content": "r"}, {"role": "assistant", "content": "A"}]})" << "\n";
+  EXPECT_EQ(error_of(rc), rc.string() + ":1: messages[0].reasoning_content: only an assistant message has reasoning_content "
+                                        "(this one is 'user')");
+  // skip_invalid counts a bad weight like any wrong type
+  DataOptions o;
+  o.skip_invalid = true;
+  std::ofstream(good) << ok << "\n" << R"({"conversations": [{"from": "gpt", "value": "A", "weight": 2}]})" << "\n";
+  EXPECT_EQ(read_records(good.string(), o, &st).size(), 1u);
+  EXPECT_EQ(st.skip_reasons["wrong type"], 1);
+}
+
+// Axolotl's migration hints followed literally (format messages, field_map {messages:
+// conversations}) on sharegpt's {from, value} turns: the missing 'role' error says which settings
+// read that layout (and the reverse), and the settings it names do read the file.
+TEST(BadInputData, SharegptTurnsReadAsMessagesNameTheLayout) {
+  const qlora::test::TempDir tmp("layout");
+  const fs::path p = tmp.path / "sg.jsonl";
+  std::ofstream(p) << R"({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]})" << "\n";
+  DataOptions o;
+  o.format = "messages";
+  o.field_map = {{"messages", "conversations"}};
+  EXPECT_EQ(error_of(p, o), p.string() + ":1: conversations[0]: missing field 'role' (this is sharegpt's layout {from, "
+                                         "value}: set data.format: sharegpt, or data.field_map {messages: conversations, role: from, content: value})");
+  o.format_key = "data.train[1].format";
+  o.field_map_key = "data.train[1].field_map";
+  EXPECT_EQ(error_of(p, o), p.string() + ":1: conversations[0]: missing field 'role' (this is sharegpt's layout {from, "
+                                         "value}: set data.train[1].format: sharegpt, or data.train[1].field_map {messages: "
+                                         "conversations, role: from, content: value})");
+  ReadStats st;
+  o.field_map = {{"messages", "conversations"}, {"role", "from"}, {"content", "value"}};  // the hint's map
+  auto recs = read_records(p.string(), o, &st);
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0].turns[1].role, "assistant");
+  o.format = "sharegpt";  // the hint's format
+  o.field_map = {{"messages", "conversations"}};
+  recs = read_records(p.string(), o, &st);
+  EXPECT_EQ(recs[0].turns[1].content, "yo");
+  // the reverse: messages' {role, content} turns under format sharegpt
+  const fs::path m = tmp.path / "m.jsonl";
+  std::ofstream(m) << R"({"conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})" << "\n";
+  o.format = "sharegpt";
+  o.format_key = "data.format";
+  o.field_map_key = "data.field_map";
+  o.field_map = {};
+  EXPECT_EQ(error_of(m, o), m.string() + ":1: conversations[0]: missing field 'from' (this is the messages layout {role, "
+                                         "content}: set data.format: messages with data.field_map {messages: conversations}, or "
+                                         "data.field_map {from: role, value: content})");
+  // a turn with neither layout: no hint
+  std::ofstream(m) << R"({"conversations": [{"speaker": "user", "text": "hi"}]})" << "\n";
+  EXPECT_EQ(error_of(m, o), m.string() + ":1: conversations[0]: missing field 'from'");
+}

@@ -146,6 +146,57 @@ TEST(Readers, IdentityPlaceholdersAndDefaultSystemMessage) {
   EXPECT_EQ(text(render_family(recs[0], "smollm2", "", "")).find("named SmolLM"), std::string::npos);
 }
 
+// Axolotl's per-message weight (sharegpt): weight 0 on an assistant turn trains none of its tokens,
+// not even under train_on_inputs (Axolotl masks the whole turn, its role header too); weight 1 and
+// no weight train it; a user turn's weight changes nothing (train_on_inputs decides, as in Axolotl).
+TEST(Labels, AxolotlWeightZeroTrainsNothingOfItsTurn) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  const Record r = record_from_json(
+      R"({"conversations": [{"from": "human", "value": "Hi", "weight": 0}, {"from": "gpt", "value": "Good answer", "weight": 1},
+          {"from": "human", "value": "Again"}, {"from": "gpt", "value": "BAD ANSWER", "weight": 0},
+          {"from": "human", "value": "Last", "weight": 1}, {"from": "gpt", "value": "Fine"}]})",
+      "w.json", DataOptions{});
+  ASSERT_EQ(r.turns.size(), 6u);
+  EXPECT_EQ((std::vector<bool>{r.turns[0].train, r.turns[1].train, r.turns[3].train, r.turns[4].train, r.turns[5].train}),
+            (std::vector<bool>{false, true, false, true, true}));
+  for (const std::string tpl : {"chatml", "llama2", "alpaca", "vicuna", "none"}) {
+    const std::vector<Segment> segs = render(r, tpl, tok, true);
+    Record unweighted = r;
+    for (Turn& t : unweighted.turns) t.train = true;
+    EXPECT_EQ(render_string(segs, tok), render_string(render(unweighted, tpl, tok, true), tok)) << tpl;  // same text
+    for (const bool inputs : {false, true}) {
+      const Example ex = tokenize(segs, tok, inputs);
+      std::string trained;
+      int eos_trained = 0;
+      for (size_t i = 0; i < ex.labels.size(); ++i) {
+        if (ex.labels[i] == kIgnoreIndex) continue;
+        if (ex.input_ids[i] == tok.eos_id()) ++eos_trained;
+        trained += tok.id_to_piece(ex.input_ids[i]);
+      }
+      EXPECT_EQ(trained.find("BAD"), std::string::npos) << tpl << " train_on_inputs " << inputs << ": " << trained;
+      EXPECT_NE(trained.find("Good"), std::string::npos) << tpl << ": " << trained;
+      EXPECT_NE(trained.find("Fine"), std::string::npos) << tpl << ": " << trained;
+      EXPECT_EQ(trained.find("Again") != std::string::npos, inputs) << tpl << ": " << trained;
+      EXPECT_EQ(trained.find("Hi") != std::string::npos, inputs) << tpl << ": " << trained;  // a user weight: no effect
+      EXPECT_EQ(eos_trained, 2) << tpl;  // the weight-0 turn's EOS is not trained either
+    }
+  }
+  // the labels are those of the record without the weight-0 turn's tokens: every label of it is -100
+  const Example ex = tokenize(render(r, "chatml", tok, true), tok, false);
+  Record no_bad = r;
+  no_bad.turns[3].train = true;
+  const Example all = tokenize(render(no_bad, "chatml", tok, true), tok, false);
+  ASSERT_EQ(ex.input_ids, all.input_ids);
+  int differ = 0;
+  for (size_t i = 0; i < ex.labels.size(); ++i)
+    if (ex.labels[i] != all.labels[i]) {
+      EXPECT_EQ(ex.labels[i], kIgnoreIndex);
+      ++differ;
+    }
+  EXPECT_GT(differ, 3);  // "BAD ANSWER<|im_end|>" and the EOS
+}
+
 TEST(Readers, MessagesFormatAndMaps) {
   QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
   const Tokenizer tok = llama(model);

@@ -74,17 +74,19 @@ TEST(FamilyTemplates, RenderedStringsMatchTransformers) {
     EXPECT_EQ(checked[name], j["counts"][name].get<int>()) << name;
   }
   // docs/data.md's numbers: 84 conversations each (mistral 60), + 8 OpenAI tool_calls ones (mistral 5,
-  // llama3.1/3.2 4), + 10 glaive ones in the OpenAI form (qwen2.5, llama3.1, llama3.2 5, mistral none)
-  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 102}, {"llama3.1", 93}, {"llama3.2", 93}, {"mistral", 65 * 4},
-                                                 {"qwen2.5", 97}, {"qwen3", 102}, {"smollm2", 102}}));
+  // llama3.1/3.2 4), + 10 glaive ones in the OpenAI form (qwen2.5, llama3.1, llama3.2 5, mistral none),
+  // + 7 with reasoning_content (mistral 5) and 2 with Axolotl weights
+  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 111}, {"llama3.1", 102}, {"llama3.2", 102}, {"mistral", 72 * 4},
+                                                 {"qwen2.5", 106}, {"qwen3", 111}, {"smollm2", 111}}));
   int total = 0;
   for (const auto& [name, n] : checked) total += n;
-  EXPECT_EQ(total, 849);  // mistral 4 times: tokenizer.json and tokenizer.model, Llama and Mistral config
+  EXPECT_EQ(total, 931);  // mistral 4 times: tokenizer.json and tokenizer.model, Llama and Mistral config
 }
 
 // Ids equal apply_chat_template(tokenize=True) with each family's tokenizer fixture; only
 // assistant turns carry labels (assistant text + its closing token; the mask of the fixture
-// script, computed from the rendered string and HF's token offsets), each closing token learned.
+// script, computed from the rendered string and HF's token offsets), each closing token learned,
+// but for an assistant turn of Axolotl `weight: 0` (none of its tokens).
 TEST(FamilyTemplates, IdsMatchTransformersAndOnlyAssistantTurnsAreTrained) {
   QLORA_REQUIRE_FIXTURE(refs, "templates/template_refs.json");
   const auto j = nlohmann::json::parse(std::ifstream(refs));
@@ -128,7 +130,7 @@ TEST(FamilyTemplates, IdsMatchTransformersAndOnlyAssistantTurnsAreTrained) {
       closing_trained += trained.back() && ex.input_ids[i] == close_id;
     }
     EXPECT_EQ(trained, c["trained"].get<std::vector<bool>>()) << name << " #" << c["index"] << ": " << c["rendered"];
-    for (const Turn& t : r.turns) assistant_turns += t.role == "assistant";
+    for (const Turn& t : r.turns) assistant_turns += t.role == "assistant" && t.train;  // weight 0: not trained
     EXPECT_EQ(closing_trained, assistant_turns) << name << " #" << c["index"];
     ++checked[name];
   }
@@ -495,4 +497,69 @@ TEST(ToolsNotRendered, CountedAndNotedPerFile) {
   const Datasets q = load_datasets(o, Tokenizer::from_pretrained(qwen.parent_path().string()));
   EXPECT_EQ(q.stats.tools_not_rendered, 0);
   EXPECT_EQ(tools_note(q.stats, "qwen2.5"), "");
+}
+
+// reasoning_content: qwen3 renders it (the parity cases above, records 92..98 of qwen3.jsonl);
+// every other template leaves it out of the rendering, as each one's jinja does, and
+// template_renders_reasoning says so (the list the per-file warning uses).
+TEST(ReasoningNotRendered, TheRenderersAgreeWithTemplateRendersReasoning) {
+  QLORA_REQUIRE_FIXTURE(smol, "tokenizers/smollm2/tokenizer_config.json");
+  const Tokenizer tok = Tokenizer::from_pretrained(smol.parent_path().string());
+  const Record r = record_from_json(
+      R"({"messages": [{"role": "user", "content": "2+2?"},
+          {"role": "assistant", "reasoning_content": "Zqx simple sum", "content": "4"}]})",
+      "think.json", DataOptions{});
+  ASSERT_TRUE(r.turns[1].has_reasoning);
+  std::vector<std::string> rendering;
+  for (const std::string& name : template_names()) {
+    std::string text;
+    for (const Segment& s : is_family_template(name) ? render_family(r, name, "<s>", "</s>") : render(r, name, tok, true))
+      text += s.text;
+    EXPECT_EQ(text.find("Zqx simple sum") != std::string::npos, template_renders_reasoning(name)) << name << ":\n" << text;
+    if (template_renders_reasoning(name)) rendering.push_back(name);
+  }
+  EXPECT_EQ(rendering, std::vector<std::string>{"qwen3"});
+  // the trial's record: transformers 5 renders the field in a think block, and it is trained
+  const auto segs = render_family(r, "qwen3", "", "<|im_end|>");
+  EXPECT_EQ(concat(segs, false),
+            "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\nZqx simple sum\n</think>\n\n4<|im_end|>\n");
+  EXPECT_EQ(concat(segs, true), "<think>\nZqx simple sum\n</think>\n\n4<|im_end|>");
+}
+
+// A record carrying reasoning_content that the template does not render is counted and warned
+// about per file (file_notes, data preview), as tools are; none with qwen3, none for "".
+TEST(ReasoningNotRendered, CountedAndNotedPerFile) {
+  QLORA_REQUIRE_FIXTURE(smol, "tokenizers/smollm2/tokenizer_config.json");
+  QLORA_REQUIRE_FIXTURE(qwen, "tokenizers/qwen2_bpe/tokenizer_config.json");
+  const qlora::test::TempDir tmp("reasoning");
+  const fs::path p = tmp.path / "think.jsonl";
+  std::ofstream(p) << R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "reasoning_content": "r", "content": "b"}]})" "\n"
+                   << R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})" "\n"
+                   << R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "reasoning_content": "", "content": "b"}]})" "\n"
+                   << R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "reasoning_content": "r1", "content": "b"},)"
+                   << R"( {"role": "user", "content": "c"}, {"role": "assistant", "reasoning_content": "r2", "content": "d"}]})" "\n";
+  const Tokenizer st = Tokenizer::from_pretrained(smol.parent_path().string());
+  DataOptions o;
+  o.train = {{p.string()}};
+  o.template_name = "smollm2";
+  const Datasets d = load_datasets(o, st);
+  EXPECT_EQ(d.stats.reasoning_not_rendered, 2);
+  EXPECT_EQ(d.train_sources[0].stats.reasoning_not_rendered, 2);
+  const std::string note =
+      "2 records carry reasoning_content on an assistant message that template smollm2 does not render (its chat "
+      "template ignores the field, as transformers' apply_chat_template does): the thinking is not trained; use qwen3 "
+      "(the one template that renders it), or write it into the content";
+  EXPECT_EQ(reasoning_note(d.train_sources[0].stats, "smollm2"), note);
+  EXPECT_EQ(file_notes(d.train_sources[0].stats, "smollm2"), std::vector<std::string>{note});
+  const std::string preview = render_preview(o, st, 0);
+  EXPECT_NE(preview.find("warning: data: " + p.string() + ": " + note), std::string::npos) << preview;
+  o.template_name = "chatml";
+  EXPECT_EQ(reasoning_note(load_datasets(o, st).stats, "chatml"),
+            "2 records carry reasoning_content on an assistant message that template chatml does not render (it has no "
+            "place for it): the thinking is not trained; use qwen3 (the one template that renders it), or write it into "
+            "the content");
+  o.template_name = "qwen3";
+  const Datasets q = load_datasets(o, Tokenizer::from_pretrained(qwen.parent_path().string()));
+  EXPECT_EQ(q.stats.reasoning_not_rendered, 0);
+  EXPECT_EQ(file_notes(q.train_sources[0].stats, "qwen3"), std::vector<std::string>{});
 }
