@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -74,6 +75,31 @@ TEST(Config, ShippedConfigsStartWithTheirRunLine) {
     std::getline(in, first);
     const auto rel = std::filesystem::relative(f, test::source_dir()).generic_string();
     EXPECT_EQ(first, "# qlora train " + rel);
+  }
+}
+
+// The shipped model configs hold eval data out of data.train (val_set_size), so `--set
+// data.train=my.jsonl` alone is a working run (issue: configs/mistral named a fixed data/eval.jsonl);
+// and a family template is the one of the model the config names (issue: configs/mistral used v0.3
+// Instruct's template, with its [TOOL_CALLS] tokens, on the base Mistral-7B-v0.1, which has none).
+TEST(Config, ShippedModelConfigsAreCoherent) {
+  const std::map<std::string, std::pair<std::string, std::string>> want = {  // config: model.path, template
+      {"llama2/7b_qlora.yaml", {"models/Llama-2-7b-hf", "llama2"}},
+      {"llama3/8b_qlora.yaml", {"models/Meta-Llama-3-8B-Instruct", "llama3"}},
+      {"mistral/7b_qlora.yaml", {"models/Mistral-7B-Instruct-v0.3", "mistral"}},
+      {"qwen2.5/7b_qlora.yaml", {"models/Qwen2.5-7B-Instruct", "qwen2.5"}},
+      {"qwen3/8b_qlora.yaml", {"models/Qwen3-8B", "qwen3"}},
+      {"smollm2/135m_qlora.yaml", {"models/SmolLM2-135M-Instruct", "smollm2"}},
+  };
+  for (const auto& [file, mt] : want) {
+    SCOPED_TRACE(file);
+    const std::string path = (test::source_dir() / "configs" / file).string();
+    const Config c = load_config(path);
+    EXPECT_EQ(c.model.path, mt.first);
+    EXPECT_EQ(c.data.template_name, mt.second);
+    EXPECT_TRUE(c.data.eval.empty()) << "a fixed data.eval file";
+    EXPECT_GT(c.data.val_set_size, 0.0);
+    EXPECT_NO_THROW(load_config(path, {"data.train=my.jsonl"}));
   }
 }
 

@@ -413,6 +413,40 @@ TEST(TrainE2E, InitRandomWithModelPathNeedsOnlyConfigJsonAndTokenizer) {
   fs::remove_all(d);
 }
 
+// configs/tiny/qlora.yaml as a user runs it: from a directory holding the quickstart's outputs
+// (runs/quickstart/model's SmolLM2 tokenizer, runs/quickstart/data/train.json's alpaca records;
+// examples/quickstart/run.sh). Issue: it pointed at ../shared, a test-only folder.
+TEST(TrainE2E, TinyConfigRunsOnTheQuickstartsFiles) {
+  const fs::path d = temp_dir("tiny_config");
+  const fs::path tok = qlora::test::fixtures_dir() / "tokenizers" / "smollm2";
+  ASSERT_TRUE(fs::exists(tok / "tokenizer.json")) << tok;
+  fs::create_directories(d / "runs" / "quickstart" / "model");
+  fs::create_directories(d / "runs" / "quickstart" / "data");
+  for (const auto& e : fs::directory_iterator(tok)) fs::copy(e.path(), d / "runs" / "quickstart" / "model" / e.path().filename());
+  {
+    json recs = json::array();
+    for (int i = 0; i < 40; ++i)
+      recs.push_back({{"instruction", "Triage this support ticket: give its topic and urgency."},
+                      {"input", "my printer " + std::to_string(i) + " is jammed"},
+                      {"output", i % 2 ? "topic: hardware, urgency: urgent" : "topic: hardware, urgency: normal"}});
+    write(d / "runs" / "quickstart" / "data" / "train.json", recs.dump(1));
+  }
+  const fs::path cfg = qlora::test::source_dir() / "configs" / "tiny" / "qlora.yaml";
+  const CliRun r = run("train " + q(cfg) + " --set training.max_steps=2", d);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(fs::exists(d / "runs" / "tiny-qlora" / "adapter_model.safetensors")) << r.out;
+  EXPECT_EQ(losses_of(d / "runs" / "tiny-qlora").size(), 2u) << r.out;
+  // Without the quickstart's files: the missing tokenizer is named by its key and the config's line.
+  fs::remove_all(d / "runs");
+  const CliRun m = run("train " + q(cfg), d);
+  EXPECT_EQ(m.status, 1) << m.out;
+  EXPECT_NE(m.out.find("error: " + cfg.string() + ":14: model.tokenizer: runs/quickstart/model: tokenizer not found"),
+            std::string::npos)
+      << m.out;
+  EXPECT_FALSE(fs::exists(d / "runs" / "tiny-qlora"));
+  fs::remove_all(d);
+}
+
 // The glaive demo's tools (function schemas) with a template that drops them (smollm2: its jinja
 // ignores `tools`, as transformers renders it): `data preview` warns, naming the file and the count.
 TEST(TrainE2E, DataPreviewWarnsOfToolsTheTemplateDrops) {
