@@ -224,6 +224,7 @@ std::string cmd_eval(const EvalOptions& o) {
   const torch::Dtype dtype = torch_dtype(cfg.model.dtype, device);
   // init: random (a preset, or model.path's config.json) trains on random weights from
   // training.seed: the same here
+  const QuantOptions& q = cfg.quantization;
   LlamaModel model = load_base_model(cfg, tok.vocab_size(), dtype, device);
   QLORA_CHECK(model.config().vocab_size >= tok.vocab_size(), "model.tokenizer: the tokenizer has ", tok.vocab_size(),
               " pieces but the model's vocab_size is ", model.config().vocab_size);

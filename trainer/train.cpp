@@ -299,7 +299,6 @@ void Trainer::setup() {
   // (whose report stays).
   memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(), /*writes=*/false);
   const torch::Dtype dtype = torch_dtype(cfg_.model.dtype, device_);
-  const QuantOptions& q = cfg_.quantization;
   model_ = std::make_unique<LlamaModel>(load_base_model(cfg_, tok_->vocab_size(), dtype, device_));
   QLORA_CHECK(model_->config().vocab_size >= tok_->vocab_size(), "model.tokenizer: the tokenizer has ",
               tok_->vocab_size(), " pieces but the model's vocab_size is ", model_->config().vocab_size);
