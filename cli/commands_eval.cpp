@@ -222,16 +222,10 @@ std::string cmd_eval(const EvalOptions& o) {
   }
 
   const torch::Dtype dtype = torch_dtype(cfg.model.dtype, device);
+  // init: random (a preset, or model.path's config.json) trains on random weights from
+  // training.seed: the same here
   const QuantOptions& q = cfg.quantization;
-  LlamaModel model = !cfg.model.path.empty()
-                         ? with_key_sources(cfg, [&] { return LlamaModel::load(cfg.model.path, dtype, device, q); })
-                         : [&] {  // a preset trains on random weights from training.seed: the same here
-                             ModelConfig mc = preset_config(cfg.model.preset);
-                             mc.vocab_size = tok.vocab_size();
-                             return LlamaModel::random_init(mc, cfg.training.seed, dtype, device, q);
-                           }();
-  const std::string honoured = honour_quant_request(model, q);
-  if (!honoured.empty()) log::warn(honoured);
+  LlamaModel model = load_base_model(cfg, tok.vocab_size(), dtype, device);
   QLORA_CHECK(model.config().vocab_size >= tok.vocab_size(), "model.tokenizer: the tokenizer has ", tok.vocab_size(),
               " pieces but the model's vocab_size is ", model.config().vocab_size);
   if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);

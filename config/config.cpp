@@ -703,6 +703,28 @@ class Section {
         {"resume_from_checkpoint", "checkpoint.resume"},
         {"bf16", "model.dtype: bf16"},
         {"torch_dtype", "model.dtype"},
+        {"evals_per_epoch", " has no key here: set \"training.eval_steps\" to S / evals_per_epoch, S being an "
+                            "epoch's optimizer steps, ceil(micro-batches / gradient_accumulation_steps) (0: eval at "
+                            "each epoch's end)"},
+        {"saves_per_epoch", " has no key here: set \"checkpoint.save_steps\" to S / saves_per_epoch, S being an "
+                            "epoch's optimizer steps, ceil(micro-batches / gradient_accumulation_steps)"},
+        {"pad_to_sequence_len", " has no key here: a batch is padded to its longest row; \"data.sample_packing: "
+                                "true\" fills rows up to data.sequence_len"},
+        {"special_tokens", " has no key here: BOS, EOS and PAD are the tokenizer's (tokenizer_config.json, "
+                           "special_tokens_map.json); batches are padded with EOS when it has no PAD, and no token "
+                           "is added to the vocabulary"},
+        {"dataset_prepared_path", " has no key here: the data files are read and tokenised at the start of "
+                                  "every run, nothing is cached (qlora data preview shows the result)"},
+        {"model_type", " has no key here: the architecture comes from \"model.path\"'s config.json "
+                       "(architectures), or from \"model.preset\""},
+        {"tokenizer_type", " has no key here: the tokenizer is read from \"model.path\" (tokenizer.json or "
+                           "tokenizer.model), or from \"model.tokenizer\""},
+        {"flash_attention", " has no key here: attention is torch's SDPA, whose kernel (flash, memory-efficient "
+                            "or math) torch picks for the device and dtype"},
+        {"tf32", " has no key here: TF32 matmuls stay off (torch's default); \"model.dtype: bf16\" is the "
+                 "fast GPU dtype"},
+        {"group_by_length", " has no key here: rows are drawn in shuffled order (\"data.shuffle\"); "
+                            "\"data.sample_packing: true\" packs short examples into full rows instead"},
     };
     // Axolotl's `datasets:` entry keys (in an entry of data.train / data.eval, or written flat
     // into the data section), and the data section's keys, which apply to every file.
@@ -716,6 +738,9 @@ class Section {
         {"field_system", "\"field_map\" here: {system: YOUR_FIELD}"},
         {"field_messages", "\"field_map\" here: {messages: YOUR_FIELD} (or {conversations: YOUR_FIELD})"},
         {"roles", "\"role_map\" here: {YOUR_ROLE: user}"},
+        {"message_property_mappings",
+         "\"field_map\" here, the same way round: {role: YOUR_ROLE_FIELD, content: YOUR_CONTENT_FIELD} for "
+         "format: messages ({from: ..., value: ...} for sharegpt); the role names themselves go in \"role_map\""},
     };
     const bool entry = !path_.empty() && path_.back() == ']';  // an entry of data.train / data.eval
     if (entry || (path_ == "data" && name != "data_files"))  // the section's file key is "train"
@@ -1613,9 +1638,21 @@ std::string tokenizer_source(const ModelSource& m) {
                 fs::path(m.path).extension() == ".gguf" ? "; import a GGUF file first: qlora import-gguf FILE --out DIR"
                                                         : "");
   }
-  if (!m.tokenizer.empty()) return m.tokenizer;
-  QLORA_CHECK(!m.path.empty(), "model.tokenizer: a preset model needs a tokenizer (a tokenizer.model file or a model dir)");
-  return m.path;
+  QLORA_CHECK(!m.tokenizer.empty() || !m.path.empty(),
+              "model.tokenizer: a preset model needs a tokenizer (a tokenizer.model file or a model dir)");
+  // What Tokenizer::from_pretrained reads (a tokenizer file, or a directory holding tokenizer.json
+  // or tokenizer.model), checked here so that a missing one is named by its key and file:line.
+  const bool own = !m.tokenizer.empty();
+  const std::string src = own ? m.tokenizer : m.path;
+  const char* key = own ? "model.tokenizer: " : "model.path: ";
+  std::error_code ec;
+  QLORA_CHECK(fs::exists(src, ec), key, src,
+              ": tokenizer not found (expected a tokenizer.json or tokenizer.model file, or a directory holding one)");
+  if (fs::is_directory(src, ec))
+    QLORA_CHECK(fs::exists(fs::path(src) / "tokenizer.json", ec) || fs::exists(fs::path(src) / "tokenizer.model", ec),
+                key, src, ": no tokenizer.json or tokenizer.model in this directory",
+                own ? "" : " (model.tokenizer names a tokenizer kept elsewhere)");
+  return src;
 }
 
 }  // namespace qlora

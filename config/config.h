@@ -181,8 +181,11 @@ auto with_key_sources(const Config& c, F&& f) -> decltype(f()) {
 /// Where the tokenizer comes from: `model.tokenizer` when set, else `model.path`. Checks the
 /// files first, so a wrong path is named as what it is: throws qlora::Error
 /// "model.path: <p>: model directory not found" / "model.path: <p> is a file, expected a Hugging
-/// Face model directory ..." (a .gguf file: import it first), or "model.tokenizer: a preset model
-/// needs a tokenizer ..." when neither is set.
+/// Face model directory ..." (a .gguf file: import it first), "model.tokenizer: a preset model
+/// needs a tokenizer ..." when neither is set, and "<key>: <p>: tokenizer not found (...)" /
+/// "<key>: <p>: no tokenizer.json or tokenizer.model in this directory" (key model.tokenizer when
+/// set, else model.path) when Tokenizer::from_pretrained would find no tokenizer file; run it under
+/// with_key_sources so the key's file:line comes first.
 std::string tokenizer_source(const ModelSource& m);
 
 /// The fully resolved config (every key, defaults included) as YAML, for config.resolved.yaml.

@@ -137,6 +137,29 @@ std::map<std::string, std::pair<int64_t, int64_t>> peft_module_shapes(const Llam
   return out;
 }
 
+LlamaModel load_base_model(const Config& cfg, int64_t tokenizer_vocab, torch::Dtype dtype, torch::Device device) {
+  const QuantOptions& q = cfg.quantization;
+  if (!cfg.model.random_init) {
+    // (a quant type other than the stored one names quantization.method's file:line / --set)
+    LlamaModel m = with_key_sources(cfg, [&] { return LlamaModel::load(cfg.model.path, dtype, device, q); });
+    const std::string honoured = honour_quant_request(m, q);
+    if (!honoured.empty()) log::warn(honoured);
+    return m;
+  }
+  // init: random draws the weights; model.path gives the shape only (docs/config.md, model.init).
+  ModelConfig mc;
+  if (cfg.model.path.empty()) {
+    mc = preset_config(cfg.model.preset);
+    mc.vocab_size = tokenizer_vocab;
+  } else {
+    mc = with_key_sources(cfg, [&] { return load_model_config(cfg.model.path); });
+  }
+  log::info("model: init: random, the shape of ", cfg.model.path.empty() ? "preset " + cfg.model.preset
+                                                                          : cfg.model.path + "/config.json",
+            " (no weights are read)");
+  return LlamaModel::random_init(mc, cfg.training.seed, dtype, device, q);
+}
+
 std::string honour_quant_request(LlamaModel& model, const QuantOptions& q) {
   int64_t requantized = 0, dequantized = 0;
   std::string stored;
@@ -276,18 +299,7 @@ void Trainer::setup() {
   // (whose report stays).
   memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(), /*writes=*/false);
   const torch::Dtype dtype = torch_dtype(cfg_.model.dtype, device_);
-  const QuantOptions& q = cfg_.quantization;
-  if (!cfg_.model.path.empty()) {
-    // (a quant type other than the stored one names quantization.method's file:line / --set)
-    model_ = std::make_unique<LlamaModel>(
-        with_key_sources(cfg_, [&] { return LlamaModel::load(cfg_.model.path, dtype, device_, q); }));
-    const std::string honoured = honour_quant_request(*model_, q);
-    if (!honoured.empty()) log::warn(honoured);
-  } else {
-    ModelConfig mc = preset_config(cfg_.model.preset);
-    mc.vocab_size = tok_->vocab_size();
-    model_ = std::make_unique<LlamaModel>(LlamaModel::random_init(mc, t.seed, dtype, device_, q));
-  }
+  model_ = std::make_unique<LlamaModel>(load_base_model(cfg_, tok_->vocab_size(), dtype, device_));
   QLORA_CHECK(model_->config().vocab_size >= tok_->vocab_size(), "model.tokenizer: the tokenizer has ",
               tok_->vocab_size(), " pieces but the model's vocab_size is ", model_->config().vocab_size);
   const LoraConfig& l = cfg_.lora;

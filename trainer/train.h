@@ -108,6 +108,15 @@ std::map<std::string, std::pair<int64_t, int64_t>> peft_module_shapes(const Llam
 /// Returns one line saying what was stored and what was done, or "" when nothing differed.
 std::string honour_quant_request(LlamaModel& model, const QuantOptions& q);
 
+/// The base model a config names, on `device` in `dtype`, quantized as `cfg.quantization` says.
+/// `model.init: pretrained`: LlamaModel::load(model.path) (config.json and the safetensors
+/// weights), with honour_quant_request's line logged as a warning. `model.init: random`: weights
+/// drawn by LlamaModel::random_init from `cfg.training.seed`, in the shape of model.path's
+/// config.json (only that file is read: no weights need exist; its vocab_size is kept) or of
+/// model.preset (vocab_size = `tokenizer_vocab`). Errors naming model.path / quantization.method
+/// carry their key's file:line (with_key_sources). Throws qlora::Error.
+LlamaModel load_base_model(const Config& cfg, int64_t tokenizer_vocab, torch::Dtype dtype, torch::Device device);
+
 /// `s` quoted for a POSIX shell (single quotes, ' as '\'') unless it holds only
 /// [A-Za-z0-9_./=:,+-]; for the resume commands printed to the user.
 std::string shell_quote(const std::string& s);

@@ -303,7 +303,10 @@ TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
                                     "\nmodel:\n  preset: tiny\n  init: random\n  tokenizer: " +
                                     (d / "none" / "tokenizer.model").string() + "\ndata:\n  train: " +
                                     (d / "train.json").string() + common);
-  expect_one_line_error(run("train " + q(d / "missing_tok.yaml")), "missing tokenizer", "tokenizer.model");
+  // ... named by its key and the config's file:line, as other missing files are.
+  expect_one_line_error(run("train " + q(d / "missing_tok.yaml")), "missing tokenizer",
+                        "error: " + (d / "missing_tok.yaml").string() + ":5: model.tokenizer: " +
+                            (d / "none" / "tokenizer.model").string() + ": tokenizer not found");
   EXPECT_FALSE(fs::exists(d / "out2"));
 
   // A model directory without its tokenizer.model.
@@ -353,6 +356,94 @@ TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
   expect_one_line_error(run("eval --model " + q(d / "model") + " --data " + q(d / "train.json") + " --adapter " +
                             q(d / "no_adapter")),
                         "eval missing adapter", "no_adapter");
+  fs::remove_all(d);
+}
+
+std::vector<double> losses_of(const fs::path& run_dir) {
+  std::vector<double> loss;
+  std::ifstream metrics(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) loss.push_back(json::parse(line)["loss"].get<double>());
+  return loss;
+}
+
+// model.init: random with model.path (docs/config.md: "architecture from preset or path's
+// config.json"; issue: it asked for model.safetensors): a directory holding only config.json and
+// the tokenizer trains, on the same weights as the preset of that shape (same training.seed: the
+// same draws), so both runs' losses are equal.
+TEST(TrainE2E, InitRandomWithModelPathNeedsOnlyConfigJsonAndTokenizer) {
+  const fs::path d = temp_dir("init_random_path");
+  {
+    std::ofstream c(d / "corpus.txt");
+    for (int i = 0; i < 300; ++i) c << "ticket " << i << ": the printer " << i % 13 << " is broken, please help\n";
+  }
+  CliRun r = run("init-model --preset tiny --out " + q(d / "model") + " --train-tokenizer " + q(d / "corpus.txt") +
+                 " --vocab-size 400 --seed 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  fs::create_directories(d / "shape");
+  for (const auto& e : fs::directory_iterator(d / "model")) {
+    const std::string name = e.path().filename().string();
+    if (name.find("safetensors") == std::string::npos) fs::copy(e.path(), d / "shape" / name);
+  }
+  ASSERT_TRUE(fs::exists(d / "shape" / "config.json"));
+  ASSERT_TRUE(fs::exists(d / "shape" / "tokenizer.model"));
+  write(d / "train.json", R"([{"instruction": "fix the printer", "output": "ok"},
+                              {"instruction": "the printer 3 is broken", "output": "please help"}])");
+  write(d / "cfg.yaml", "output_dir: " + (d / "out_path").string() + "\nmodel:\n  path: " + (d / "shape").string() +
+                            "\n  dtype: fp32\ndata:\n  train: " + (d / "train.json").string() +
+                            "\n  template: alpaca\nlora:\n  r: 4\n  target_modules: [q_proj]\ntraining:\n  max_steps: 2\n");
+  // init: pretrained (the default) still needs the weights.
+  expect_one_line_error(run("train " + q(d / "cfg.yaml")), "pretrained without weights", "no model.safetensors");
+  EXPECT_FALSE(fs::exists(d / "out_path"));
+  r = run("train " + q(d / "cfg.yaml") + " --set model.init=random");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("model: init: random, the shape of " + (d / "shape").string() + "/config.json (no weights are read)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(fs::exists(d / "out_path" / "adapter_model.safetensors"));
+  const std::vector<double> from_path = losses_of(d / "out_path");
+  ASSERT_EQ(from_path.size(), 2u) << r.out;
+  // The preset of the same shape (init-model --preset tiny; vocab = the tokenizer's 400).
+  write(d / "preset.yaml", "output_dir: " + (d / "out_preset").string() + "\nmodel:\n  preset: tiny\n  init: random\n"
+                               "  tokenizer: " + (d / "shape").string() + "\n  dtype: fp32\ndata:\n  train: " +
+                               (d / "train.json").string() + "\n  template: alpaca\nlora:\n  r: 4\n  target_modules: "
+                               "[q_proj]\ntraining:\n  max_steps: 2\n");
+  r = run("train " + q(d / "preset.yaml"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(losses_of(d / "out_preset"), from_path);
+  fs::remove_all(d);
+}
+
+// configs/tiny/qlora.yaml as a user runs it: from a directory holding the quickstart's outputs
+// (runs/quickstart/model's SmolLM2 tokenizer, runs/quickstart/data/train.json's alpaca records;
+// examples/quickstart/run.sh). Issue: it pointed at ../shared, a test-only folder.
+TEST(TrainE2E, TinyConfigRunsOnTheQuickstartsFiles) {
+  const fs::path d = temp_dir("tiny_config");
+  const fs::path tok = qlora::test::fixtures_dir() / "tokenizers" / "smollm2";
+  ASSERT_TRUE(fs::exists(tok / "tokenizer.json")) << tok;
+  fs::create_directories(d / "runs" / "quickstart" / "model");
+  fs::create_directories(d / "runs" / "quickstart" / "data");
+  for (const auto& e : fs::directory_iterator(tok)) fs::copy(e.path(), d / "runs" / "quickstart" / "model" / e.path().filename());
+  {
+    json recs = json::array();
+    for (int i = 0; i < 40; ++i)
+      recs.push_back({{"instruction", "Triage this support ticket: give its topic and urgency."},
+                      {"input", "my printer " + std::to_string(i) + " is jammed"},
+                      {"output", i % 2 ? "topic: hardware, urgency: urgent" : "topic: hardware, urgency: normal"}});
+    write(d / "runs" / "quickstart" / "data" / "train.json", recs.dump(1));
+  }
+  const fs::path cfg = qlora::test::source_dir() / "configs" / "tiny" / "qlora.yaml";
+  const CliRun r = run("train " + q(cfg) + " --set training.max_steps=2", d);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(fs::exists(d / "runs" / "tiny-qlora" / "adapter_model.safetensors")) << r.out;
+  EXPECT_EQ(losses_of(d / "runs" / "tiny-qlora").size(), 2u) << r.out;
+  // Without the quickstart's files: the missing tokenizer is named by its key and the config's line.
+  fs::remove_all(d / "runs");
+  const CliRun m = run("train " + q(cfg), d);
+  EXPECT_EQ(m.status, 1) << m.out;
+  EXPECT_NE(m.out.find("error: " + cfg.string() + ":14: model.tokenizer: runs/quickstart/model: tokenizer not found"),
+            std::string::npos)
+      << m.out;
+  EXPECT_FALSE(fs::exists(d / "runs" / "tiny-qlora"));
   fs::remove_all(d);
 }
 
