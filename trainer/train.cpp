@@ -288,8 +288,8 @@ void Trainer::setup() {
   std::string claimed_state;        // output_dir as the decision saw it (rank 0)
   const std::string claim = dist_->from_main("claim", [&] {
     OutputDirLock::check_free(cfg_.output_dir);
-    check_output_dir_writable(cfg_.output_dir);  // a read-only file system: refused now, not after the load
     const std::string c = claim_output_dir();
+    check_output_dir_writable(cfg_.output_dir);  // a read-only file system: refused now, not after the load
     if (!c.empty()) check_resume_settings(c);  // changed settings, data or WORLD_SIZE: refused now, not after the load
     claimed_state = output_dir_state(cfg_.output_dir, checkpoint_dir());
     return run_id_ + "\n" + c;
