@@ -957,8 +957,10 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds, cons
     const int64_t prev_step = prev.empty() ? 0 : checkpoint_step(prev);
     fail(e.what(), "; checkpoint-", step_, " was not written: ",
          prev.empty() ? std::string("no earlier checkpoint of this run, so a resume starts again from step 0")
-                      : fs::path(prev).filename().string() + " stays the newest, and a resume redoes steps " +
-                            std::to_string(prev_step + 1) + ".." + std::to_string(step_));
+                      : fs::path(prev).filename().string() + " stays the newest, and a resume redoes " +
+                            (prev_step + 1 == step_ ? "step " + std::to_string(step_)
+                                                    : "steps " + std::to_string(prev_step + 1) + ".." +
+                                                          std::to_string(step_)));
   }
   last_checkpoint_ = path;
   // The sync starts before the pruning, which holds back every checkpoint whose sync still runs.

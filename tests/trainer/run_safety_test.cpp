@@ -618,10 +618,10 @@ TEST_F(Cases, ResumeWithChangedSettingsIsRefusedBeforeTheModelLoads) {
   const std::string cs = "stale-checkpoints-mix-runs";
   const fs::path w = work / "refused_early", data = case_dir(cs) / "data_v1.json", out = w / "run";
   fs::create_directories(w);
-  Out o = train(cs, out, data, "", "QLORA_FAULT_SIGTERM_AT=3:0");  // micro 2 x accumulation 1; checkpoint-2
+  Out o = train(cs, out, data, "", "QLORA_FAULT_SIGTERM_AT=3:0");  // micro 2 x accumulation 1; checkpoint-3
   ASSERT_EQ(o.status, 75) << o.out;
   const std::string broken = " --set model.path=" + broken_model(tiny, w).string();
-  const std::string ckpt = (out / "checkpoints" / "checkpoint-2").string();
+  const std::string ckpt = (out / "checkpoints" / "checkpoint-3").string();
 
   // Accumulation 1 -> 2: another global batch (2 -> 4 rows).
   o = train(cs, out, data, "--set training.gradient_accumulation_steps=2" + broken);
@@ -649,7 +649,7 @@ TEST_F(Cases, ResumeWithChangedSettingsIsRefusedBeforeTheModelLoads) {
   o = train(cs, out, data, same + " --force");
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_TRUE(contains(o.out, "resume: --force: continuing although settings differ: ")) << o.out;
-  EXPECT_TRUE(contains(o.out, "resume: from " + ckpt + " at step 2")) << o.out;
+  EXPECT_TRUE(contains(o.out, "resume: from " + ckpt + " at step 3")) << o.out;
 }
 
 // An output_dir that cannot be created or written is refused before the model loads: its parent a
