@@ -627,8 +627,9 @@ TEST_F(Cases, ResumeWithChangedSettingsIsRefusedBeforeTheModelLoads) {
   o = train(cs, out, data, "--set training.gradient_accumulation_steps=2" + broken);
   EXPECT_EQ(o.status, 1) << o.out;
   std::string err = line_with(o.out, "error:");
-  EXPECT_TRUE(contains(err, "resume from " + ckpt + " refused: settings that change the run differ: "
-                            "training.gradient_accumulation_steps: 1 -> 2 (use --force"))
+  // (model.path differs too: the broken copy, a run-meaning key)
+  EXPECT_TRUE(contains(err, "resume from " + ckpt + " refused: settings that change the run differ: ") &&
+              contains(err, "; training.gradient_accumulation_steps: 1 -> 2 (use --force"))
       << o.out;
   EXPECT_FALSE(contains(o.out, "model.safetensors")) << "refused only after the model load:\n" << o.out;
 
