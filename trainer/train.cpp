@@ -1281,12 +1281,15 @@ void Trainer::check_resume_settings(const std::string& ckpt) const {
       list += "; WORLD_SIZE: " + std::to_string(saved.world_size) + " -> " + std::to_string(ws) +
               " (ranks of the job that wrote it -> this one's)";
     // The global batch (micro_batch_size x gradient_accumulation_steps x WORLD_SIZE) of the
-    // checkpoint's run, when its config still parses: unchanged, --force continues the same batches.
+    // checkpoint's run, when its config still parses: when only its split changed, --force
+    // continues the same batches.
     std::string batch;
     try {
       const Config before = parse_config_string(saved.config_yaml, ckpt + "/trainer_state.json config");
       const int64_t was = before.training.micro_batch_size * before.training.gradient_accumulation_steps * saved.world_size;
-      if (was == rows * ws)
+      const bool batch_changed = ws_changed || before.training.micro_batch_size != cfg_.training.micro_batch_size ||
+                                 before.training.gradient_accumulation_steps != cfg_.training.gradient_accumulation_steps;
+      if (batch_changed && was == rows * ws)  // the batch split changed, the global batch did not
         batch = "; the global batch (micro_batch_size x gradient_accumulation_steps x WORLD_SIZE) is unchanged at " +
                 std::to_string(was) + " rows, so --force resumes it: the data continues at the same global sample";
     } catch (const Error&) {
