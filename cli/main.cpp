@@ -283,6 +283,9 @@ int main(int argc, char** argv) {
     return qlora::kExitInterrupted;
   } catch (const qlora::ErrorList& e) {  // several errors of one input (a config): each on its own line
     for (const std::string& line : e.lines()) std::cerr << "error: " << line << "\n";
+  } catch (const qlora::RelayedError& e) {
+    // rank 0's error, which rank 0 printed: once per job on the launcher's terminal, not once per rank
+    if (!std::getenv("QLORA_LAUNCHED_NPROC")) std::cerr << "error: " << first_line(e.what()) << "\n";
   } catch (const qlora::Error& e) {
     std::cerr << "error: " << first_line(e.what()) << "\n";
   } catch (const c10::Error& e) {

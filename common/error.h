@@ -40,6 +40,13 @@ class Interrupted : public Error {
  public:
   using Error::Error;
 };
+/// An error this process only relays: another process has already printed it (a data-parallel
+/// rank's copy of rank 0's error, trainer/distributed.h from_main). Under `--nproc-per-node` (one
+/// terminal for every rank) `qlora` exits 1 without printing it again; otherwise it prints it.
+class RelayedError : public Error {
+ public:
+  using Error::Error;
+};
 /// Exit code after Interrupted (EX_TEMPFAIL from sysexits.h: run the same command again to resume).
 constexpr int kExitInterrupted = 75;
 /// Exit code of a command-line usage error (unknown option, missing or malformed argument), as

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <cstring>
@@ -153,6 +154,10 @@ std::string write_checkpoint(const std::string& dir, const TrainerState& state, 
       ot.emplace_back("exp_avg." + std::to_string(i), opt.exp_avg[i]);
       ot.emplace_back("exp_avg_sq." + std::to_string(i), opt.exp_avg_sq[i]);
     }
+    // Test hook (trainer/fault.h): the disk is full when this step's optimizer state is written.
+    if (faults.checkpoint_enospc_step >= 0 && faults.checkpoint_enospc_step == state.step)
+      fail("cannot write ", (tmp / "optimizer.safetensors").string(), ": ", std::strerror(ENOSPC),
+           " (QLORA_FAULT_CHECKPOINT_ENOSPC_AT)");
     if (!ot.empty()) save_tensors((tmp / "optimizer.safetensors").string(), ot);
     std::vector<std::pair<std::string, torch::Tensor>> rt;
     for (size_t r = 0; r < rng.size(); ++r) {
@@ -264,39 +269,45 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_
   return removed;
 }
 
+TrainerState read_trainer_state(const std::string& ckpt_dir, std::vector<int64_t>* optimizer_steps) {
+  TrainerState s;
+  const std::string sp = (fs::path(ckpt_dir) / "trainer_state.json").string();
+  json j;
+  try {
+    j = json::parse(read_file(sp));
+    s.step = j.at("step").get<int64_t>();
+    data::from_json(j.at("sampler"), s.sampler);
+    s.skipped_steps = j.at("skipped_steps").get<int64_t>();
+    s.nonfinite_in_a_row = j.at("nonfinite_in_a_row").get<int64_t>();
+    s.tokens_trained = j.at("tokens_trained").get<int64_t>();
+    s.target_tokens = j.value("target_tokens", int64_t{0});
+    s.train_seconds = j.at("train_seconds").get<double>();
+    s.interruptions = j.value("interruptions", int64_t{0});
+    s.time_lost_s = j.value("time_lost_s", 0.0);
+    s.config_yaml = j.at("config").get<std::string>();
+    if (optimizer_steps) *optimizer_steps = j.at("optimizer_steps").get<std::vector<int64_t>>();
+    s.run_id = j.value("run_id", std::string());
+    s.fingerprint = j.value("fingerprint", std::string());
+    if (j.contains("data_sha256")) s.data_sha256 = j["data_sha256"].get<std::map<std::string, std::string>>();
+    s.world_size = j.value("world_size", int64_t{1});
+    QLORA_CHECK(s.world_size >= 1, sp, ": world_size must be >= 1, got ", s.world_size);
+    s.total_steps = j.value("total_steps", int64_t{0});
+    QLORA_CHECK(s.total_steps >= 0, sp, ": total_steps must be >= 0, got ", s.total_steps);
+    s.setup_seconds = j.value("setup_seconds", 0.0);
+    s.data_format = j.value("data_format", std::string());
+  } catch (const json::exception& e) {
+    fail(sp, ": ", e.what());
+  }
+  return s;
+}
+
 LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
                                  const std::map<std::string, std::pair<int64_t, int64_t>>& shapes) {
   const std::string why = verify_checkpoint(ckpt_dir);
   QLORA_CHECK(why.empty(), ckpt_dir, ": checkpoint does not verify: ", why);
   LoadedCheckpoint c;
   c.adapter = load_peft_adapter(ckpt_dir, &c.peft, shapes);
-  const std::string sp = (fs::path(ckpt_dir) / "trainer_state.json").string();
-  json j;
-  try {
-    j = json::parse(read_file(sp));
-    c.state.step = j.at("step").get<int64_t>();
-    data::from_json(j.at("sampler"), c.state.sampler);
-    c.state.skipped_steps = j.at("skipped_steps").get<int64_t>();
-    c.state.nonfinite_in_a_row = j.at("nonfinite_in_a_row").get<int64_t>();
-    c.state.tokens_trained = j.at("tokens_trained").get<int64_t>();
-    c.state.target_tokens = j.value("target_tokens", int64_t{0});
-    c.state.train_seconds = j.at("train_seconds").get<double>();
-    c.state.interruptions = j.value("interruptions", int64_t{0});
-    c.state.time_lost_s = j.value("time_lost_s", 0.0);
-    c.state.config_yaml = j.at("config").get<std::string>();
-    c.opt.steps = j.at("optimizer_steps").get<std::vector<int64_t>>();
-    c.state.run_id = j.value("run_id", std::string());
-    c.state.fingerprint = j.value("fingerprint", std::string());
-    if (j.contains("data_sha256")) c.state.data_sha256 = j["data_sha256"].get<std::map<std::string, std::string>>();
-    c.state.world_size = j.value("world_size", int64_t{1});
-    QLORA_CHECK(c.state.world_size >= 1, sp, ": world_size must be >= 1, got ", c.state.world_size);
-    c.state.total_steps = j.value("total_steps", int64_t{0});
-    QLORA_CHECK(c.state.total_steps >= 0, sp, ": total_steps must be >= 0, got ", c.state.total_steps);
-    c.state.setup_seconds = j.value("setup_seconds", 0.0);
-    c.state.data_format = j.value("data_format", std::string());
-  } catch (const json::exception& e) {
-    fail(sp, ": ", e.what());
-  }
+  c.state = read_trainer_state(ckpt_dir, &c.opt.steps);
   const fs::path op = fs::path(ckpt_dir) / "optimizer.safetensors";
   if (!c.opt.steps.empty()) {
     st::SafetensorsFile f(op.string());

@@ -88,7 +88,8 @@ void restore_adamw_state(torch::optim::AdamW& opt, const std::vector<torch::Tens
 /// `rng`: every rank's generator states, indexed by rank (at least rank 0's); rng.safetensors
 /// holds rank 0's as "cpu" / "cuda" and rank r's as "cpu.rank<r>" / "cuda.rank<r>".
 /// An existing checkpoint of the same step is replaced only after the new one is complete.
-/// `faults.slow_checkpoint_ms` (test hook, trainer/fault.h) sleeps before that final rename.
+/// `faults.slow_checkpoint_ms` (test hook, trainer/fault.h) sleeps before that final rename;
+/// `faults.checkpoint_enospc_step` == state.step fails the write as ENOSPC would.
 /// Throws qlora::Error on an I/O error; a half-written temporary directory is removed.
 std::string write_checkpoint(const std::string& dir, const TrainerState& state, const PeftConfig& peft,
                              const LoraWeights& adapter, const OptimizerTensors& opt, const std::vector<RngState>& rng,
@@ -195,6 +196,12 @@ struct LoadedCheckpoint {
 /// load_peft_adapter. Throws qlora::Error naming the file and the problem.
 LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
                                  const std::map<std::string, std::pair<int64_t, int64_t>>& shapes);
+
+/// `ckpt_dir`/trainer_state.json alone (no tensors, no manifest check; metrics_jsonl left ""):
+/// what a resume decides on before the model loads. `optimizer_steps`, when given, receives the
+/// per-tensor AdamW step counts. Throws qlora::Error naming the file when it cannot be read or a
+/// required key is missing or mistyped.
+TrainerState read_trainer_state(const std::string& ckpt_dir, std::vector<int64_t>* optimizer_steps = nullptr);
 
 /// Settings whose change alters the run's meaning: "section.key: saved -> now" for each key of
 /// the resolved configs that differs, ignoring keys that only extend or observe a run

@@ -19,6 +19,8 @@
 #include <climits>
 #include <cstdlib>
 #include <exception>
+#include <iomanip>
+#include <sstream>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -189,6 +191,23 @@ Distributed::Distributed(const DistEnv& env, const torch::Device& device) : env_
 }
 
 namespace {
+/// Why a store read of `key` from `peer`, started at `since`, failed: the timeout when the read
+/// waited that long, else the connection's end after the seconds it did wait (the peer exited or
+/// was killed; its own log says why), not a timeout it never reached.
+std::string why_no_value(const DistEnv& env, const std::string& peer, const std::string& key,
+                         std::chrono::steady_clock::time_point since) {
+  const auto waited_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - since).count();
+  const int64_t timeout_ms = env.timeout.count();
+  std::ostringstream os;
+  if (waited_ms + 1000 >= timeout_ms)
+    os << "nothing within " << timeout_ms / 1000 << " s (QLORA_DIST_TIMEOUT_S; " << peer << " is stuck or was stopped?)";
+  else
+    os << peer << "'s connection closed after " << std::fixed << std::setprecision(1) << waited_ms / 1000.0
+       << " s, before this rank got '" << key << "': " << peer << " exited or was killed (its log says why)";
+  return os.str();
+}
+
 /// Runs one collective; a failure (a peer closed its connection: exited or was killed; or the
 /// timeout) becomes one qlora::Error naming this rank and the rank(s) it lost.
 template <typename F>
@@ -270,13 +289,14 @@ std::vector<std::string> Distributed::gather_to_main(const std::string& key, con
   }
   std::vector<std::string> out{value};
   for (int r = 1; r < env_.world_size; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       const std::string k = "qlora/" + key + "/" + std::to_string(r);
       out.push_back(impl_->store->get_to_str(k));
       impl_->store->deleteKey(k);  // the store lives as long as the job: keep it small
     } catch (const std::exception& e) {
-      fail("distributed: rank 0 got no '", key, "' from rank ", r, " within ", env_.timeout.count() / 1000,
-           " s (it exited or was killed?): ", first_line(e.what()));
+      fail("distributed: rank 0 got no '", key, "' from rank ", r, ": ",
+           why_no_value(env_, "rank " + std::to_string(r), key, t0), ": ", first_line(e.what()));
     }
   }
   return out;
@@ -298,19 +318,36 @@ std::string Distributed::from_main(const std::string& key, const std::function<s
       value = produce();
     } catch (const std::exception& e) {
       impl_->store->set(k, "E" + first_line(e.what()));
+      // The store lives in this process: stay until every rank has read the error (each says so),
+      // at most 10 s, so a slower rank relays it instead of finding the store gone.
+      try {
+        std::vector<std::string> read;
+        for (int r = 1; r < env_.world_size; ++r) read.push_back(k + "/read/" + std::to_string(r));
+        impl_->store->wait(read, std::chrono::seconds(10));
+      } catch (const std::exception&) {
+        // a rank that is gone or slower: this rank's error stands as it is
+      }
       throw;
     }
     impl_->store->set(k, "V" + value);
     return value;
   }
   std::string got;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     got = impl_->store->get_to_str(k);
   } catch (const std::exception& e) {
-    fail("distributed: rank ", env_.rank, " got no '", key, "' from rank 0 within ", env_.timeout.count() / 1000,
-         " s (rank 0 exited or was killed?): ", first_line(e.what()));
+    fail("distributed: rank ", env_.rank, " got no '", key, "' from rank 0: ", why_no_value(env_, "rank 0", key, t0), ": ",
+         first_line(e.what()));
   }
-  QLORA_CHECK(!got.empty() && got[0] == 'V', "distributed: rank 0 failed at ", key, ": ", got.substr(got.empty() ? 0 : 1));
+  if (got.empty() || got[0] != 'V') {
+    try {
+      impl_->store->set(k + "/read/" + std::to_string(env_.rank), "1");  // rank 0 may exit now
+    } catch (const std::exception&) {
+      // rank 0 is gone already
+    }
+    throw RelayedError("distributed: rank 0 failed at " + key + ": " + got.substr(got.empty() ? 0 : 1));
+  }
   return got.substr(1);
 }
 

@@ -102,8 +102,11 @@ class Distributed {
   /// Blocks until every rank has called it.
   void barrier();
   /// Rank 0 runs `produce` and every rank returns its result (through the store, key `key`, which
-  /// must be unique per call). When `produce` throws on rank 0, rank 0 rethrows and the other ranks
-  /// throw qlora::Error "rank 0 failed at <key>: <its message>", so no rank waits for the timeout.
+  /// must be unique per call). When `produce` throws on rank 0, rank 0 waits (at most 10 s) until
+  /// every other rank has read its error, then rethrows; the other ranks throw qlora::RelayedError
+  /// "rank 0 failed at <key>: <its message>" (printed by rank 0 alone under --nproc-per-node), so
+  /// no rank waits for the timeout. A rank whose read fails says whether the timeout passed or
+  /// rank 0's connection closed earlier (rank 0 exited or was killed).
   std::string from_main(const std::string& key, const std::function<std::string()>& produce);
 
  private:

@@ -35,6 +35,7 @@ FaultHooks FaultHooks::from_env(const std::function<const char*(const char*)>& g
   number("QLORA_FAULT_STEP_DELAY_MS", &f.step_delay_ms);
   number("QLORA_FAULT_SLOW_CHECKPOINT_MS", &f.slow_checkpoint_ms);
   number("QLORA_FAULT_LOAD_DELAY_MS", &f.load_delay_ms);
+  number("QLORA_FAULT_CHECKPOINT_ENOSPC_AT", &f.checkpoint_enospc_step);
   return f;
 }
 

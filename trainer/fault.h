@@ -10,6 +10,9 @@
 //                                         rename that completes it (a SIGKILL can land mid-write)
 //   QLORA_FAULT_LOAD_DELAY_MS=N           sleep N ms between deciding which run owns output_dir
 //                                         and loading the model (another process can write there)
+//   QLORA_FAULT_CHECKPOINT_ENOSPC_AT=STEP fail writing the checkpoint of step STEP as a full disk
+//                                         does (ENOSPC on optimizer.safetensors in its temporary
+//                                         directory, which is removed; the previous one stays)
 // STEP, MICRO and N are non-negative decimal integers.
 #pragma once
 #include <cstdint>
@@ -27,8 +30,9 @@ struct FaultHooks {
   int64_t step_delay_ms = 0;        ///< QLORA_FAULT_STEP_DELAY_MS; 0 = off
   int64_t slow_checkpoint_ms = 0;   ///< QLORA_FAULT_SLOW_CHECKPOINT_MS; 0 = off
   int64_t load_delay_ms = 0;        ///< QLORA_FAULT_LOAD_DELAY_MS; 0 = off
+  int64_t checkpoint_enospc_step = -1;  ///< QLORA_FAULT_CHECKPOINT_ENOSPC_AT; -1 = off
 
-  /// Reads the four variables through `getenv` (std::getenv except in tests). Throws qlora::Error
+  /// Reads the variables through `getenv` (std::getenv except in tests). Throws qlora::Error
   /// "<NAME>: expected <form>, got '<value>'" for a value that is not of the form above.
   static FaultHooks from_env(const std::function<const char*(const char*)>& getenv = [](const char* n) {
     return std::getenv(n);

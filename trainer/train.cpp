@@ -100,6 +100,18 @@ uint64_t parameter_checksum(const std::vector<torch::Tensor>& params) {
   return std::stoull(sha256_hex(bytes).substr(0, 16), nullptr, 16);  // the digest's first 8 bytes, big-endian
 }
 
+std::string format_duration(double seconds) {
+  const int64_t t = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  char buf[40];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(t / 3600), static_cast<long long>(t / 60 % 60));
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(t));
+  return buf;
+}
+
 void set_deterministic_algorithms() {
   at::Context& ctx = at::globalContext();
   ctx.setDeterministicAlgorithms(true, /*warn_only=*/true);
@@ -222,6 +234,23 @@ std::vector<std::string> used_entries(const fs::path& out) {
   return entries;
 }
 
+// output_dir can be created and written, checked read-only before the model loads: its nearest
+// existing ancestor (output_dir itself when it exists) is a directory this process may write into
+// (access(W_OK | X_OK), which fails on a read-only file system, EROFS, for root too). Throws
+// qlora::Error "output_dir: cannot create|write PATH: ..." otherwise.
+void check_output_dir_writable(const std::string& output_dir) {
+  const fs::path out(output_dir);
+  std::error_code ec;
+  fs::path at = out;
+  while (!fs::exists(at, ec) && at.has_parent_path() && at.parent_path() != at) at = at.parent_path();
+  if (at.empty() || !fs::exists(at, ec)) at = ".";  // a relative output_dir with no existing part: the cwd
+  const std::string verb = at == out ? "write" : "create";
+  QLORA_CHECK(fs::is_directory(at, ec), "output_dir: cannot ", verb, " ", output_dir, ": ", at.string(),
+              " is not a directory");
+  if (::access(at.c_str(), W_OK | X_OK) != 0)
+    fail("output_dir: cannot ", verb, " ", output_dir, ": ", at == out ? "" : at.string() + ": ", std::strerror(errno));
+}
+
 // What claim_output_dir's decision reads: the used entries, run.json's run id and the checkpoints.
 std::string output_dir_state(const std::string& output_dir, const std::string& checkpoint_dir) {
   std::string s;
@@ -283,6 +312,8 @@ void Trainer::setup() {
   const std::string claim = dist_->from_main("claim", [&] {
     OutputDirLock::check_free(cfg_.output_dir);
     const std::string c = claim_output_dir();
+    check_output_dir_writable(cfg_.output_dir);  // a read-only file system: refused now, not after the load
+    if (!c.empty()) check_resume_settings(c);  // changed settings, data or WORLD_SIZE: refused now, not after the load
     claimed_state = output_dir_state(cfg_.output_dir, checkpoint_dir());
     return run_id_ + "\n" + c;
   });
@@ -758,16 +789,6 @@ void Trainer::log_step(const StepLog& s) {
   metrics_history_ += j.dump() + "\n";
   const double eta_s = progress_.record(step, seconds, total_steps_);
   if (!std::isnan(eval_loss)) progress_.last_eval = eval_loss;
-  auto hms = [](double secs) {
-    const int64_t t = static_cast<int64_t>(std::llround(std::max(0.0, secs)));
-    char buf[32];
-    if (t >= 3600)
-      std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(t / 3600),
-                    static_cast<long long>(t / 60 % 60), static_cast<long long>(t % 60));
-    else
-      std::snprintf(buf, sizeof buf, "%02lld:%02lld", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
-    return std::string(buf);
-  };
   const int64_t tok_s = static_cast<int64_t>(train_s > 0 ? r.tokens / train_s : 0);
   if (progress_.tty) {
     const int width = 24;
@@ -776,7 +797,7 @@ void Trainer::log_step(const StepLog& s) {
     char nums[160];
     std::snprintf(nums, sizeof nums, " %lld/%lld  loss %.4f  lr %.3g  %lld tok/s  ETA %s",
                   static_cast<long long>(step), static_cast<long long>(total_steps_), r.loss, lr,
-                  static_cast<long long>(tok_s), hms(eta_s).c_str());
+                  static_cast<long long>(tok_s), format_duration(eta_s).c_str());
     std::string line = "\r[" + std::string(filled, '#') + std::string(width - filled, '.') + "]" + nums;
     if (!std::isnan(progress_.last_eval)) line += "  eval " + std::to_string(progress_.last_eval).substr(0, 6);
     line += "\033[K";  // clear what a longer previous line left
@@ -791,7 +812,7 @@ void Trainer::log_step(const StepLog& s) {
       const double loss = progress_.loss_sum / static_cast<double>(progress_.loss_n);
       log::info("step ", step, "/", total_steps_, "  loss ", loss,
                 progress_.loss_n > 1 ? " (mean of " + std::to_string(progress_.loss_n) + ")" : std::string(), "  lr ",
-                lr, "  grad_norm ", r.grad_norm, "  ", tok_s, " tok/s  ETA ", hms(eta_s),
+                lr, "  grad_norm ", r.grad_norm, "  ", tok_s, " tok/s  ETA ", format_duration(eta_s),
                 std::isnan(eval_loss) ? std::string() : "  eval_loss " + std::to_string(eval_loss));
       progress_.loss_sum = 0;
       progress_.loss_n = 0;
@@ -939,7 +960,20 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds, cons
   st.data_format = data_.stats.read.format;
   st.metrics_jsonl = metrics_history_;
   const OptimizerTensors ot = capture_adamw_state(*opt_, model_->lora_parameters());
-  const std::string path = write_checkpoint(checkpoint_dir(), st, peft_config(), model_->lora_weights(), ot, rng, fault_);
+  std::string path;
+  try {
+    path = write_checkpoint(checkpoint_dir(), st, peft_config(), model_->lora_weights(), ot, rng, fault_);
+  } catch (const Error& e) {
+    // The half-written one is gone (write_checkpoint); say which checkpoint a resume takes instead.
+    const std::string prev = newest_valid_checkpoint(checkpoint_dir(), nullptr, run_id_);
+    const int64_t prev_step = prev.empty() ? 0 : checkpoint_step(prev);
+    fail(e.what(), "; checkpoint-", step_, " was not written: ",
+         prev.empty() ? std::string("no earlier checkpoint of this run, so a resume starts again from step 0")
+                      : fs::path(prev).filename().string() + " stays the newest, and a resume redoes " +
+                            (prev_step + 1 == step_ ? "step " + std::to_string(step_)
+                                                    : "steps " + std::to_string(prev_step + 1) + ".." +
+                                                          std::to_string(step_)));
+  }
   last_checkpoint_ = path;
   // The sync starts before the pruning, which holds back every checkpoint whose sync still runs.
   if (!cfg_.checkpoint.sync_command.empty()) {
@@ -1212,12 +1246,9 @@ std::string Trainer::resume_advice(const std::string& ckpt) const {
   return "to resume, run: " + how;
 }
 
-void Trainer::resume_from(const std::string& ckpt) {
-  std::map<std::string, std::pair<int64_t, int64_t>> shapes;
-  for (const FrozenLinear* f : const_cast<const LlamaModel&>(*model_).linears())
-    if (f->lora) shapes[f->name] = {f->in_features(), f->out_features()};
-  LoadedCheckpoint lc = read_checkpoint(ckpt, shapes);
-  std::vector<std::string> diffs = config_differences(lc.state.config_yaml, to_yaml(cfg_));
+void Trainer::check_resume_settings(const std::string& ckpt) const {
+  const TrainerState saved = read_trainer_state(ckpt);
+  std::vector<std::string> diffs = config_differences(saved.config_yaml, to_yaml(cfg_));
   // data.train / data.eval differ as a whole in the flattened configs ("data.train: [a, b] ->
   // [a, c]"): said per file instead, and a file that only moved (a new VM, another mount point) is
   // the same run: the path differs, the content hash recorded in the checkpoint equals the new file's.
@@ -1228,42 +1259,70 @@ void Trainer::resume_from(const std::string& ckpt) {
     if (it == diffs.end()) continue;
     std::vector<data::DataSource> before;
     try {
-      before = data_sources_in(lc.state.config_yaml, key, ckpt + "/trainer_state.json config");
+      before = data_sources_in(saved.config_yaml, key, ckpt + "/trainer_state.json config");
     } catch (const Error&) {
       continue;  // not readable as today's schema: the plain difference stands
     }
     std::vector<std::string> moved;
     const std::vector<std::string> changes =
-        data_source_changes(dotted, before, lc.state.data_sha256, std::string(key) == "train" ? cfg_.data.train : cfg_.data.eval,
+        data_source_changes(dotted, before, saved.data_sha256, std::string(key) == "train" ? cfg_.data.train : cfg_.data.eval,
                             data_sha_, &moved);
     diffs.insert(diffs.erase(it), changes.begin(), changes.end());
     for (const std::string& m : moved) log::info("resume: ", m, "; the same run");
   }
   // The same data path with other content is a different run too.
   for (const auto& [path, sha] : data_sha_) {
-    auto it = lc.state.data_sha256.find(path);
-    if (it != lc.state.data_sha256.end() && it->second != sha)
+    auto it = saved.data_sha256.find(path);
+    if (it != saved.data_sha256.end() && it->second != sha)
       diffs.push_back("content of " + path + " changed since the checkpoint was written (sha256 " +
                       it->second.substr(0, 12) + " -> " + sha.substr(0, 12) + ")");
   }
-  if (!diffs.empty()) {
+  // Another world size changes the global batch. The sampler state is global (docs/distributed.md),
+  // so with --force the data continues at the same global sample.
+  const int64_t ws = dist_->world_size();
+  const bool ws_changed = saved.world_size != ws;
+  const int64_t rows = cfg_.training.micro_batch_size * cfg_.training.gradient_accumulation_steps;
+  if (diffs.empty() && ws_changed) {
+    QLORA_CHECK(run_.force, "resume from ", ckpt, " refused: it was written by a job of WORLD_SIZE=", saved.world_size,
+                ", this one has WORLD_SIZE=", ws, " (global batch ", rows * saved.world_size, " -> ", rows * ws,
+                " rows; use --force to resume anyway: the data continues at the same global sample)");
+  } else if (!diffs.empty()) {
     std::string list;
     for (const auto& d : diffs) list += (list.empty() ? "" : "; ") + d;
-    QLORA_CHECK(run_.force, "resume from ", ckpt, " refused: settings that change the run differ: ", list,
+    if (ws_changed)
+      list += "; WORLD_SIZE: " + std::to_string(saved.world_size) + " -> " + std::to_string(ws) +
+              " (ranks of the job that wrote it -> this one's)";
+    // The global batch (micro_batch_size x gradient_accumulation_steps x WORLD_SIZE) of the
+    // checkpoint's run, when its config still parses: when only its split changed, --force
+    // continues the same batches.
+    std::string batch;
+    try {
+      const Config before = parse_config_string(saved.config_yaml, ckpt + "/trainer_state.json config");
+      const int64_t was = before.training.micro_batch_size * before.training.gradient_accumulation_steps * saved.world_size;
+      const bool batch_changed = ws_changed || before.training.micro_batch_size != cfg_.training.micro_batch_size ||
+                                 before.training.gradient_accumulation_steps != cfg_.training.gradient_accumulation_steps;
+      if (batch_changed && was == rows * ws)  // the batch split changed, the global batch did not
+        batch = "; the global batch (micro_batch_size x gradient_accumulation_steps x WORLD_SIZE) is unchanged at " +
+                std::to_string(was) + " rows, so --force resumes it: the data continues at the same global sample";
+    } catch (const Error&) {
+      // an older schema: no global-batch note
+    }
+    QLORA_CHECK(run_.force, "resume from ", ckpt, " refused: settings that change the run differ: ", list, batch,
                 " (use --force to resume anyway, or --overwrite-output-dir to start a new run)");
     log::warn("resume: --force: continuing although settings differ: ", list);
   }
-  // Another world size changes the global batch. The sampler state is global (docs/distributed.md),
-  // so with --force the data continues at the same global sample.
-  if (lc.state.world_size != dist_->world_size()) {
-    const int64_t rows = cfg_.training.micro_batch_size * cfg_.training.gradient_accumulation_steps;
-    QLORA_CHECK(run_.force, "resume from ", ckpt, " refused: it was written by a job of WORLD_SIZE=",
-                lc.state.world_size, ", this one has WORLD_SIZE=", dist_->world_size(), " (global batch ",
-                rows * lc.state.world_size, " -> ", rows * dist_->world_size(),
-                " rows; use --force to resume anyway: the data continues at the same global sample)");
-    log::warn("resume: --force: WORLD_SIZE ", lc.state.world_size, " -> ", dist_->world_size(),
+  if (ws_changed)
+    log::warn("resume: --force: WORLD_SIZE ", saved.world_size, " -> ", ws,
               "; the data continues at the same global sample");
-  }
+}
+
+void Trainer::resume_from(const std::string& ckpt) {
+  std::map<std::string, std::pair<int64_t, int64_t>> shapes;
+  for (const FrozenLinear* f : const_cast<const LlamaModel&>(*model_).linears())
+    if (f->lora) shapes[f->name] = {f->in_features(), f->out_features()};
+  LoadedCheckpoint lc = read_checkpoint(ckpt, shapes);
+  // Changed settings, data and world size were refused (or --force'd) before the model loaded
+  // (check_resume_settings).
   // LoRA shapes must match exactly, --force or not (the optimizer state is per element).
   {
     const std::string file = (fs::path(ckpt) / "adapter_model.safetensors").string();

@@ -90,6 +90,11 @@ uint64_t parameter_checksum(const std::vector<torch::Tensor>& params);
 /// stays: an op without a deterministic CUDA kernel warns instead of stopping the run.
 void set_deterministic_algorithms();
 
+/// A duration for the progress line's ETA, unambiguous beside a clock time ("[07:14:37]"):
+/// `seconds` rounded to whole seconds, negative as 0: "45s", "8m00s", "1h02m" (minutes, not
+/// seconds, from an hour on), "26h40m".
+std::string format_duration(double seconds);
+
 /// Mean next-token CE (nats) over `examples` in batches of `batch_size`, no grad, dropout off.
 /// Returns {mean loss, targets counted}.
 std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
@@ -202,8 +207,15 @@ class Trainer {
   /// output_dir owned by another run.
   std::string claim_output_dir();
   /// Restores adapter, AdamW state, sampler, RNG, counters, metrics from `ckpt`. Refuses changed
-  /// run-meaning settings or data content (unless --force) and changed LoRA shapes (always).
+  /// LoRA shapes (always); changed settings were refused before the load (check_resume_settings).
   void resume_from(const std::string& ckpt);
+  /// Before the model loads (rank 0, in the output_dir decision): compares `ckpt`'s
+  /// trainer_state.json (config, data hashes, world_size) with this run's. Throws qlora::Error
+  /// "resume from CKPT refused: ..." naming every difference (a changed WORLD_SIZE among them, and
+  /// whether the global batch micro_batch_size x gradient_accumulation_steps x WORLD_SIZE is
+  /// unchanged) unless --force, which logs them as warnings instead. LoRA shapes are checked later,
+  /// by resume_from.
+  void check_resume_settings(const std::string& ckpt) const;
   /// The message of the Interrupted thrown after the checkpoint `ckpt`: how to resume.
   std::string resume_advice(const std::string& ckpt) const;
   /// Writes checkpoint-<step_> under checkpoint_dir(), starts its checkpoint.sync_command, prunes

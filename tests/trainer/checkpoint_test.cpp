@@ -747,6 +747,10 @@ TEST(FaultHooks, ParsedFromTheEnvironmentOnce) {
   EXPECT_EQ(none.step_delay_ms, 0);
   EXPECT_EQ(none.slow_checkpoint_ms, 0);
   EXPECT_EQ(none.load_delay_ms, 0);
+  EXPECT_EQ(none.checkpoint_enospc_step, -1);
+  EXPECT_EQ(from({{"QLORA_FAULT_CHECKPOINT_ENOSPC_AT", "6"}}).checkpoint_enospc_step, 6);
+  EXPECT_EQ(qlora::test::error_of([&] { from({{"QLORA_FAULT_CHECKPOINT_ENOSPC_AT", "x"}}); }),
+            "QLORA_FAULT_CHECKPOINT_ENOSPC_AT: expected a non-negative integer, got 'x'");
   const qlora::FaultHooks f = from({{"QLORA_FAULT_SIGTERM_AT", "4:1"}, {"QLORA_FAULT_PERTURB_AT", "3"},
                                     {"QLORA_FAULT_STEP_DELAY_MS", "500"}, {"QLORA_FAULT_SLOW_CHECKPOINT_MS", "300"},
                                     {"QLORA_FAULT_LOAD_DELAY_MS", "8000"}});

@@ -242,6 +242,17 @@ TEST_F(DataParallel, WorldSizeChangeOnResumeIsRefusedUnlessForced) {
                        "(global batch 10 -> 5 rows; use --force"),
             std::string::npos)
       << o.out;
+  // Accumulation 1 -> 2 with WORLD_SIZE 2 -> 1: both named in one refusal, with the unchanged
+  // global batch (5 x 1 x 2 = 5 x 2 x 1 = 10 rows) and what --force does.
+  o = single(out, ex + "--set training.gradient_accumulation_steps=2");
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(o.out.find("refused: settings that change the run differ: training.gradient_accumulation_steps: 1 -> 2; "
+                       "WORLD_SIZE: 2 -> 1 (ranks of the job that wrote it -> this one's); the global batch "
+                       "(micro_batch_size x gradient_accumulation_steps x WORLD_SIZE) is unchanged at 10 rows, so "
+                       "--force resumes it: the data continues at the same global sample (use --force"),
+            std::string::npos)
+      << o.out;
+  EXPECT_EQ(o.out.find("lora: r="), std::string::npos) << "refused only after the model load:\n" << o.out;
   o = single(out, ex + "--set training.gradient_accumulation_steps=2 --force");
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("resume: --force: WORLD_SIZE 2 -> 1"), std::string::npos) << o.out;
@@ -314,6 +325,22 @@ TEST_F(DataParallel, NprocPerNodeLaunchesTheRanksAndForwardsSigterm) {
   EXPECT_NE(lg.find("launch: rank 1 exited with status 75"), std::string::npos) << lg;
   EXPECT_FALSE(fs::exists(stopped / "adapter_model.safetensors"));
   EXPECT_TRUE(fs::is_directory(stopped / "checkpoints") && !fs::is_empty(stopped / "checkpoints")) << lg;
+  // A resume with another accumulation is refused by rank 0 before any rank loads the model, and
+  // said once: rank 1 (which only relays rank 0's error) exits 1 quietly.
+  const std::string ex2 = "--set training.micro_batch_size=5 --set training.num_epochs=2 "
+                          "--set training.gradient_accumulation_steps=2";
+  o = qlora::test::run_command(launch + train_cmd(stopped, ex2 + " --nproc-per-node=2"));
+  EXPECT_EQ(o.status, 1) << o.out;
+  size_t n_refused = 0;
+  for (size_t at = o.out.find("refused: settings that change the run differ"); at != std::string::npos;
+       at = o.out.find("refused: settings that change the run differ", at + 1))
+    ++n_refused;
+  EXPECT_EQ(n_refused, 1u) << o.out;
+  EXPECT_NE(o.out.find("error: resume from "), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("training.gradient_accumulation_steps: 1 -> 2 (use --force"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("lora: r="), std::string::npos) << "refused only after the model load:\n" << o.out;
+  EXPECT_NE(o.out.find("launch: rank 1 exited with status 1"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find(" within "), std::string::npos) << o.out;
   o = qlora::test::run_command(launch + train_cmd(stopped, ex + " --nproc-per-node=2"));
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("resume: from"), std::string::npos) << o.out;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -594,6 +595,132 @@ TEST_F(Cases, DiskFullDuringTheRunIsAnErrorAndNoLineIsLost) {
   EXPECT_EQ(s["steps"], 30);
   EXPECT_EQ(s["metrics_lines"], 30);
   EXPECT_EQ(s["metrics_complete"], true);
+}
+
+// ---- decided before the model loads (a 7B load takes minutes) -----------------------------------
+
+/// A copy of the cases' tiny model with model.safetensors cut to 100 bytes: a run that opens it
+/// fails naming model.safetensors, so an error without that name came before the load.
+fs::path broken_model(const fs::path& tiny, const fs::path& w) {
+  const fs::path broken = w / "broken_model";
+  if (!fs::exists(broken)) {
+    fs::copy(tiny, broken, fs::copy_options::recursive);
+    fs::resize_file(broken / "model.safetensors", 100);
+  }
+  return broken;
+}
+
+// Resuming with changed batch settings is refused from the checkpoint's trainer_state.json before
+// the model loads (the model here would not even load); when micro_batch_size x
+// gradient_accumulation_steps x WORLD_SIZE stays the same the refusal says so and that --force
+// resumes, and --force does.
+TEST_F(Cases, ResumeWithChangedSettingsIsRefusedBeforeTheModelLoads) {
+  const std::string cs = "stale-checkpoints-mix-runs";
+  const fs::path w = work / "refused_early", data = case_dir(cs) / "data_v1.json", out = w / "run";
+  fs::create_directories(w);
+  Out o = train(cs, out, data, "", "QLORA_FAULT_SIGTERM_AT=3:0");  // micro 2 x accumulation 1; checkpoint-3
+  ASSERT_EQ(o.status, 75) << o.out;
+  const std::string broken = " --set model.path=" + broken_model(tiny, w).string();
+  const std::string ckpt = (out / "checkpoints" / "checkpoint-3").string();
+
+  // Accumulation 1 -> 2: another global batch (2 -> 4 rows).
+  o = train(cs, out, data, "--set training.gradient_accumulation_steps=2" + broken);
+  EXPECT_EQ(o.status, 1) << o.out;
+  std::string err = line_with(o.out, "error:");
+  // (model.path differs too: the broken copy, a run-meaning key)
+  EXPECT_TRUE(contains(err, "resume from " + ckpt + " refused: settings that change the run differ: ") &&
+              contains(err, "; training.gradient_accumulation_steps: 1 -> 2 (use --force"))
+      << o.out;
+  EXPECT_FALSE(contains(o.out, "model.safetensors")) << "refused only after the model load:\n" << o.out;
+
+  // Micro-batch 2 -> 1 and accumulation 1 -> 2: the same 2 rows per optimizer step.
+  const std::string same = "--set training.micro_batch_size=1 --set training.gradient_accumulation_steps=2";
+  o = train(cs, out, data, same + broken);
+  EXPECT_EQ(o.status, 1) << o.out;
+  err = line_with(o.out, "error:");
+  EXPECT_TRUE(contains(err, "training.gradient_accumulation_steps: 1 -> 2") &&
+              contains(err, "training.micro_batch_size: 2 -> 1"))
+      << o.out;
+  EXPECT_TRUE(contains(err, "; the global batch (micro_batch_size x gradient_accumulation_steps x WORLD_SIZE) is "
+                            "unchanged at 2 rows, so --force resumes it: the data continues at the same global sample "
+                            "(use --force to resume anyway"))
+      << o.out;
+  EXPECT_FALSE(contains(o.out, "model.safetensors")) << o.out;
+
+  o = train(cs, out, data, same + " --force");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_TRUE(contains(o.out, "resume: --force: continuing although settings differ: ")) << o.out;
+  EXPECT_TRUE(contains(o.out, "resume: from " + ckpt + " at step 3")) << o.out;
+}
+
+// An output_dir that cannot be created or written is refused before the model loads: its parent a
+// regular file (ENOTDIR, root included), or on a read-only file system (EROFS, root included).
+TEST_F(Cases, AnUnwritableOutputDirIsRefusedBeforeTheModelLoads) {
+  const std::string cs = "stale-checkpoints-mix-runs";
+  const fs::path w = work / "unwritable", data = case_dir(cs) / "data_v1.json";
+  fs::create_directories(w);
+  const std::string broken = " --set model.path=" + broken_model(tiny, w).string();
+  qlora::atomic_write_string((w / "a_file").string(), "not a directory\n");
+  fs::path out = w / "a_file" / "run";
+  Out o = train(cs, out, data, broken);
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_TRUE(contains(line_with(o.out, "error:"), "output_dir: cannot create " + out.string() + ": " +
+                                                       (w / "a_file").string() + " is not a directory"))
+      << o.out;
+  EXPECT_FALSE(contains(o.out, "model.safetensors")) << o.out;
+
+  const fs::path ro = w / "ro";
+  fs::create_directories(ro);
+  ASSERT_EQ(::mount("tmpfs", ro.c_str(), "tmpfs", MS_RDONLY, "size=64k"), 0)
+      << "cannot mount a read-only tmpfs at " << ro << " (" << std::strerror(errno)
+      << "): this test needs root (CI runs as root) and must not be skipped";
+  out = ro / "x" / "run";
+  o = train(cs, out, data, broken);
+  ::umount2(ro.c_str(), MNT_DETACH);
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_TRUE(contains(line_with(o.out, "error:"), "output_dir: cannot create " + out.string() + ": " + ro.string() +
+                                                       ": Read-only file system"))
+      << o.out;
+  EXPECT_FALSE(contains(o.out, "model.safetensors")) << o.out;
+}
+
+// A checkpoint that cannot be written (a full disk; test hook) stops the run naming the file, and
+// says which checkpoint survives and which steps a resume redoes; the resume does.
+TEST_F(Cases, AFailedCheckpointWriteNamesTheCheckpointThatSurvives) {
+  const std::string cs = "stale-checkpoints-mix-runs";
+  const fs::path w = work / "ckpt_enospc", data = case_dir(cs) / "data_v1.json", out = w / "run";
+  fs::create_directories(w);
+  Out o = train(cs, out, data, "", "QLORA_FAULT_CHECKPOINT_ENOSPC_AT=4");  // checkpoint-2 written, checkpoint-4 fails
+  EXPECT_EQ(o.status, 1) << o.out;
+  const std::string err = line_with(o.out, "error:");
+  EXPECT_TRUE(contains(err, "cannot write " + (out / "checkpoints").string() + "/.tmp-checkpoint-4-") &&
+              contains(err, "/optimizer.safetensors: No space left on device"))
+      << o.out;
+  EXPECT_TRUE(contains(err, "; checkpoint-4 was not written: checkpoint-2 stays the newest, and a resume redoes "
+                            "steps 3..4"))
+      << o.out;
+  EXPECT_EQ(names(out / "checkpoints"), (std::vector<std::string>{"checkpoint-2"}));
+  o = train(cs, out, data);
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_TRUE(contains(o.out, "resume: from " + (out / "checkpoints" / "checkpoint-2").string() + " at step 2")) << o.out;
+
+  // No checkpoint before the failing one: a resume starts again from step 0.
+  o = train(cs, w / "run0", data, "", "QLORA_FAULT_CHECKPOINT_ENOSPC_AT=2");
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_TRUE(contains(line_with(o.out, "error:"), "; checkpoint-2 was not written: no earlier checkpoint of this run, "
+                                                   "so a resume starts again from step 0"))
+      << o.out;
+}
+
+TEST(Eta, DurationsAreUnambiguousBesideAClock) {
+  // "08:00" beside "[07:14:37]" read as a time of day; units make it a duration.
+  EXPECT_EQ(qlora::format_duration(0), "0s");
+  EXPECT_EQ(qlora::format_duration(44.6), "45s");
+  EXPECT_EQ(qlora::format_duration(480), "8m00s");
+  EXPECT_EQ(qlora::format_duration(3599.4), "59m59s");
+  EXPECT_EQ(qlora::format_duration(3720), "1h02m");
+  EXPECT_EQ(qlora::format_duration(96000), "26h40m");
+  EXPECT_EQ(qlora::format_duration(-5), "0s");
 }
 
 }  // namespace
