@@ -354,6 +354,13 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
                                 (w->is_string() ? "'" + w->get<std::string>() + "'" : w->dump()), in_turn("weight"));
         turn.train = v == 1;
       }
+      // Axolotl chat_template's per-message `training` (message_field_training): false = do not
+      // train this turn, as weight 0 (true = as weight 1; null = absent)
+      if (auto tr = t.find("training"); tr != t.end() && !tr->is_null()) {
+        if (!tr->is_boolean())
+          bad("wrong type", where + ".training must be true or false, got " + tr->dump(), in_turn("training"));
+        turn.train = turn.train && tr->get<bool>();
+      }
       // transformers' reasoning_content (the thinking trace of an assistant message; qwen3 renders it)
       if (auto rc = t.find("reasoning_content"); rc != t.end() && !rc->is_null()) {
         if (turn.role != "assistant")

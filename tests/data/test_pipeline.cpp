@@ -160,6 +160,22 @@ TEST(Labels, AxolotlWeightZeroTrainsNothingOfItsTurn) {
   ASSERT_EQ(r.turns.size(), 6u);
   EXPECT_EQ((std::vector<bool>{r.turns[0].train, r.turns[1].train, r.turns[3].train, r.turns[4].train, r.turns[5].train}),
             (std::vector<bool>{false, true, false, true, true}));
+  // Axolotl chat_template's per-message `training: false` is weight 0 (before: silently trained)
+  const Record tr = record_from_json(
+      R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "BAD", "training": false},
+          {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Good", "training": true}]})",
+      "t.json", DataOptions{});
+  ASSERT_EQ(tr.turns.size(), 4u);
+  EXPECT_FALSE(tr.turns[1].train);
+  EXPECT_TRUE(tr.turns[3].train);
+  try {
+    record_from_json(R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x", "training": "no"}]})",
+                     "t.json", DataOptions{});
+    ADD_FAILURE() << "training: \"no\" was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("messages[1].training must be true or false, got \"no\""), std::string::npos)
+        << e.what();
+  }
   for (const std::string tpl : {"chatml", "llama2", "alpaca", "vicuna", "none"}) {
     const std::vector<Segment> segs = render(r, tpl, tok, true);
     Record unweighted = r;
