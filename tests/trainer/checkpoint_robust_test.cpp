@@ -295,7 +295,14 @@ TEST_F(CheckpointRobust, BadCheckpointGivenAsResumePathIsRejectedWithoutPartialL
   o = train(other, "'--set' 'lora.target_modules=[q_proj,v_proj]'", "QLORA_FAULT_SIGTERM_AT=1:0");
   ASSERT_EQ(o.status, 75) << o.out;
   const fs::path out2 = root / "bad_out2";
+  // refused before the model loads, naming the setting (trainer_state.json's config)
   o = train(out2, "--set checkpoint.resume=" + (other / "checkpoints" / "checkpoint-1").string());
+  EXPECT_EQ(o.status, 1) << o.out;
+  err = line_with(o.out, "error:");
+  EXPECT_TRUE(contains(err, "refused: settings that change the run differ: lora.target_modules")) << o.out;
+  EXPECT_FALSE(fs::exists(out2 / "checkpoints"));
+  // with --force, the adapter's own keys are checked against the model and refused
+  o = train(out2, "--force --set checkpoint.resume=" + (other / "checkpoints" / "checkpoint-1").string());
   EXPECT_EQ(o.status, 1) << o.out;
   err = line_with(o.out, "error:");
   EXPECT_TRUE(contains(err, "adapter does not fit the model") && contains(err, "missing key")) << o.out;
@@ -312,6 +319,11 @@ TEST_F(CheckpointRobust, BadCheckpointGivenAsResumePathIsRejectedWithoutPartialL
   ASSERT_EQ(o.status, 75) << o.out;
   const fs::path out3 = root / "bad_out3";
   o = train(out3, "--set checkpoint.resume=" + (small / "checkpoints" / "checkpoint-1").string());
+  EXPECT_EQ(o.status, 1) << o.out;
+  err = line_with(o.out, "error:");
+  EXPECT_TRUE(contains(err, "refused: settings that change the run differ: model.path")) << o.out;
+  EXPECT_FALSE(fs::exists(out3 / "checkpoints"));
+  o = train(out3, "--force --set checkpoint.resume=" + (small / "checkpoints" / "checkpoint-1").string());
   EXPECT_EQ(o.status, 1) << o.out;
   err = line_with(o.out, "error:");
   EXPECT_TRUE(contains(err, "adapter does not fit the model") && contains(err, "has shape")) << o.out;
