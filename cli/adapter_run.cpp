@@ -49,15 +49,21 @@ const std::vector<AdapterRunKey>& adapter_run_keys() {
 
 namespace {
 
-/// `data_format` of trainer_state.json in `dir`, else of its summary.json; "" when neither has one.
+/// `data_format` of the checkpoint `dir` (trainer_state.json, read_trainer_state), else of the
+/// run dir's summary.json; "" when neither has one.
 std::string run_data_format(const fs::path& dir) {
-  for (const char* name : {"trainer_state.json", "summary.json"}) {
+  if (fs::exists(dir / "trainer_state.json")) {
     try {
-      const nlohmann::json j = nlohmann::json::parse(read_file((dir / name).string()));
-      if (j.is_object() && j.contains("data_format") && j["data_format"].is_string())
-        return j["data_format"].get<std::string>();
-    } catch (const std::exception&) {  // missing or not JSON: says nothing of the data
+      const std::string f = read_trainer_state(dir.string()).data_format;
+      if (!f.empty()) return f;
+    } catch (const Error&) {  // not a checkpoint this version reads: says nothing of the data
     }
+  }
+  try {
+    const nlohmann::json j = nlohmann::json::parse(read_file((dir / "summary.json").string()));
+    if (j.is_object() && j.contains("data_format") && j["data_format"].is_string())
+      return j["data_format"].get<std::string>();
+  } catch (const std::exception&) {  // missing or not JSON: says nothing of the data
   }
   return "";
 }

@@ -118,4 +118,32 @@ std::string sha256_file(const std::string& path) {
   return to_hex(md, n);
 }
 
+std::string sampled_file_digest(const std::string& path) {
+  constexpr uint64_t kWhole = 2u << 20, kHead = 1u << 20, kChunk = 64u << 10, kChunks = 16;
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) fail("cannot read ", path, ": ", ec.message());
+  if (size <= kWhole) return "sha256:" + sha256_file(path);
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) fail("cannot read ", path, ": ", std::strerror(errno));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(f, &std::fclose);
+  MdCtx ctx;
+  if (!ctx.c || !EVP_DigestInit_ex(ctx.c, EVP_sha256(), nullptr)) fail("SHA-256 init failed");
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(size >> (8 * i));
+  EVP_DigestUpdate(ctx.c, le, sizeof le);
+  std::vector<char> buf(kHead);
+  auto take = [&](uint64_t offset, uint64_t n) {
+    if (::fseeko(f, static_cast<off_t>(offset), SEEK_SET) != 0 || std::fread(buf.data(), 1, n, f) != n)
+      fail("cannot read ", path, ": ", std::ferror(f) ? "I/O error" : "file shorter than its size (changed while read?)");
+    EVP_DigestUpdate(ctx.c, buf.data(), n);
+  };
+  take(0, kHead);
+  for (uint64_t i = 0; i < kChunks; ++i) take((size - kChunk) * i / (kChunks - 1), kChunk);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned n = 0;
+  EVP_DigestFinal_ex(ctx.c, md, &n);
+  return "sampled-sha256:" + to_hex(md, n);
+}
+
 }  // namespace qlora

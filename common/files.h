@@ -31,6 +31,16 @@ std::string read_file(const std::string& path);
 /// Lowercase hex SHA-256 of a file's bytes (OpenSSL EVP). Throws qlora::Error naming the path.
 std::string sha256_file(const std::string& path);
 
+/// A cheap identity of a large file, for "is this the same file?" checks (e.g. a model moved to
+/// another mount point): "sha256:<hex>" of the whole file when it is at most 2 MiB, else
+/// "sampled-sha256:<hex>" over its size (8 bytes, little-endian), its first 1 MiB (a safetensors
+/// header: every tensor's name, dtype, shape and offsets) and 16 chunks of 64 KiB at evenly spaced
+/// offsets, the last one ending at the file's end: about 2 MiB read, whatever the size (the idea of
+/// imohash). Two files of other content almost surely differ in it (a fine-tune of the same
+/// architecture changes every sampled chunk); an edit outside the samples is not seen.
+/// Throws qlora::Error naming the path when it cannot be read.
+std::string sampled_file_digest(const std::string& path);
+
 /// Lowercase hex SHA-256 of `bytes`.
 std::string sha256_hex(const std::string& bytes);
 

@@ -68,25 +68,6 @@ bool is_mistral_model_type(const std::string& t) {
   return std::any_of(std::begin(kTypes), std::end(kTypes), [&](const char* k) { return t == k; });
 }
 
-// Whether transformers 5.23 `AutoTokenizer.from_pretrained(dir)` loads a dir as Qwen2Tokenizer
-// (models/auto/tokenization_auto.py), which rebuilds the pipeline whatever tokenizer.json says
-// (qwen2_pipeline): the hub class (tokenizer_config.json's `tokenizer_class`, else config.json's)
-// is Qwen2Tokenizer[Fast] (a Mistral-family model_type aside: the file as written); or the
-// model_type is `qwen2` (listed in MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS: its registered
-// Qwen2Tokenizer wins over any hub class, e.g. DeepSeek-R1-Distill-Qwen's LlamaTokenizerFast); or a
-// model_type registered as Qwen2Tokenizer (qwen2_moe, qwen3, qwen3_moe) with no hub class.
-// tokenizer.json files only (Qwen2Tokenizer has no sentencepiece path).
-bool hf_is_qwen2_class(const nlohmann::json& tok_cfg, const fs::path& tok_cfg_path, const nlohmann::json& model_cfg,
-                       const fs::path& model_cfg_path, const fs::path& tokenizer_file) {
-  if (!is_json_path(tokenizer_file)) return false;
-  std::string cls = config_string(tok_cfg, tok_cfg_path, "tokenizer_class");
-  if (cls.empty()) cls = config_string(model_cfg, model_cfg_path, "tokenizer_class");
-  const std::string type = config_string(model_cfg, model_cfg_path, "model_type");
-  if (is_mistral_model_type(type)) return false;
-  if (cls == "Qwen2Tokenizer" || cls == "Qwen2TokenizerFast" || type == "qwen2") return true;
-  return cls.empty() && (type == "qwen2_moe" || type == "qwen3" || type == "qwen3_moe");
-}
-
 // Qwen2Tokenizer's own components (models/qwen2/tokenization_qwen2.py, transformers 5.23): NFC,
 // Split(PRETOKENIZE_REGEX, isolated) + ByteLevel(add_prefix_space=false, use_regex=false), decoder
 // ByteLevel. (Its BPE model options are the file's: Qwen2Tokenizer's own are unk none, no
@@ -105,34 +86,51 @@ nlohmann::json qwen2_pipeline() {
           {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}}};
 }
 
-// How transformers 5.23 `AutoTokenizer.from_pretrained(dir)` reads a dir that names
-// `LlamaTokenizer` / `LlamaTokenizerFast` (models/auto/tokenization_auto.py; tokenizer_config.json's
-// `tokenizer_class`, else config.json's). Returns the Metaspace prepend scheme of the pipeline it
-// builds, or nullopt where the tokenizer file is read as `tokenizers` reads it:
-//   - another class or none: nullopt;
-//   - config.json `model_type` of the Mistral family: TokenizersBackend, i.e. tokenizer.json as
-//     written (nullopt); tokenizer.model alone is converted with no "▁" prepended (kNever) and a
-//     BOS only when `add_bos_token` says so (`legacy` / `add_prefix_space` are not read);
-//   - a tokenizer.json whose text contains "ByteLevel" (a Llama 3-style file under a Llama class,
-//     `_tokenizer_json_has_byte_level`): TokenizersBackend, nullopt;
-//   - otherwise LlamaTokenizer (models/llama/tokenization_llama.py) with _get_prepend_scheme
-//     (tokenization_utils_base.py): add_prefix_space (default true) false -> never; else legacy
-//     (default false) true -> always, false -> first.
-std::optional<PrependScheme> hf_llama_scheme(const nlohmann::json& tok_cfg, const fs::path& tok_cfg_path,
-                                             const nlohmann::json& model_cfg, const fs::path& model_cfg_path,
-                                             const fs::path& tokenizer_file) {
+// Which pipeline transformers 5.23 `AutoTokenizer.from_pretrained(dir)` builds for a dir
+// (models/auto/tokenization_auto.py), from the hub class (tokenizer_config.json's
+// `tokenizer_class`, else config.json's) and config.json's `model_type`:
+struct HfTokenizerClass {
+  /// Qwen2Tokenizer, which rebuilds the pipeline whatever tokenizer.json says (qwen2_pipeline).
+  bool qwen2 = false;
+  /// LlamaTokenizer's Metaspace prepend scheme (llama_pipeline; sentencepiece: the scheme), or
+  /// nullopt where the file is read as `tokenizers` / sentencepiece read it.
+  std::optional<PrependScheme> llama;
+};
+
+// The rules, in transformers' order:
+//   - a Mistral-family model_type (is_mistral_model_type): TokenizersBackend, i.e. tokenizer.json as
+//     written; tokenizer.model alone under a Llama class is converted with no "▁" prepended (kNever)
+//     and a BOS only when `add_bos_token` says so (`legacy` / `add_prefix_space` are not read);
+//   - Qwen2Tokenizer (tokenizer.json files only: it has no sentencepiece path): the hub class is
+//     Qwen2Tokenizer[Fast]; or model_type `qwen2` (in MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS: its
+//     registered Qwen2Tokenizer wins over any hub class, e.g. DeepSeek-R1-Distill-Qwen's
+//     LlamaTokenizerFast); or a model_type registered as Qwen2Tokenizer (qwen2_moe, qwen3, qwen3_moe)
+//     with no hub class;
+//   - LlamaTokenizer / LlamaTokenizerFast as the hub class: a tokenizer.json whose text contains
+//     "ByteLevel" (a Llama 3-style file, `_tokenizer_json_has_byte_level`) is TokenizersBackend (as
+//     written); otherwise LlamaTokenizer (models/llama/tokenization_llama.py) with
+//     _get_prepend_scheme (tokenization_utils_base.py): add_prefix_space (default true) false ->
+//     never; else legacy (default false) true -> always, false -> first;
+//   - anything else: the file as written.
+HfTokenizerClass hf_tokenizer_class(const nlohmann::json& tok_cfg, const fs::path& tok_cfg_path,
+                                    const nlohmann::json& model_cfg, const fs::path& model_cfg_path,
+                                    const fs::path& tokenizer_file) {
   std::string cls = config_string(tok_cfg, tok_cfg_path, "tokenizer_class");
   if (cls.empty()) cls = config_string(model_cfg, model_cfg_path, "tokenizer_class");
-  if (cls != "LlamaTokenizer" && cls != "LlamaTokenizerFast") return std::nullopt;
-  const bool add_prefix_space = config_flag(tok_cfg, tok_cfg_path, "add_prefix_space", true),
-             legacy = config_flag(tok_cfg, tok_cfg_path, "legacy", false);  // type-checked whatever the branch
-  const bool json_file = is_json_path(tokenizer_file);
-  if (is_mistral_model_type(config_string(model_cfg, model_cfg_path, "model_type")))
-    return json_file ? std::nullopt : std::optional<PrependScheme>(PrependScheme::kNever);
-  if (json_file && read_file(tokenizer_file.string()).find("\"ByteLevel\"") != std::string::npos)
-    return std::nullopt;
-  if (!add_prefix_space) return PrependScheme::kNever;
-  return legacy ? PrependScheme::kAlways : PrependScheme::kFirst;
+  const std::string type = config_string(model_cfg, model_cfg_path, "model_type");
+  const bool json_file = is_json_path(tokenizer_file), llama_class = cls == "LlamaTokenizer" || cls == "LlamaTokenizerFast";
+  // type-checked whatever the branch
+  const bool add_prefix_space = llama_class && config_flag(tok_cfg, tok_cfg_path, "add_prefix_space", true),
+             legacy = llama_class && config_flag(tok_cfg, tok_cfg_path, "legacy", false);
+  if (is_mistral_model_type(type))
+    return {false, llama_class && !json_file ? std::optional<PrependScheme>(PrependScheme::kNever) : std::nullopt};
+  if (json_file && (cls == "Qwen2Tokenizer" || cls == "Qwen2TokenizerFast" || type == "qwen2" ||
+                    (cls.empty() && (type == "qwen2_moe" || type == "qwen3" || type == "qwen3_moe"))))
+    return {true, std::nullopt};
+  if (!llama_class) return {};
+  if (json_file && read_file(tokenizer_file.string()).find("\"ByteLevel\"") != std::string::npos) return {};
+  if (!add_prefix_space) return {false, PrependScheme::kNever};
+  return {false, legacy ? PrependScheme::kAlways : PrependScheme::kFirst};
 }
 
 }  // namespace
@@ -194,11 +192,9 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
   const fs::path tok_cfg_path = dir / "tokenizer_config.json", gen_cfg_path = dir / "generation_config.json",
                  model_cfg_path = dir / "config.json";
   const nlohmann::json tok_cfg = read_json_if_exists(tok_cfg_path), model_cfg = read_json_if_exists(model_cfg_path);
-  const bool qwen2 = hf_is_qwen2_class(tok_cfg, tok_cfg_path, model_cfg, model_cfg_path, file);
-  const std::optional<PrependScheme> llama =
-      qwen2 ? std::nullopt : hf_llama_scheme(tok_cfg, tok_cfg_path, model_cfg, model_cfg_path, file);
+  const HfTokenizerClass cls = hf_tokenizer_class(tok_cfg, tok_cfg_path, model_cfg, model_cfg_path, file);
   Tokenizer t;
-  t.load_file(file.string(), llama, qwen2);
+  t.load_file(file.string(), cls.llama, cls.qwen2);
 
   const nlohmann::json st_map = read_json_if_exists(dir / "special_tokens_map.json");
   const nlohmann::json gen_cfg = read_json_if_exists(gen_cfg_path);
@@ -266,7 +262,7 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
     // 5 conversion of tokenizer.model adds no BOS unless the config says so.
     t.prefix_.clear();
     t.suffix_.clear();
-    if (config_flag(tok_cfg, tok_cfg_path, "add_bos_token", !llama) && t.bos_id_ >= 0) t.prefix_.push_back(t.bos_id_);
+    if (config_flag(tok_cfg, tok_cfg_path, "add_bos_token", !cls.llama) && t.bos_id_ >= 0) t.prefix_.push_back(t.bos_id_);
     if (config_flag(tok_cfg, tok_cfg_path, "add_eos_token", false) && t.eos_id_ >= 0) t.suffix_.push_back(t.eos_id_);
   }
   t.finish_specials();

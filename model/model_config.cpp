@@ -1,6 +1,7 @@
 #include "model/model_config.h"
 
 #include <filesystem>
+#include <set>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -335,6 +336,34 @@ ModelConfig preset_config(const std::string& name) {
   }
   c.validate("preset " + name);
   return c;
+}
+
+std::map<std::string, std::string> model_file_digests(const std::string& model_dir, const std::string& tokenizer) {
+  static const std::set<std::string> kTokenizerFiles = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                                                       "special_tokens_map.json", "generation_config.json"};
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  std::map<std::string, std::string> out;
+  auto add_dir = [&](const std::string& dir, const std::string& key, bool weights) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      if (!e.is_regular_file(ec)) continue;
+      const std::string name = e.path().filename().string();
+      const bool wanted = kTokenizerFiles.count(name) > 0 ||
+                          (weights && (name == "config.json" || ends_with(name, ".safetensors") ||
+                                       ends_with(name, ".safetensors.index.json")));
+      if (wanted) out[key + "/" + name] = sampled_file_digest(e.path().string());
+    }
+  };
+  if (!model_dir.empty() && std::filesystem::is_directory(model_dir)) add_dir(model_dir, "model.path", true);
+  if (!tokenizer.empty()) {
+    if (std::filesystem::is_directory(tokenizer))
+      add_dir(tokenizer, "model.tokenizer", false);
+    else if (std::filesystem::exists(tokenizer))
+      out["model.tokenizer/" + std::filesystem::path(tokenizer).filename().string()] = sampled_file_digest(tokenizer);
+  }
+  return out;
 }
 
 }  // namespace qlora

@@ -7,6 +7,7 @@
 // (rope_parameters, dtype) are read.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -75,5 +76,14 @@ ModelConfig load_model_config(const std::string& model_dir);
 ModelConfig preset_config(const std::string& name);
 /// Names accepted by preset_config.
 std::vector<std::string> preset_names();
+
+/// The identity of the files a model load reads, for resuming a run whose model moved (a new VM,
+/// another mount point): "model.path/<name>" -> sampled_file_digest (common/files.h) for each of
+/// MODEL_DIR's config.json, generation_config.json, tokenizer.json, tokenizer.model,
+/// tokenizer_config.json, special_tokens_map.json, *.safetensors and *.safetensors.index.json that
+/// exists, and "model.tokenizer/<name>" for `tokenizer` (a file: itself; a directory: its tokenizer
+/// files). "" for either skips it. About 2 MiB read per file, so it costs milliseconds even for a
+/// 70B model. Throws qlora::Error naming a file that exists but cannot be read.
+std::map<std::string, std::string> model_file_digests(const std::string& model_dir, const std::string& tokenizer);
 
 }  // namespace qlora

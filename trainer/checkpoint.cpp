@@ -62,6 +62,7 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"run_id", s.run_id},
           {"fingerprint", s.fingerprint},
           {"data_sha256", s.data_sha256},
+          {"model_files", s.model_files},
           {"world_size", s.world_size},
           {"total_steps", s.total_steps},
           {"setup_seconds", s.setup_seconds},
@@ -289,6 +290,7 @@ TrainerState read_trainer_state(const std::string& ckpt_dir, std::vector<int64_t
     s.run_id = j.value("run_id", std::string());
     s.fingerprint = j.value("fingerprint", std::string());
     if (j.contains("data_sha256")) s.data_sha256 = j["data_sha256"].get<std::map<std::string, std::string>>();
+    if (j.contains("model_files")) s.model_files = j["model_files"].get<std::map<std::string, std::string>>();
     s.world_size = j.value("world_size", int64_t{1});
     QLORA_CHECK(s.world_size >= 1, sp, ": world_size must be >= 1, got ", s.world_size);
     s.total_steps = j.value("total_steps", int64_t{0});

@@ -45,6 +45,9 @@ struct TrainerState {
   std::string run_id;               ///< the run that wrote it (output_dir/run.json); "" = older format
   std::string fingerprint;          ///< run_fingerprint() of that run's config and data
   std::map<std::string, std::string> data_sha256;  ///< data file path → SHA-256 of its content
+  /// model_file_digests() of the run's model.path / model.tokenizer (absent in older files: empty):
+  /// a resume whose model only moved is the same run.
+  std::map<std::string, std::string> model_files;
   int64_t world_size = 1;           ///< ranks of the data-parallel job that wrote it (absent: 1)
   /// The run's total optimizer steps when it was written (training.max_steps, or num_epochs'
   /// steps); the LR schedule is computed over it. Absent in older files: 0 = unknown.

@@ -298,6 +298,7 @@ void Trainer::setup() {
   // The run's identity: its run-meaning settings and the content (not only the paths) of its data;
   // which run owns output_dir and what to resume is decided before anything is written.
   for (const data::SourceStats* f : data_files) data_sha_[f->source.path] = sha256_file(f->source.path);
+  model_files_ = model_file_digests(cfg_.model.path, cfg_.model.tokenizer);
   fingerprint_ = run_fingerprint(to_yaml(cfg_), data_sha_);
   // Data parallel: every rank runs rank 0's config on the same data; rank 0 alone decides (and
   // later writes) output_dir, the others take its run id and checkpoint.
@@ -954,6 +955,7 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds, cons
   st.run_id = run_id_;
   st.fingerprint = fingerprint_;
   st.data_sha256 = data_sha_;
+  st.model_files = model_files_;
   st.world_size = dist_->world_size();
   st.total_steps = total_steps_;
   st.setup_seconds = setup_seconds_before_ + setup_seconds_;
@@ -1269,6 +1271,42 @@ void Trainer::check_resume_settings(const std::string& ckpt) const {
                             data_sha_, &moved);
     diffs.insert(diffs.erase(it), changes.begin(), changes.end());
     for (const std::string& m : moved) log::info("resume: ", m, "; the same run");
+  }
+  // model.path / model.tokenizer: a model that only moved (a new VM, another mount point) is the
+  // same run when the files a load reads have the digests the checkpoint recorded
+  // (model_file_digests); the same path holding other files is another run.
+  for (const std::string key : {"model.path", "model.tokenizer"}) {
+    const auto it =
+        std::find_if(diffs.begin(), diffs.end(), [&](const std::string& d) { return d.rfind(key + ": ", 0) == 0; });
+    if (saved.model_files.empty()) {  // an older version's checkpoint: the plain difference stands
+      if (it != diffs.end()) *it += " (the checkpoint records no digest of the model's files: written by an older version)";
+      continue;
+    }
+    std::vector<std::string> changed;  // "<file> differs" / "<file> is new" / "<file> is gone"
+    const std::string prefix = key + "/";
+    auto in = [&](const std::map<std::string, std::string>& m, const std::string& k) { return m.find(k); };
+    for (const auto& [k, v] : saved.model_files) {
+      if (k.rfind(prefix, 0) != 0) continue;
+      const auto now = in(model_files_, k);
+      if (now == model_files_.end()) changed.push_back(k.substr(prefix.size()) + " is gone");
+      else if (now->second != v) changed.push_back(k.substr(prefix.size()) + " differs");
+    }
+    for (const auto& [k, v] : model_files_)
+      if (k.rfind(prefix, 0) == 0 && !saved.model_files.count(k)) changed.push_back(k.substr(prefix.size()) + " is new");
+    std::string list;
+    for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
+    if (it != diffs.end()) {
+      if (changed.empty()) {
+        log::info("resume: ", key, " moved: ", it->substr(key.size() + 2),
+                  " (the same files: their sampled SHA-256 equal the checkpoint's); the same run");
+        diffs.erase(it);
+      } else {
+        *it += " (another model: " + list + ")";
+      }
+    } else if (!changed.empty()) {
+      const std::string where = key == "model.path" ? cfg_.model.path : cfg_.model.tokenizer;
+      diffs.push_back("the files of " + key + " " + where + " changed since the checkpoint was written (" + list + ")");
+    }
   }
   // The same data path with other content is a different run too.
   for (const auto& [path, sha] : data_sha_) {

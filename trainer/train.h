@@ -290,6 +290,7 @@ class Trainer {
   double last_eval_loss_ = std::nan("");  ///< the run's newest eval loss (NaN: none yet)
   std::string run_id_;                           ///< this run (output_dir/run.json)
   std::map<std::string, std::string> data_sha_;  ///< data file → SHA-256 of its content
+  std::map<std::string, std::string> model_files_;  ///< model_file_digests(model.path, model.tokenizer)
   std::string fingerprint_;                      ///< run_fingerprint(config, data_sha_)
   std::string aside_;                            ///< where --overwrite-output-dir moves the old state
   std::unique_ptr<OutputDirLock> lock_;          ///< rank 0's lock on output_dir, held for the whole run

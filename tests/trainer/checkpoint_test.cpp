@@ -518,6 +518,73 @@ TEST_F(Resume, MovedDataFileWithTheSameContentResumes) {
   EXPECT_EQ(o.out.find("moved:"), std::string::npos) << "the checkpoint records the new path:\n" << o.out;
 }
 
+// A model that only moved (a spot VM's replacement mounts it elsewhere) resumes with a note: the
+// checkpoint records the sampled digests of the files a load reads (model_file_digests). Another
+// model under the new path, or other weights under the same path, are refused naming the file;
+// a checkpoint without digests (an older version's) keeps the plain path difference.
+TEST_F(Resume, MovedModelWithTheSameFilesResumes) {
+  const fs::path out = root / "moved_model_run", moved = root / "moved_model", other = root / "other_model";
+  fs::copy(root / "model", moved, fs::copy_options::recursive);
+  Out o = train(out, "", "QLORA_FAULT_SIGTERM_AT=3:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  const json st = json::parse(qlora::read_file((out / "checkpoints" / "checkpoint-3" / "trainer_state.json").string()));
+  ASSERT_TRUE(st.contains("model_files")) << st.dump();
+  EXPECT_TRUE(st["model_files"].contains("model.path/model.safetensors")) << st["model_files"].dump();
+  EXPECT_TRUE(st["model_files"].contains("model.path/config.json")) << st["model_files"].dump();
+  o = train(out, "--set model.path=" + moved.string(), "QLORA_FAULT_SIGTERM_AT=5:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  EXPECT_NE(o.out.find("resume: model.path moved: " + (root / "model").string() + " -> " + moved.string() +
+                       " (the same files"),
+            std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("resume: from " + (out / "checkpoints" / "checkpoint-3").string() + " at step 3 "),
+            std::string::npos) << o.out;
+
+  // Another model (same shapes and tokenizer, other weights) under another path: refused.
+  Out init = sh(::qlora::test::qlora_bin() + " init-model --preset tiny --out " + other.string() + " --tokenizer " +
+                (root / "model" / "tokenizer.model").string() + " --seed 11");
+  ASSERT_EQ(init.status, 0) << init.out;
+  o = train(out, "--set model.path=" + other.string());
+  EXPECT_EQ(o.status, 1) << o.out;
+  std::string err = qlora::test::line_with(o.out, "error:");
+  EXPECT_NE(err.find("model.path: " + moved.string() + " -> " + other.string() + " (another model: "),
+            std::string::npos) << o.out;
+  EXPECT_NE(err.find("model.safetensors differs"), std::string::npos) << err;
+  // Other weights under the checkpoint's own path: refused too.
+  fs::copy_file(other / "model.safetensors", moved / "model.safetensors", fs::copy_options::overwrite_existing);
+  o = train(out, "--set model.path=" + moved.string());
+  EXPECT_EQ(o.status, 1) << o.out;
+  err = qlora::test::line_with(o.out, "error:");
+  EXPECT_NE(err.find("the files of model.path " + moved.string() +
+                     " changed since the checkpoint was written (model.safetensors differs)"),
+            std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("step 6/"), std::string::npos) << o.out;
+  // The right weights back: the run completes.
+  fs::copy_file(root / "model" / "model.safetensors", moved / "model.safetensors", fs::copy_options::overwrite_existing);
+  o = train(out, "--set model.path=" + moved.string());
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_EQ(metrics(out).size(), 18u);
+
+  // An older version's checkpoint (no model_files): a moved model is the plain difference.
+  const fs::path old_run = root / "moved_model_old";
+  o = train(old_run, "", "QLORA_FAULT_SIGTERM_AT=2:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  const fs::path ck = old_run / "checkpoints" / "checkpoint-2";
+  json s2 = json::parse(qlora::read_file((ck / "trainer_state.json").string()));
+  s2.erase("model_files");
+  const std::string text = s2.dump(2);
+  std::ofstream(ck / "trainer_state.json") << text;
+  json manifest = json::parse(qlora::read_file((ck / "manifest.json").string()));
+  ASSERT_TRUE(manifest["files"].contains("trainer_state.json")) << manifest.dump();
+  manifest["files"]["trainer_state.json"] = {{"bytes", text.size()}, {"sha256", qlora::sha256_hex(text)}};
+  std::ofstream(ck / "manifest.json") << manifest.dump(2);
+  o = train(old_run, "--set model.path=" + moved.string());
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(qlora::test::line_with(o.out, "error:")
+                .find("model.path: " + (root / "model").string() + " -> " + moved.string() +
+                      " (the checkpoint records no digest of the model's files: written by an older version)"),
+            std::string::npos) << o.out;
+}
+
 // data.train as a list (Axolotl's `datasets:`): the tiny run's 24 records as an alpaca JSON file
 // (the first 12) and a sharegpt JSONL file (the last 12, the same turns). Each file alone gives
 // its records' examples and the list their concatenation, so the list run trains exactly the
