@@ -163,6 +163,7 @@ std::string cmd_eval(const EvalOptions& o) {
 
   // Data first: every bad-input error comes before the (slow) model load.
   const std::string tok_src = with_key_sources(cfg, [&] { return tokenizer_source(cfg.model); });
+  with_key_sources(cfg, [&] { check_model_weights(cfg.model); });
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   data::DataOptions dopts = cfg.data;
   dopts.template_name = with_key_sources(cfg, [&] { return data::resolve_template(dopts.template_name, tok_src); });

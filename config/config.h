@@ -188,6 +188,13 @@ auto with_key_sources(const Config& c, F&& f) -> decltype(f()) {
 /// with_key_sources so the key's file:line comes first.
 std::string tokenizer_source(const ModelSource& m);
 
+/// For `model.init: pretrained` with a model.path (a preset or init: random reads no weights):
+/// throws qlora::Error "model.path: <p>: no model.safetensors or model.safetensors.index.json
+/// (<why>)" when the directory holds neither, what the load (SafetensorsCheckpoint) would fail on
+/// after the data is read; <why> names a pytorch_model.bin or *.gguf file found there, else
+/// model.init: random. Run it under with_key_sources so the key's file:line comes first.
+void check_model_weights(const ModelSource& m);
+
 /// The fully resolved config (every key, defaults included) as YAML, for config.resolved.yaml.
 /// parse_config_string(to_yaml(c), ...) == c for every valid c.
 std::string to_yaml(const Config& config);

@@ -251,6 +251,16 @@ void check_output_dir_writable(const std::string& output_dir) {
     fail("output_dir: cannot ", verb, " ", output_dir, ": ", at == out ? "" : at.string() + ": ", std::strerror(errno));
 }
 
+// --overwrite-output-dir renames output_dir to `aside` after the model load: the folder holding
+// both must be writable (a rename changes it), checked before the load.
+void check_can_move_aside(const std::string& output_dir, const std::string& aside) {
+  fs::path parent = fs::path(output_dir).parent_path();
+  if (parent.empty()) parent = ".";
+  if (::access(parent.c_str(), W_OK | X_OK) != 0)
+    fail("output_dir: cannot move ", output_dir, " aside to ", aside, " (--overwrite-output-dir): ", parent.string(),
+         ": ", std::strerror(errno));
+}
+
 // What claim_output_dir's decision reads: the used entries, run.json's run id and the checkpoints.
 std::string output_dir_state(const std::string& output_dir, const std::string& checkpoint_dir) {
   std::string s;
@@ -271,6 +281,7 @@ void Trainer::setup() {
   // Everything that can fail on bad input happens before output_dir is touched.
   // Errors naming a config key (model.path, data.val_set_size, ...) name its file:line too.
   const std::string tok_src = with_key_sources(cfg_, [&] { return tokenizer_source(cfg_.model); });
+  with_key_sources(cfg_, [&] { check_model_weights(cfg_.model); });
   tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::from_pretrained(tok_src));
   with_key_sources(cfg_, [&] {
     cfg_.data.template_name = data::resolve_template(cfg_.data.template_name, tok_src);  // "auto" -> a name
@@ -314,6 +325,7 @@ void Trainer::setup() {
     OutputDirLock::check_free(cfg_.output_dir);
     const std::string c = claim_output_dir();
     check_output_dir_writable(cfg_.output_dir);  // a read-only file system: refused now, not after the load
+    if (!aside_.empty()) check_can_move_aside(cfg_.output_dir, aside_);  // --overwrite-output-dir's rename
     if (!c.empty()) check_resume_settings(c);  // changed settings, data or WORLD_SIZE: refused now, not after the load
     claimed_state = output_dir_state(cfg_.output_dir, checkpoint_dir());
     return run_id_ + "\n" + c;

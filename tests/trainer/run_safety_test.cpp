@@ -682,6 +682,26 @@ TEST_F(Cases, AnUnwritableOutputDirIsRefusedBeforeTheModelLoads) {
                                                        ": Read-only file system"))
       << o.out;
   EXPECT_FALSE(contains(o.out, "model.safetensors")) << o.out;
+
+  // --overwrite-output-dir renames a used output_dir aside: a writable output_dir in a read-only
+  // folder (a writable mount inside a read-only one) is refused before the load too.
+  const fs::path rop = w / "ro_parent", used = rop / "run";
+  fs::create_directories(rop);
+  ASSERT_EQ(::mount("tmpfs", rop.c_str(), "tmpfs", 0, "size=64k"), 0) << std::strerror(errno);
+  fs::create_directories(used);
+  const bool remounted = ::mount("tmpfs", rop.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, "size=64k") == 0 &&
+                         ::mount("tmpfs", used.c_str(), "tmpfs", 0, "size=64k") == 0;
+  if (remounted) qlora::atomic_write_string((used / "notes.txt").string(), "an earlier run's notes\n");
+  o = train(cs, used, data, broken + " --overwrite-output-dir");
+  ::umount2(used.c_str(), MNT_DETACH);
+  ::umount2(rop.c_str(), MNT_DETACH);
+  ASSERT_TRUE(remounted) << std::strerror(errno);
+  EXPECT_EQ(o.status, 1) << o.out;
+  const std::string err = line_with(o.out, "error:");
+  EXPECT_TRUE(contains(err, "output_dir: cannot move " + used.string() + " aside to " + used.string() + ".old-") &&
+              contains(err, " (--overwrite-output-dir): " + rop.string() + ": Read-only file system"))
+      << o.out;
+  EXPECT_FALSE(contains(o.out, "model.safetensors")) << o.out;
 }
 
 // A checkpoint that cannot be written (a full disk; test hook) stops the run naming the file, and

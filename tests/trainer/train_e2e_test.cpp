@@ -392,7 +392,20 @@ TEST(TrainE2E, InitRandomWithModelPathNeedsOnlyConfigJsonAndTokenizer) {
                             "\n  dtype: fp32\ndata:\n  train: " + (d / "train.json").string() +
                             "\n  template: alpaca\nlora:\n  r: 4\n  target_modules: [q_proj]\ntraining:\n  max_steps: 2\n");
   // init: pretrained (the default) still needs the weights.
-  expect_one_line_error(run("train " + q(d / "cfg.yaml")), "pretrained without weights", "no model.safetensors");
+  // Named by its key and file:line before the data is read, not by the loader after it.
+  CliRun w = run("train " + q(d / "cfg.yaml"));
+  expect_one_line_error(w, "pretrained without weights",
+                        (d / "cfg.yaml").string() + ":3: model.path: " + (d / "shape").string() +
+                            ": no model.safetensors or model.safetensors.index.json (a directory with config.json only "
+                            "gives a shape: model.init: random draws the weights)");
+  EXPECT_EQ(w.out.find("data: "), std::string::npos) << w.out;
+  EXPECT_FALSE(fs::exists(d / "out_path"));
+  write(d / "shape" / "pytorch_model.bin", "not read");
+  expect_one_line_error(run("train " + q(d / "cfg.yaml")), "a pickle checkpoint only",
+                        "(pytorch_model.bin is a pickle checkpoint, which is not read: save the model as safetensors");
+  expect_one_line_error(run("eval " + q(d / "cfg.yaml")), "eval of a pickle checkpoint",
+                        ":3: model.path: " + (d / "shape").string() + ": no model.safetensors");
+  fs::remove(d / "shape" / "pytorch_model.bin");
   EXPECT_FALSE(fs::exists(d / "out_path"));
   r = run("train " + q(d / "cfg.yaml") + " --set model.init=random");
   ASSERT_EQ(r.status, 0) << r.out;
