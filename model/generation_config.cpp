@@ -96,7 +96,7 @@ ResolvedGenerate resolve_generate_options(const GenerationConfig& flags, const G
     f.top_p = flags.top_p.value_or(1.0);
     f.repetition_penalty = flags.repetition_penalty.value_or(1.0);
     check_generate_options(f);
-    QLORA_CHECK(!flags.temperature || *flags.temperature >= 0, "generate: --temperature must be >= 0 (0 = greedy), got ",
+    QLORA_CHECK(!flags.temperature || *flags.temperature >= 0, "generate: --temperature must be >= 0, got ",
                 *flags.temperature);
   }
   // --temperature T > 0 samples and --temperature 0 is greedy (the CLI's meaning before

@@ -368,7 +368,7 @@ TEST(EvalCli, ExactMatchStaysGreedyWhateverGenerationConfigSays) {
   QLORA_REQUIRE_FIXTURE(sampling, "models/llama_gqa_sampling/generation_config.json");
   const qlora::test::TempDir d("eval_em_greedy");
   std::vector<json> preds;
-  for (const fs::path model : {sampling.parent_path().parent_path() / "llama_gqa", sampling.parent_path()}) {
+  for (const fs::path& model : {sampling.parent_path().parent_path() / "llama_gqa", sampling.parent_path()}) {
     const fs::path p = d.path / (model.filename().string() + ".jsonl");
     CliRun r = run("eval --model " + q(model) + " --data " + q(data) + " --set data.template=chatml --set model.dtype=fp32"
                    " --metric exact_match --max-examples 2 --out " + q(d.path / "e.json") + " --predictions " + q(p));

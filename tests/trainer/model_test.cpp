@@ -459,7 +459,7 @@ TEST(Generate, ResolveGenerateOptionsFlagThenFileThenTransformersDefault) {
   flags = {};
   flags.temperature = -1;
   EXPECT_EQ(error_of([&] { resolve_generate_options(flags, {}, f); }),
-            "generate: --temperature must be >= 0 (0 = greedy), got -1");
+            "generate: --temperature must be >= 0, got -1");
   // the file's temperature 0 with do_sample true: transformers refuses it, so do we (file and key)
   GenerationConfig zero = qwen;
   zero.temperature = 0;
