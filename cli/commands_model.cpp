@@ -307,7 +307,6 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   g.seed = o.gen.seed;
   g.stop_strings = o.gen.stop_strings;
   g.eos_token_ids = o.gen.eos_token_ids;
-  log::info("generate: ", decoding.summary);
   // The settings used: the flags, else (an adapter trained here) its run's template, system message
   // and quantization (adapter_run_keys() with for_prompt, as eval takes them), else raw / none.
   Config used;
@@ -369,6 +368,7 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
     max_new.push_back(decoding.new_tokens_for(len));
     prompt_ids.emplace_back(ids_in.begin(), ids_in.end());
   }
+  log::info("generate: ", decoding.summary);  // after the prompts' errors, which stand alone
   const QuantOptions& q = used.quantization;
   LlamaModel model = load_with_quant_flag(o.model_dir, torch_dtype(parse_dtype(o.dtype), device), device, q);
   if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);  // dropout off
