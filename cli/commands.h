@@ -38,9 +38,12 @@ struct GenerateCliOptions {
   std::string prompts_file;
   std::string dtype = "auto";
   bool print_ids = false;  ///< print new token ids instead of text
-  /// --top-k K (0 = off). nullopt: when sampling, generation_config.json's top_k, else transformers'
-  /// GenerationConfig default 50 (kTransformersDefaultTopK), as model.generate(do_sample=True) takes it.
-  std::optional<int64_t> top_k;
+  /// The decoding flags given (nullopt: not given): --max-new-tokens, --temperature, --top-k,
+  /// --top-p, --repetition-penalty; do_sample is set from greedy / do_sample below. Resolved
+  /// against the model dir's generation_config.json by resolve_generate_options().
+  GenerationConfig flags;
+  bool greedy = false;     ///< --greedy: do_sample false
+  bool do_sample = false;  ///< --do-sample: do_sample true
   /// PEFT adapter directory to apply ("" = base model only). One trained here (config.resolved.yaml,
   /// or a checkpoint's trainer_state.json "config") brings its run's template,
   /// default_system_message and quantization (adapter_run_keys() with for_prompt) unless given below.
@@ -53,19 +56,25 @@ struct GenerateCliOptions {
   /// trained on (bitsandbytes users: load_in_4bit + PeftModel); none = the stored 16/32-bit weights.
   /// "" = the adapter run's quantization section, else none.
   std::string quant;
-  GenerateOptions gen;  ///< its top_k is set from `top_k` above; stop_strings = --stop (repeatable)
+  GenerateOptions gen;  ///< stop_strings = --stop (repeatable) and seed = --seed; the rest is resolved from `flags`
 };
 /// `qlora generate MODEL_DIR --prompt TEXT [...]`: writes the continuation (or its ids) and a
 /// newline to `out`: the new ids decoded, EOS ids left out, a stop string and whatever its last
-/// token adds after it kept (as transformers' output ids decode). Stops at any id of the
-/// tokenizer's eos_ids() (generation_config.json's eos_token_id list), at a --stop string, or after
-/// --max-new-tokens. With --prompts FILE: one JSON line per prompt, {"prompt", "output", "ids",
-/// "finish_reason": "eos"|"stop"|"length"}, each flushed when done; every prompt decodes as
-/// `--prompt` alone would (the sampling generator reseeded with --seed for each). With an
-/// adapter trained here, logs each brought setting and where its value came from. Throws
-/// qlora::Error for bad options (check_generate_options), a bad --prompts line (FILE:LINE and the
-/// key, before the model loads), a prompt with no tokens (an empty text, no BOS), --system without
-/// a template, an unknown template, a bad model or adapter.
+/// token adds after it kept (as transformers' output ids decode). Decodes as transformers'
+/// `model.generate(input_ids)` does for MODEL_DIR: each decoding flag given wins, else
+/// generation_config.json's do_sample / temperature / top_k / top_p / repetition_penalty /
+/// max_new_tokens / max_length, else transformers' defaults (resolve_generate_options; logged in
+/// one line with each value's source). Stops at any id of the tokenizer's eos_ids()
+/// (generation_config.json's eos_token_id list), at a --stop string (which may begin in the
+/// prompt, as transformers' StopStringCriteria), or after max_new_tokens. With --prompts FILE: one
+/// JSON line per prompt, {"prompt", "output", "ids", "finish_reason": "eos"|"stop"|"length"}, each
+/// flushed when done; every prompt decodes as `--prompt` alone would (the sampling generator
+/// reseeded with --seed for each). With an adapter trained here, logs each brought setting and
+/// where its value came from. Throws qlora::Error for bad options (check_generate_options,
+/// resolve_generate_options), a bad generation_config.json value (file and key), a bad --prompts
+/// line (FILE:LINE and the key, before the model loads), a prompt with no tokens (an empty text,
+/// no BOS) or one that fills generation_config.json's max_length, --system without a template, an
+/// unknown template, a bad model or adapter.
 void cmd_generate(const GenerateCliOptions& o, std::ostream& out);
 
 /// One prompt of `generate --prompts FILE`: its text and, when the line has one, its system message.

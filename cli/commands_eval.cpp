@@ -125,7 +125,7 @@ ExactMatch exact_match(const LlamaModel& model, const data::Tokenizer& tok, cons
       if (!tok.is_special(ex.input_ids[i])) ref.push_back(ex.input_ids[i]);
     GenerateOptions g;
     g.max_new_tokens = static_cast<int64_t>(end - start) + 8;
-    g.temperature = 0.0;
+    g.do_sample = false;  // greedy always: generation_config.json's sampling keys are not read here
     g.eos_token_ids.assign(tok.eos_ids().begin(), tok.eos_ids().end());
     data::TokenIds out;
     for (int64_t id : generate_tokens(model, prompt, g))

@@ -285,9 +285,11 @@ std::vector<PromptLine> read_prompts_jsonl(const std::string& path) {
 }
 
 void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
-  GenerateOptions g = o.gen;
-  if (o.top_k) g.top_k = *o.top_k;
-  check_generate_options(g);  // a bad flag is named before anything loads
+  GenerationConfig flags = o.flags;
+  if (o.greedy) flags.do_sample = false;
+  if (o.do_sample) flags.do_sample = true;
+  check_generate_options(o.gen);  // a bad flag is named before anything loads (--stop here; the rest:)
+  resolve_generate_options(flags, GenerationConfig{}, "generation_config.json");
   QLORA_CHECK(o.prompts_file.empty() || !o.print_ids,
               "generate: --ids prints one prompt's ids; --prompts writes them in each JSON line's \"ids\"");
   // --prompts: every line checked before the model loads; --prompt: one prompt
@@ -297,14 +299,14 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   load_model_config(o.model_dir);  // a missing dir / config.json is named before the tokenizer's files
   data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
-  // Sampling without --top-k: generation_config.json's top_k, else transformers' default 50
-  // (GenerationConfig._get_default_generation_params), as model.generate(do_sample=True) takes it.
-  if (!o.top_k && g.temperature > 0) {
-    const std::optional<int64_t> k = generation_config_top_k(o.model_dir);
-    g.top_k = k.value_or(kTransformersDefaultTopK);
-    log::info("generate: top_k ", g.top_k, k ? " from generation_config.json" :
-              " (transformers' default when generation_config.json sets none; --top-k 0 turns it off)");
-  }
+  // Decoding as transformers' model.generate(input_ids) with this model dir: each flag given, else
+  // generation_config.json's value, else transformers' default (model/generation_config.h).
+  const std::string gc_path = (fs::path(o.model_dir) / "generation_config.json").string();
+  const ResolvedGenerate decoding = resolve_generate_options(flags, read_generation_config(o.model_dir), gc_path);
+  GenerateOptions g = decoding.opts;
+  g.seed = o.gen.seed;
+  g.stop_strings = o.gen.stop_strings;
+  g.eos_token_ids = o.gen.eos_token_ids;
   // The settings used: the flags, else (an adapter trained here) its run's template, system message
   // and quantization (adapter_run_keys() with for_prompt, as eval takes them), else raw / none.
   Config used;
@@ -346,6 +348,7 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   const bool raw = used.data.template_name == "raw";
   QLORA_CHECK(!raw || !o.has_system || o.system.empty(), "generate: --system needs --template NAME (or auto)");
   std::vector<std::vector<int64_t>> prompt_ids;
+  std::vector<int64_t> max_new;  // per prompt: max_length - its length when the file's max_length rules
   for (const PromptLine& p : prompts) {
     QLORA_CHECK(!raw || !p.system || p.system->empty(), o.prompts_file, ":", p.line,
                 ": system: needs --template NAME (or auto); the prompt is raw text");
@@ -356,8 +359,16 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
     // an empty text under a tokenizer that adds no BOS: nothing to condition on (named before loading)
     QLORA_CHECK(!ids_in.empty(), o.prompts_file.empty() ? "generate: --prompt" : o.prompts_file + ":" +
                 std::to_string(p.line) + ": prompt", ": no tokens to continue (the text is empty and the tokenizer adds no BOS)");
+    // generation_config.json's max_length counts the prompt: one that fills it is named before loading
+    const int64_t len = static_cast<int64_t>(ids_in.size());
+    QLORA_CHECK(!decoding.max_length || len < *decoding.max_length, o.prompts_file.empty() ? "generate: --prompt" :
+                o.prompts_file + ":" + std::to_string(p.line) + ": prompt", ": ", len, " tokens leave no new token under ",
+                gc_path, "'s max_length ", decoding.max_length.value_or(0),
+                " (transformers counts the prompt in max_length; pass --max-new-tokens)");
+    max_new.push_back(decoding.new_tokens_for(len));
     prompt_ids.emplace_back(ids_in.begin(), ids_in.end());
   }
+  log::info("generate: ", decoding.summary);  // after the prompts' errors, which stand alone
   const QuantOptions& q = used.quantization;
   LlamaModel model = load_with_quant_flag(o.model_dir, torch_dtype(parse_dtype(o.dtype), device), device, q);
   if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);  // dropout off
@@ -365,7 +376,8 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   // same, RealModelParity.SmolLM2Nf4GreedyDecodeCachedDequantMatchesTransformers), within 2 GiB.
   if (q.enabled()) model.cache_dequantized(int64_t{2} << 30);
   if (g.eos_token_ids.empty()) g.eos_token_ids.assign(tok.eos_ids().begin(), tok.eos_ids().end());
-  // The text of new ids: EOS ids left out (they end generation and are not text)
+  // The text of ids (the new ids; for stop strings the prompt's tail too): EOS ids left out (they
+  // end generation and are not text)
   const auto text_of = [&](const std::vector<int64_t>& ids) {
     data::TokenIds t;
     for (int64_t id : ids)
@@ -374,6 +386,7 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
     return tok.decode(t);
   };
   for (size_t i = 0; i < prompts.size(); ++i) {
+    g.max_new_tokens = max_new[i];
     const Generation r = generate(model, prompt_ids[i], g, text_of);
     if (o.prompts_file.empty()) {
       if (o.print_ids) {

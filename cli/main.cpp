@@ -65,19 +65,33 @@ int run(int argc, char** argv) {
                       "each prompt prints one JSON line {\"prompt\", \"output\", \"ids\", \"finish_reason\": "
                       "eos|stop|length}, as --prompt alone would decode it");
   gen_src->require_option(1);
-  generate->add_option("--max-new-tokens", gen.gen.max_new_tokens, "tokens to generate")->capture_default_str();
-  generate->add_option("--temperature", gen.gen.temperature, "0 = greedy; > 0 samples")->capture_default_str();
-  generate->add_option("--top-k", gen.top_k,
-                       "sampling: keep the K most likely tokens (ties with the K-th too), 0 = off (default when sampling: "
+  // Decoding: each flag given wins; else the model dir's generation_config.json; else
+  // transformers' defaults (resolve_generate_options, model/generation_config.h).
+  generate->add_option("--max-new-tokens", gen.flags.max_new_tokens,
+                       "tokens to generate (default: generation_config.json's max_new_tokens, else its max_length "
+                       "minus the prompt's length, else 64)");
+  generate->add_option("--temperature", gen.flags.temperature,
+                       "0 = greedy; > 0 samples at this temperature (default when sampling: generation_config.json's "
+                       "temperature, else 1.0)");
+  auto* gen_greedy = generate->add_flag("--greedy", gen.greedy,
+                                        "greedy decoding whatever generation_config.json says (transformers' "
+                                        "generate(do_sample=False))");
+  generate->add_flag("--do-sample", gen.do_sample,
+                     "sample whatever generation_config.json says (transformers' generate(do_sample=True)); "
+                     "default: its do_sample, else greedy")
+      ->excludes(gen_greedy);
+  generate->add_option("--top-k", gen.flags.top_k,
+                       "sampling: keep the K most likely tokens (ties with the K-th too), 0 = off (default: "
                        "generation_config.json's top_k, else 50, transformers' GenerationConfig default)");
-  generate->add_option("--top-p", gen.gen.top_p, "sampling: nucleus mass in (0, 1], 1 = off")->capture_default_str();
-  generate->add_option("--repetition-penalty", gen.gen.repetition_penalty,
+  generate->add_option("--top-p", gen.flags.top_p,
+                       "sampling: nucleus mass in (0, 1], 1 = off (default: generation_config.json's top_p, else 1)");
+  generate->add_option("--repetition-penalty", gen.flags.repetition_penalty,
                        "> 0, 1 = off: each token of the prompt and the output so far has its logit divided by P "
                        "(multiplied when negative), before temperature / top-k / top-p, greedy too "
-                       "(transformers' repetition_penalty)")->capture_default_str();
+                       "(transformers' repetition_penalty; default: generation_config.json's, else 1)");
   generate->add_option("--stop", gen.gen.stop_strings,
-                       "stop once the new text contains this string (repeatable; transformers' stop_strings); "
-                       "the output keeps it")
+                       "stop once a new token completes this string, which may begin in the prompt (repeatable; "
+                       "transformers' stop_strings); the output keeps it")
       ->allow_extra_args(false);  // one string per --stop, so a positional after it stays positional
   generate->add_option("--seed", gen.gen.seed, "sampling seed (torch.manual_seed)")->capture_default_str();
   generate->add_option("--dtype", gen.dtype, "fp32|bf16|fp16|auto")->capture_default_str()->transform(dtype_names());

@@ -1,24 +1,11 @@
 #include "model/generate.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <limits>
-#include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "common/files.h"
 
 namespace qlora {
-
-void check_generate_options(const GenerateOptions& opts) {
-  QLORA_CHECK(opts.max_new_tokens >= 1, "generate: --max-new-tokens must be >= 1, got ", opts.max_new_tokens);
-  QLORA_CHECK(opts.temperature >= 0, "generate: --temperature must be >= 0, got ", opts.temperature);
-  QLORA_CHECK(opts.top_k >= 0, "generate: --top-k must be >= 0 (0 = off), got ", opts.top_k);
-  QLORA_CHECK(opts.top_p > 0 && opts.top_p <= 1, "generate: --top-p must be in (0, 1], got ", opts.top_p);
-  QLORA_CHECK(opts.repetition_penalty > 0, "generate: --repetition-penalty must be > 0 (1 = off), got ",
-              opts.repetition_penalty);
-  for (const std::string& s : opts.stop_strings) QLORA_CHECK(!s.empty(), "generate: --stop must not be empty");
-}
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
@@ -61,6 +48,32 @@ torch::Tensor sample_warpers(torch::Tensor scores, double temperature, int64_t t
   return scores;
 }
 
+namespace {
+
+// transformers' StopStringCriteria on text: does a stop string end in the text of seq's last id?
+// The last `window` ids are decoded with and without that id; a stop string must occur in the
+// first text ending past the part it shares with the second (the new id's text). Every ordinary
+// token yields at least one byte, so `window` ids (the longest string's bytes + 8) reach back past
+// any occurrence that ends in the new id's text; the decode of a window's first id (a dropped
+// leading space, a cut UTF-8 sequence) lies further back than any such occurrence begins.
+bool completes_stop_string(const std::vector<int64_t>& seq, const std::vector<std::string>& stops, size_t window,
+                           const DecodeFn& decode) {
+  const size_t n = std::min(window, seq.size());
+  const std::vector<int64_t> tail(seq.end() - static_cast<std::ptrdiff_t>(n), seq.end());
+  const std::string text = decode(tail);
+  const std::string before = decode(std::vector<int64_t>(tail.begin(), tail.end() - 1));
+  size_t shared = 0;
+  while (shared < text.size() && shared < before.size() && text[shared] == before[shared]) ++shared;
+  for (const std::string& s : stops) {
+    // the first occurrence that ends past `shared`, i.e. starts at or after shared - |s| + 1
+    const size_t from = shared >= s.size() ? shared - s.size() + 1 : 0;
+    if (text.find(s, from) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Generation generate(const LlamaModel& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                     const DecodeFn& decode) {
   QLORA_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
@@ -71,13 +84,15 @@ Generation generate(const LlamaModel& model, const std::vector<int64_t>& prompt,
   KVCache cache;
   ForwardInputs in;
   in.input_ids = torch::tensor(prompt, torch::kLong).unsqueeze(0);
-  std::vector<int64_t> seen = prompt;  // what the repetition penalty reads: prompt + new ids
+  std::vector<int64_t> seen = prompt;  // what the repetition penalty and stop strings read: prompt + new ids
+  size_t stop_window = 0;              // ids decoded for stop strings: the longest one's bytes + 8
+  for (const std::string& s : opts.stop_strings) stop_window = std::max(stop_window, s.size() + 8);
   Generation g;
   for (int64_t step = 0; step < opts.max_new_tokens; ++step) {
     torch::Tensor scores = model.forward(in, &cache).select(1, -1).to(torch::kCPU, torch::kFloat32);  // [1, vocab]
     scores = apply_repetition_penalty(scores, seen, opts.repetition_penalty);
     int64_t next;
-    if (opts.temperature == 0) {
+    if (!opts.do_sample) {
       next = scores.argmax(-1).item<int64_t>();
     } else {
       torch::Tensor probs = sample_warpers(scores, opts.temperature, opts.top_k, opts.top_p).softmax(-1);
@@ -89,13 +104,9 @@ Generation generate(const LlamaModel& model, const std::vector<int64_t>& prompt,
       g.finish_reason = FinishReason::eos;
       return g;
     }
-    if (!opts.stop_strings.empty()) {
-      const std::string text = decode(g.ids);
-      for (const std::string& s : opts.stop_strings)
-        if (text.find(s) != std::string::npos) {
-          g.finish_reason = FinishReason::stop;
-          return g;
-        }
+    if (!opts.stop_strings.empty() && completes_stop_string(seen, opts.stop_strings, stop_window, decode)) {
+      g.finish_reason = FinishReason::stop;
+      return g;
     }
     in.input_ids = torch::tensor({next}, torch::kLong).view({1, 1});
   }
@@ -106,17 +117,6 @@ Generation generate(const LlamaModel& model, const std::vector<int64_t>& prompt,
 std::vector<int64_t> generate_tokens(const LlamaModel& model, const std::vector<int64_t>& prompt,
                                      const GenerateOptions& opts) {
   return generate(model, prompt, opts).ids;
-}
-
-std::optional<int64_t> generation_config_top_k(const std::string& model_dir) {
-  const std::string path = (std::filesystem::path(model_dir) / "generation_config.json").string();
-  if (!std::filesystem::exists(path)) return std::nullopt;
-  const nlohmann::json j = nlohmann::json::parse(read_file(path), nullptr, /*allow_exceptions=*/false);
-  QLORA_CHECK(!j.is_discarded() && j.is_object(), path, ":1: not a JSON object");
-  if (!j.contains("top_k") || j["top_k"].is_null()) return std::nullopt;
-  const nlohmann::json& v = j["top_k"];
-  QLORA_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, path, ": top_k: expected an integer >= 0, got ", v.dump());
-  return v.get<int64_t>();
 }
 
 }  // namespace qlora

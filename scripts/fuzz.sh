@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # libFuzzer runs of the untrusted-input parsers under ASan+UBSan (docs/status.md, "Fuzzing"):
 #   fuzz_safetensors  safetensors header + tensor table (common/safetensors.cpp)
-#   fuzz_dataset      JSON / JSONL / .txt dataset readers (data/reader.cpp)
+#   fuzz_dataset      JSON / JSONL / .txt dataset readers (data/reader.cpp), and generation_config.json
+#                     (model/generation_config.cpp) on the same bytes
 #   fuzz_config       YAML training config + the to_yaml round trip (config/config.cpp)
 # Builds them with clang into build-fuzz (-DQLORA_FUZZ=ON: torch-free libraries only), seeds each
 # from tests/badinput/ and tests/fuzz/corpus/, runs each for QLORA_FUZZ_SECONDS (default 60),

@@ -1,10 +1,17 @@
 // libFuzzer target: dataset files through qlora::data::read_records (JSON array, JSONL, .txt).
 // The first input byte picks the file suffix, the format and skip_invalid; the rest is the file.
 // Contract (data/reader.h): records, or qlora::Error `file:line: problem`; nothing else escapes.
+// The same bytes also go through qlora::parse_generation_config (a model dir's
+// generation_config.json, model/generation_config.h): a GenerationConfig whose values are in their
+// documented ranges, or qlora::Error.
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "common/error.h"
 #include "data/reader.h"
+#include "model/generation_config.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -27,6 +34,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (const auto& t : r.turns) sink += t.role.size() + t.content.size();
     }
     (void)sink;
+  } catch (const qlora::Error&) {
+  }
+  try {
+    const qlora::GenerationConfig c = qlora::parse_generation_config(
+        std::string(reinterpret_cast<const char*>(data + 1), size - 1), "generation_config.json");
+    const bool ok = (!c.temperature || (std::isfinite(*c.temperature) && *c.temperature >= 0)) &&
+                    (!c.top_k || *c.top_k >= 0) && (!c.top_p || (*c.top_p > 0 && *c.top_p <= 1)) &&
+                    (!c.repetition_penalty || (std::isfinite(*c.repetition_penalty) && *c.repetition_penalty > 0)) &&
+                    (!c.max_new_tokens || *c.max_new_tokens >= 1) && (!c.max_length || *c.max_length >= 1);
+    if (!ok) std::abort();  // a value outside its documented range got through
   } catch (const qlora::Error&) {
   }
   return 0;

@@ -265,7 +265,8 @@ TEST(Cli, GenerateSamplingDefaultsMatchTransformers) {
   CliRun r = run("generate " + model.parent_path().string() + gen + " --temperature 0.8 --seed 11");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(ids_of(r), dflt["new_ids"].get<std::vector<int64_t>>()) << r.out;
-  EXPECT_NE(r.out.find("generate: top_k 50 (transformers' default"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("generate: sampling (flags: do_sample true, temperature 0.8, max_new_tokens 32; transformers' "
+                       "defaults: top_k 50, top_p 1, repetition_penalty 1)"), std::string::npos) << r.out;
   r = run("generate " + model.parent_path().string() + gen + " --temperature 0.8 --seed 11 --top-k 0");
   EXPECT_NE(ids_of(r), dflt["new_ids"].get<std::vector<int64_t>>()) << "--top-k 0 is off";
   // generation_config.json's top_k 20 is the default; the "sample" reference used top_k 20
@@ -276,15 +277,89 @@ TEST(Cli, GenerateSamplingDefaultsMatchTransformers) {
   r = run("generate " + d.string() + gen + " --temperature 0.8 --top-p 0.9 --seed 7");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(ids_of(r), s["new_ids"].get<std::vector<int64_t>>()) << r.out;
-  EXPECT_NE(r.out.find("generate: top_k 20 from generation_config.json"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find((d / "generation_config.json").string() + ": top_k 20"), std::string::npos) << r.out;
   // --repetition-penalty with sampling (reference sample_penalty)
   const auto& sp = ref["sample_penalty"];
   r = run("generate " + d.string() + gen + " --temperature 0.7 --top-p 0.9 --repetition-penalty 1.3 --seed 5");
   EXPECT_EQ(ids_of(r), sp["new_ids"].get<std::vector<int64_t>>()) << r.out;
   write(d / "generation_config.json", R"({"bos_token_id": 1, "eos_token_id": 2, "top_k": "x"})");
   expect_clean_error(run("generate " + d.string() + gen + " --temperature 0.8"),
-                     (d / "generation_config.json").string() + ": top_k: expected an integer >= 0, got \"x\"");
-  EXPECT_EQ(run("generate " + d.string() + gen).status, 0);  // greedy: top_k is not read
+                     (d / "generation_config.json").string() + ": top_k: must be an integer >= 0, got \"x\"");
+  // the file is read whole, greedy too, before the model loads
+  expect_clean_error(run("generate " + d.string() + gen + " --greedy"),
+                     (d / "generation_config.json").string() + ": top_k: must be an integer >= 0, got \"x\"");
+  fs::remove_all(d);
+}
+
+// `qlora generate MODEL` with no decoding flag decodes as transformers' `torch.manual_seed(s);
+// model.generate(ids)` on that dir (make_models.py generation_config_refs): llama_gqa_sampling's
+// generation_config.json samples (do_sample, temperature 0.7, top_k 20, top_p 0.8,
+// repetition_penalty 1.05, max_new_tokens 24); the flags override it key by key as generate()'s
+// arguments do (--greedy = do_sample=False, --temperature 0.9 keeps sampling); with every flag
+// given it is llama_gqa's own sampling reference; --prompts decodes each line the same way; the
+// file's max_length counts the prompt. Before: greedy unless --temperature, 64 tokens.
+TEST(Cli, GenerateDefaultsFromGenerationConfigMatchTransformers) {
+  QLORA_REQUIRE_FIXTURE(sref, "models/llama_gqa_sampling/generate_ref.json");
+  QLORA_REQUIRE_FIXTURE(lref, "models/llama_gqa_max_length/generate_ref.json");
+  QLORA_REQUIRE_FIXTURE(gref, "models/llama_gqa/generate_ref.json");
+  const nlohmann::json ref = nlohmann::json::parse(std::ifstream(sref));
+  const std::string m = sref.parent_path().string(), gc = (sref.parent_path() / "generation_config.json").string();
+  const std::string gen = " --prompt " + sq(ref["prompt"]) + " --dtype fp32 --ids";
+  const auto ids_of = [](const CliRun& r) {
+    std::vector<int64_t> v;
+    std::istringstream is(last_line(r.out));
+    for (int64_t x; is >> x;) v.push_back(x);
+    return v;
+  };
+  const auto want = [&](const char* k) { return ref[k]["new_ids"].get<std::vector<int64_t>>(); };
+  CliRun r = run("generate " + m + gen + " --seed 3");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(ids_of(r), want("default")) << r.out;
+  EXPECT_NE(r.out.find("generate: sampling (" + gc + ": do_sample true, temperature 0.7, top_k 20, top_p 0.8, "
+                       "repetition_penalty 1.05, max_new_tokens 24)"), std::string::npos) << r.out;
+  r = run("generate " + m + gen + " --greedy");
+  EXPECT_EQ(ids_of(r), want("greedy")) << r.out;
+  EXPECT_NE(r.out.find("generate: greedy (flags: do_sample false; " + gc + ": repetition_penalty 1.05, max_new_tokens 24)"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(ids_of(run("generate " + m + gen + " --temperature 0")), want("greedy"));  // 0 = greedy
+  r = run("generate " + m + gen + " --temperature 0.9 --seed 4");
+  EXPECT_EQ(ids_of(r), want("temperature")) << r.out;
+  // every key from flags: llama_gqa's "sample" reference (no penalty, 32 tokens)
+  const nlohmann::json g = nlohmann::json::parse(std::ifstream(gref));
+  r = run("generate " + m + gen + " --temperature 0.8 --top-k 20 --top-p 0.9 --repetition-penalty 1 "
+          "--max-new-tokens 32 --seed 7");
+  EXPECT_EQ(ids_of(r), g["sample"]["new_ids"].get<std::vector<int64_t>>()) << r.out;
+  r = run("generate " + m + gen + " --greedy --repetition-penalty 1 --max-new-tokens 32");
+  EXPECT_EQ(ids_of(r), g["new_ids"].get<std::vector<int64_t>>()) << r.out;
+  expect_clean_error(run("generate " + m + gen + " --greedy --temperature 0.5"),
+                     "generate: --greedy contradicts --temperature 0.5");
+  EXPECT_EQ(run("generate " + m + gen + " --greedy --do-sample").status, 2);  // excluded by the parser
+  // --prompts: the same defaults, each line as --prompt alone
+  const fs::path d = temp_dir("genconfig");
+  write(d / "p.jsonl", nlohmann::json({{"prompt", ref["prompt"]}}).dump() + "\n");
+  r = run("generate " + m + " --prompts " + (d / "p.jsonl").string() + " --dtype fp32 --seed 3");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(last_line(r.out))["ids"].get<std::vector<int64_t>>(), want("default")) << r.out;
+  // max_length (prompt + new): 5 new tokens after this 12-token prompt, as transformers
+  const nlohmann::json lr = nlohmann::json::parse(std::ifstream(lref));
+  const std::string lm = lref.parent_path().string();
+  r = run("generate " + lm + gen);
+  EXPECT_EQ(ids_of(r), lr["default"]["new_ids"].get<std::vector<int64_t>>()) << r.out;
+  EXPECT_EQ(ids_of(run("generate " + lm + gen + " --max-new-tokens 2")).size(), 2u);
+  write(d / "long.jsonl", "{\"prompt\": \"a\"}\n" + nlohmann::json({{"prompt", ref["prompt"].get<std::string>() +
+        " and then some more words, and then some more"}}).dump() + "\n");
+  expect_clean_error(run("generate " + lm + " --prompts " + (d / "long.jsonl").string()),
+                     (d / "long.jsonl").string() + ":2: prompt: ");
+  expect_clean_error(run("generate " + lm + " --prompts " + (d / "long.jsonl").string()),
+                     "tokens leave no new token under " + (lref.parent_path() / "generation_config.json").string() +
+                     "'s max_length 17");
+  // a bad value names the file and the key
+  const fs::path bad = d / "m";
+  fs::create_directories(bad);
+  for (const auto& e : fs::directory_iterator(m)) fs::copy_file(e.path(), bad / e.path().filename());
+  write(bad / "generation_config.json", R"({"bos_token_id": 1, "eos_token_id": 2, "do_sample": true, "top_p": 1.5})");
+  expect_clean_error(run("generate " + bad.string() + gen),
+                     (bad / "generation_config.json").string() + ": top_p: must be in (0, 1], got 1.5");
   fs::remove_all(d);
 }
 

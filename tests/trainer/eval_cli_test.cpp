@@ -356,3 +356,31 @@ TEST(EvalCli, RawTextRunSplitsAndExactMatchIsRefused) {
             std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(d.path / "em.json"));
 }
+
+namespace {
+
+// eval --metric exact_match decodes greedily whatever the model dir's generation_config.json says
+// (`qlora generate` takes its sampling defaults from it; eval must not): llama_gqa and
+// llama_gqa_sampling (the same weights; do_sample true, temperature 0.7, top_k 20, top_p 0.8,
+// repetition_penalty 1.05, max_new_tokens 24) give the same predictions.
+TEST(EvalCli, ExactMatchStaysGreedyWhateverGenerationConfigSays) {
+  QLORA_REQUIRE_SHARED(data, "data/alpaca_en_demo.json");
+  QLORA_REQUIRE_FIXTURE(sampling, "models/llama_gqa_sampling/generation_config.json");
+  const qlora::test::TempDir d("eval_em_greedy");
+  std::vector<json> preds;
+  for (const fs::path& model : {sampling.parent_path().parent_path() / "llama_gqa", sampling.parent_path()}) {
+    const fs::path p = d.path / (model.filename().string() + ".jsonl");
+    CliRun r = run("eval --model " + q(model) + " --data " + q(data) + " --set data.template=chatml --set model.dtype=fp32"
+                   " --metric exact_match --max-examples 2 --out " + q(d.path / "e.json") + " --predictions " + q(p));
+    ASSERT_EQ(r.status, 0) << r.out;
+    std::ifstream in(p);
+    json lines = json::array();
+    for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+    ASSERT_EQ(lines.size(), 2u) << r.out;
+    EXPECT_FALSE(lines[0]["prediction"].get<std::string>().empty());
+    preds.push_back(lines);
+  }
+  EXPECT_EQ(preds[0], preds[1]);
+}
+
+}  // namespace

@@ -189,6 +189,7 @@ TEST(Generate, RepetitionPenaltyMatchesTransformersGenerate) {
   EXPECT_EQ(generate_tokens(m, prompt, g), ref["new_ids"].get<std::vector<int64_t>>());
   g.top_k = 3;  // greedy: the sampling warpers do not apply (transformers: do_sample=False)
   g.top_p = 0.5;
+  g.temperature = 0.1;
   EXPECT_EQ(generate_tokens(m, prompt, g), ref["new_ids"].get<std::vector<int64_t>>());
 }
 
@@ -208,6 +209,7 @@ TEST(Generate, SamplingMatchesTransformersForTheSameSeed) {
     g.max_new_tokens = 32;
     g.eos_token_ids = {2};
     g.seed = ref["seed"].get<uint64_t>();
+    g.do_sample = true;
     g.temperature = ref["temperature"].get<double>();
     g.top_k = ref.value("top_k", kTransformersDefaultTopK);  // none given: GenerationConfig's default
     g.top_p = ref.value("top_p", 1.0);
@@ -222,6 +224,7 @@ TEST(Generate, SamplingMatchesTransformersForTheSameSeed) {
   GenerateOptions g;
   g.max_new_tokens = 32;
   g.eos_token_ids = {2};
+  g.do_sample = true;
   g.temperature = 1.7;
   g.top_k = 1;
   g.seed = 123;
@@ -264,6 +267,35 @@ TEST(Generate, StopStringsEosAndLengthEndGenerationAsTransformers) {
   EXPECT_STREQ(finish_reason_name(FinishReason::length), "length");
 }
 
+// transformers' StopStringCriteria matches over prompt + new ids: a stop string made of the
+// prompt's last characters and new tokens 1..2 (make_models.py stop_prompt) stops after 2 new
+// tokens, as transformers does, though the new text alone never contains it (before: decoding
+// only the new ids, it ran to max_new_tokens). One wholly inside the prompt never stops.
+TEST(Generate, StopStringBegunInThePromptStopsAsTransformers) {
+  QLORA_REQUIRE_FIXTURE(dir, "models/llama_gqa/generate_ref.json");
+  const auto j = nlohmann::json::parse(std::ifstream(dir));
+  const auto& ref = j["stop_prompt"];
+  LlamaModel m = LlamaModel::load(dir.parent_path().string(), torch::kFloat32, torch::kCPU);
+  const data::Tokenizer tok = data::Tokenizer::from_pretrained(dir.parent_path().string());
+  const DecodeFn decode = [&](const std::vector<int64_t>& ids) {
+    return tok.decode(data::TokenIds(ids.begin(), ids.end()));
+  };
+  const auto prompt = j["prompt_ids"].get<std::vector<int64_t>>();
+  const auto greedy = j["new_ids"].get<std::vector<int64_t>>();
+  GenerateOptions g;
+  g.max_new_tokens = 32;
+  g.eos_token_ids = {2};
+  g.stop_strings = {ref["stop"].get<std::string>()};
+  ASSERT_EQ(decode(greedy).find(g.stop_strings[0]), std::string::npos) << "the new text alone has it";
+  Generation r = generate(m, prompt, g, decode);
+  EXPECT_EQ(r.ids, ref["new_ids"].get<std::vector<int64_t>>());
+  EXPECT_EQ(r.finish_reason, FinishReason::stop);
+  g.stop_strings = {"upon a time"};  // in the prompt only: StopStringCriteria needs the last token in it
+  r = generate(m, prompt, g, decode);
+  EXPECT_EQ(r.ids, greedy);
+  EXPECT_EQ(r.finish_reason, FinishReason::length);
+}
+
 // The processors on hand-made scores, as transformers' logits_process.py computes them:
 // RepetitionPenaltyLogitsProcessor divides a positive score and multiplies a negative one, once per
 // distinct id, and ignores ids past the vocab; TopKLogitsWarper keeps ties with the k-th score;
@@ -300,6 +332,155 @@ TEST(Generate, CheckGenerateOptionsNamesTheFlag) {
             std::string::npos);
   EXPECT_EQ(err([](GenerateOptions& g) { g.stop_strings = {"ok", ""}; }), "generate: --stop must not be empty");
   EXPECT_EQ(err([](GenerateOptions& g) { g.top_k = 0; g.repetition_penalty = 0.5; }), "");
+  EXPECT_EQ(err([](GenerateOptions& g) { g.do_sample = true; g.temperature = 0; }),
+            "generate: --temperature must be > 0 when sampling, got 0");
+  EXPECT_EQ(err([](GenerateOptions& g) { g.temperature = 0; }), "");  // greedy: unused
+}
+
+// generation_config.json read as transformers' GenerationConfig takes it: the decoding keys typed
+// and bounded (a bad value names the file and the key), null = absent, other keys ignored.
+TEST(Generate, GenerationConfigReadsTheDecodingKeysAndNamesFileAndKey) {
+  const std::string f = "/m/generation_config.json";
+  GenerationConfig c = parse_generation_config(
+      R"({"bos_token_id": 1, "eos_token_id": [2, 3], "do_sample": true, "temperature": 0.7, "top_k": 20,
+          "top_p": 0.8, "repetition_penalty": 1.05, "max_new_tokens": 24, "max_length": 4096, "min_p": null})", f);
+  EXPECT_EQ(c.do_sample, true);
+  EXPECT_EQ(c.temperature, 0.7);
+  EXPECT_EQ(c.top_k, 20);
+  EXPECT_EQ(c.top_p, 0.8);
+  EXPECT_EQ(c.repetition_penalty, 1.05);
+  EXPECT_EQ(c.max_new_tokens, 24);
+  EXPECT_EQ(c.max_length, 4096);
+  c = parse_generation_config(R"({"do_sample": null, "temperature": 1, "top_k": null, "top_p": 1})", f);
+  EXPECT_FALSE(c.do_sample);
+  EXPECT_EQ(c.temperature, 1.0);  // an integer number is a number
+  EXPECT_FALSE(c.top_k);
+  EXPECT_EQ(c.top_p, 1.0);
+  const auto err = [&](const std::string& text) { return error_of([&] { parse_generation_config(text, f); }); };
+  EXPECT_EQ(err(R"({"top_p": 1.5})"), f + ": top_p: must be in (0, 1], got 1.5");
+  EXPECT_EQ(err(R"({"top_p": 0})"), f + ": top_p: must be in (0, 1], got 0");
+  EXPECT_EQ(err(R"({"do_sample": "true"})"), f + ": do_sample: must be true or false, got \"true\"");
+  EXPECT_EQ(err(R"({"do_sample": 1})"), f + ": do_sample: must be true or false, got 1");
+  EXPECT_EQ(err(R"({"temperature": -0.5})"), f + ": temperature: must be >= 0, got -0.5");
+  EXPECT_EQ(err(R"({"temperature": "hot"})"), f + ": temperature: must be a number >= 0, got \"hot\"");
+  EXPECT_EQ(err(R"({"top_k": 20.0})"), f + ": top_k: must be an integer >= 0, got 20.0");
+  EXPECT_EQ(err(R"({"top_k": -1})"), f + ": top_k: must be an integer >= 0, got -1");
+  EXPECT_EQ(err(R"({"top_k": 18446744073709551615})"), f + ": top_k: must be an integer >= 0, got 18446744073709551615");
+  EXPECT_EQ(err(R"({"repetition_penalty": 0})"), f + ": repetition_penalty: must be > 0, got 0");
+  EXPECT_EQ(err(R"({"repetition_penalty": true})"), f + ": repetition_penalty: must be a number > 0, got true");
+  EXPECT_EQ(err(R"({"max_new_tokens": 0})"), f + ": max_new_tokens: must be an integer >= 1, got 0");
+  EXPECT_EQ(err(R"({"max_length": [20]})"), f + ": max_length: must be an integer >= 1, got [20]");
+  EXPECT_EQ(err("[1]"), f + ":1: not a JSON object");
+  EXPECT_EQ(err("{\"top_k\": 2"), f + ":1: not a JSON object");
+  // no file: every key unset (transformers' defaults)
+  const test::TempDir d("genconfig");
+  const GenerationConfig none = read_generation_config(d.path.string());
+  EXPECT_FALSE(none.do_sample || none.temperature || none.top_k || none.top_p || none.repetition_penalty ||
+               none.max_new_tokens || none.max_length);
+}
+
+// The resolution rule, key by key: a flag wins, else generation_config.json's value, else
+// transformers' GenerationConfig default (do_sample False, temperature 1.0, top_k 50, top_p 1.0,
+// repetition_penalty 1.0); --temperature T > 0 samples and 0 is greedy; max_new_tokens, else the
+// file's max_new_tokens, else its max_length counting the prompt, else 64. The summary names each
+// value's source.
+TEST(Generate, ResolveGenerateOptionsFlagThenFileThenTransformersDefault) {
+  const std::string f = "/m/generation_config.json";
+  GenerationConfig qwen;  // Qwen2.5-Instruct's generation_config.json
+  qwen.do_sample = true;
+  qwen.temperature = 0.7;
+  qwen.top_p = 0.8;
+  qwen.top_k = 20;
+  qwen.repetition_penalty = 1.05;
+  ResolvedGenerate r = resolve_generate_options({}, qwen, f);
+  EXPECT_TRUE(r.opts.do_sample);
+  EXPECT_EQ(r.opts.temperature, 0.7);
+  EXPECT_EQ(r.opts.top_k, 20);
+  EXPECT_EQ(r.opts.top_p, 0.8);
+  EXPECT_EQ(r.opts.repetition_penalty, 1.05);
+  EXPECT_EQ(r.opts.max_new_tokens, 64);
+  EXPECT_EQ(r.summary, "sampling (" + f + ": do_sample true, temperature 0.7, top_k 20, top_p 0.8, repetition_penalty "
+            "1.05; qlora's default: max_new_tokens 64)");
+  // no file keys (SmolLM2): greedy, transformers' defaults
+  r = resolve_generate_options({}, {}, f);
+  EXPECT_FALSE(r.opts.do_sample);
+  EXPECT_EQ(r.opts.repetition_penalty, 1.0);
+  EXPECT_EQ(r.summary, "greedy (transformers' defaults: do_sample false, repetition_penalty 1; qlora's default: "
+            "max_new_tokens 64)");
+  // do_sample from the file, nothing else: transformers' sampling defaults (temperature 1, top_k 50)
+  GenerationConfig sample_only;
+  sample_only.do_sample = true;
+  r = resolve_generate_options({}, sample_only, f);
+  EXPECT_TRUE(r.opts.do_sample);
+  EXPECT_EQ(r.opts.temperature, 1.0);
+  EXPECT_EQ(r.opts.top_k, kTransformersDefaultTopK);
+  EXPECT_EQ(r.opts.top_p, 1.0);
+  // flags win key by key
+  GenerationConfig flags;
+  flags.temperature = 0.9;
+  flags.top_k = 0;
+  flags.max_new_tokens = 5;
+  r = resolve_generate_options(flags, qwen, f);
+  EXPECT_TRUE(r.opts.do_sample);
+  EXPECT_EQ(r.opts.temperature, 0.9);
+  EXPECT_EQ(r.opts.top_k, 0);
+  EXPECT_EQ(r.opts.top_p, 0.8);
+  EXPECT_EQ(r.opts.max_new_tokens, 5);
+  EXPECT_EQ(r.summary, "sampling (flags: do_sample true, temperature 0.9, top_k 0, max_new_tokens 5; " + f +
+            ": top_p 0.8, repetition_penalty 1.05)");
+  // --temperature 0 and --greedy: greedy whatever the file says; the file's penalty stays
+  for (const bool use_greedy : {false, true}) {
+    GenerationConfig g;
+    if (use_greedy) g.do_sample = false; else g.temperature = 0;
+    r = resolve_generate_options(g, qwen, f);
+    EXPECT_FALSE(r.opts.do_sample) << use_greedy;
+    EXPECT_EQ(r.opts.repetition_penalty, 1.05);
+  }
+  // --temperature > 0 samples over a greedy file; --do-sample takes the file's temperature
+  flags = {};
+  flags.temperature = 0.8;
+  EXPECT_TRUE(resolve_generate_options(flags, {}, f).opts.do_sample);
+  flags = {};
+  flags.do_sample = true;
+  r = resolve_generate_options(flags, qwen, f);
+  EXPECT_TRUE(r.opts.do_sample);
+  EXPECT_EQ(r.opts.temperature, 0.7);
+  // contradictions and bad flags are named
+  flags.temperature = 0;
+  EXPECT_EQ(error_of([&] { resolve_generate_options(flags, {}, f); }),
+            "generate: --do-sample contradicts --temperature 0 (--temperature 0 means greedy, > 0 sampling)");
+  flags.do_sample = false;
+  flags.temperature = 0.5;
+  EXPECT_EQ(error_of([&] { resolve_generate_options(flags, {}, f); }),
+            "generate: --greedy contradicts --temperature 0.5 (--temperature 0 means greedy, > 0 sampling)");
+  flags = {};
+  flags.top_p = 1.5;  // named even when greedy leaves it unused
+  EXPECT_EQ(error_of([&] { resolve_generate_options(flags, {}, f); }), "generate: --top-p must be in (0, 1], got 1.5");
+  flags = {};
+  flags.temperature = -1;
+  EXPECT_EQ(error_of([&] { resolve_generate_options(flags, {}, f); }),
+            "generate: --temperature must be >= 0, got -1");
+  // the file's temperature 0 with do_sample true: transformers refuses it, so do we (file and key)
+  GenerationConfig zero = qwen;
+  zero.temperature = 0;
+  EXPECT_NE(error_of([&] { resolve_generate_options({}, zero, f); })
+                .find(f + ": temperature: must be > 0 when sampling (do_sample true), got 0"),
+            std::string::npos);
+  zero.do_sample = false;
+  EXPECT_FALSE(resolve_generate_options({}, zero, f).opts.do_sample);  // greedy: unused, as transformers
+  // lengths: the file's max_new_tokens; else its max_length counts the prompt
+  GenerationConfig len;
+  len.max_length = 20;
+  r = resolve_generate_options({}, len, f);
+  EXPECT_EQ(r.new_tokens_for(15), 5);
+  EXPECT_NE(error_of([&] { r.new_tokens_for(20); }).find(f + ": max_length: 20 leaves no new token after a 20-token "
+                                                       "prompt"), std::string::npos);
+  EXPECT_NE(r.summary.find(f + ": max_length 20 (prompt + new tokens)"), std::string::npos) << r.summary;
+  len.max_new_tokens = 7;  // transformers: max_new_tokens takes precedence over max_length
+  EXPECT_EQ(resolve_generate_options({}, len, f).new_tokens_for(15), 7);
+  flags = {};
+  flags.max_new_tokens = 3;  // the flag over both
+  EXPECT_EQ(resolve_generate_options(flags, len, f).new_tokens_for(50), 3);
 }
 
 TEST(Generate, KvCacheMatchesFullRecompute) {

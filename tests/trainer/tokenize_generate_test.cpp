@@ -137,7 +137,7 @@ TEST(Generate, StopsAtAnyEosIdOfGenerationConfig) {
   std::ofstream(d / "m" / "generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": 2})";
   r = run(gen);
   ASSERT_EQ(r.status, 0) << r.out;
-  const std::vector<int64_t> full = parse_ids(r.out);
+  const std::vector<int64_t> full = last_line_ids(r.out);
   ASSERT_GE(full.size(), 3u) << r.out;
   // the first new id not seen before position k (k >= 1) and not EOS: listed second, it must end generation there
   size_t k = 1;
@@ -146,11 +146,11 @@ TEST(Generate, StopsAtAnyEosIdOfGenerationConfig) {
   std::ofstream(d / "m" / "generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": [2, )" << full[k] << "]}";
   r = run(gen);
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_EQ(parse_ids(r.out), std::vector<int64_t>(full.begin(), full.begin() + k + 1)) << "stop id " << full[k];
+  EXPECT_EQ(last_line_ids(r.out), std::vector<int64_t>(full.begin(), full.begin() + k + 1)) << "stop id " << full[k];
   // --template: the prompt as a user message (ids: FamilyTemplates.ChatPromptIsTheGenerationPromptOfTransformers)
   r = run(gen + " --template alpaca --system 'Answer briefly.'");
   EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_FALSE(parse_ids(r.out).empty()) << r.out;
+  EXPECT_FALSE(last_line_ids(r.out).empty()) << r.out;
   r = run(gen + " --system 'Answer briefly.'");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("generate: --system needs --template NAME (or auto)"), std::string::npos) << r.out;
@@ -174,10 +174,10 @@ TEST(Generate, QuantNf4DecodesAsTransformersBitsandbytes) {
                           "--prompt " + q("Triage this support ticket: my printer is jammed again, this is an emergency.");
   auto r = run(gen + " --quant nf4");
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_EQ(parse_ids(r.out), want) << r.out;
+  EXPECT_EQ(last_line_ids(r.out), want) << r.out;
   r = run(gen);
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(parse_ids(r.out), want) << "the unquantized base decodes as the NF4 one: the check cannot fail";
+  EXPECT_NE(last_line_ids(r.out), want) << "the unquantized base decodes as the NF4 one: the check cannot fail";
   r = run(gen + " --quant int8");
   EXPECT_EQ(r.status, 2) << r.out;  // a usage error
 }
@@ -224,7 +224,8 @@ TEST(Generate, AdapterRunBringsTemplateSystemMessageAndQuantization) {
   // flags win: the raw prompt on the unquantized base is the plain adapter dir's default
   r = run(gen + q(plain.string()));
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_EQ(r.out.find("generate:"), std::string::npos) << r.out;  // nothing brought, nothing said
+  EXPECT_EQ(r.out.find("generate: data."), std::string::npos) << r.out;  // nothing brought, nothing said
+  EXPECT_EQ(r.out.find("generate: quantization"), std::string::npos) << r.out;
   const std::vector<int64_t> raw = last_line_ids(r.out);
   EXPECT_NE(raw, want) << "the run's settings decode as the plain defaults: the check cannot fail";
   r = run(gen + q(run_dir.string()) + " --template raw --quant none");
@@ -237,6 +238,18 @@ TEST(Generate, AdapterRunBringsTemplateSystemMessageAndQuantization) {
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("generate: data.default_system_message \"\" from --system (the run's: \"You are Quokka, made "
                        "by Acme Labs.\")"), std::string::npos) << r.out;
+  // the base model dir's generation_config.json gives an adapter run its decoding defaults too (as
+  // transformers' PeftModel.generate() takes the base's generation_config); --greedy decodes as before
+  const std::string gc = (model / "generation_config.json").string();
+  std::ofstream(gc) << R"({"bos_token_id": 1, "eos_token_id": 2, "do_sample": true, "temperature": 1.5, "top_k": 0})";
+  r = run(gen + q(run_dir.string()) + " --seed 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("generate: sampling (" + gc + ": do_sample true, temperature 1.5, top_k 0; "), std::string::npos)
+      << r.out;
+  EXPECT_NE(last_line_ids(r.out), want) << r.out;
+  r = run(gen + q(run_dir.string()) + " --greedy");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(last_line_ids(r.out), want) << r.out;
 }
 
 // A raw-text run whose format was detected (data.format auto, the default; no truncation: split):
