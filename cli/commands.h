@@ -77,18 +77,6 @@ struct GenerateCliOptions {
 /// unknown template, a bad model or adapter.
 void cmd_generate(const GenerateCliOptions& o, std::ostream& out);
 
-/// One prompt of `generate --prompts FILE`: its text and, when the line has one, its system message.
-struct PromptLine {
-  std::string prompt;
-  std::optional<std::string> system;
-  int64_t line = 0;  ///< 1-based line in the file
-};
-/// Reads `generate --prompts FILE`: JSONL, each non-blank line an object with a string "prompt" and
-/// optionally a string (or null) "system"; other keys are refused (a typo such as "sytem" would
-/// otherwise drop the system message silently). Throws qlora::Error "FILE:LINE: KEY: problem" (or
-/// "FILE:LINE: problem" for a line that is not a JSON object), or "FILE: ..." for an unreadable or
-/// empty file.
-std::vector<PromptLine> read_prompts_jsonl(const std::string& path);
 
 struct TokenizeOptions {
   std::string model_dir;      ///< model dir (or tokenizer file) to load the tokenizer from

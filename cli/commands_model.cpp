@@ -21,6 +21,7 @@
 #include "common/proc_status.h"
 #include "common/safetensors.h"
 #include "common/tensor_io.h"
+#include "data/reader.h"
 #include "data/template.h"
 #include "data/tokenizer.h"
 #include "cli/adapter_run.h"
@@ -239,51 +240,6 @@ std::string cmd_inspect(const InspectOptions& o) {
   return os.str();
 }
 
-std::vector<PromptLine> read_prompts_jsonl(const std::string& path) {
-  QLORA_CHECK(fs::is_regular_file(path), path, ": --prompts file not found");
-  const std::string bytes = read_file(path);
-  std::vector<PromptLine> out;
-  int64_t line_no = 0;
-  for (size_t pos = 0; pos < bytes.size();) {
-    size_t end = bytes.find('\n', pos);
-    if (end == std::string::npos) end = bytes.size();
-    const std::string line = bytes.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (std::all_of(line.begin(), line.end(), [](unsigned char c) { return std::isspace(c); })) continue;
-    const std::string at = path + ":" + std::to_string(line_no) + ": ";
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
-      // "[json.exception.parse_error.101] parse error at line 1, column 3: syntax error ..." -> the tail
-      std::string msg = e.what();
-      const size_t colon = msg.find(": ", msg.find("] "));
-      msg = colon != std::string::npos ? msg.substr(colon + 2) : msg;
-      if (msg.size() > 160) msg = msg.substr(0, 160) + "...";
-      fail(at, "invalid JSON: ", msg);
-    }
-    QLORA_CHECK(j.is_object(), at, "expected a JSON object {\"prompt\": ..., \"system\"?: ...}, got ", j.type_name());
-    PromptLine p;
-    p.line = line_no;
-    for (const auto& [key, v] : j.items()) {
-      if (key == "prompt") {
-        QLORA_CHECK(v.is_string(), at, "prompt: expected a string, got ", v.type_name());
-        p.prompt = v.get<std::string>();
-      } else if (key == "system") {
-        QLORA_CHECK(v.is_string() || v.is_null(), at, "system: expected a string, got ", v.type_name());
-        if (v.is_string()) p.system = v.get<std::string>();
-      } else {
-        fail(at, key, ": unknown key (a line has \"prompt\" and optionally \"system\")");
-      }
-    }
-    QLORA_CHECK(j.contains("prompt"), at, "prompt: missing (each line is {\"prompt\": ..., \"system\"?: ...})");
-    out.push_back(std::move(p));
-  }
-  QLORA_CHECK(!out.empty(), path, ": no prompts (one JSON object per line: {\"prompt\": ...})");
-  return out;
-}
-
 void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   GenerationConfig flags = o.flags;
   if (o.greedy) flags.do_sample = false;
@@ -293,9 +249,9 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   QLORA_CHECK(o.prompts_file.empty() || !o.print_ids,
               "generate: --ids prints one prompt's ids; --prompts writes them in each JSON line's \"ids\"");
   // --prompts: every line checked before the model loads; --prompt: one prompt
-  const std::vector<PromptLine> prompts =
-      o.prompts_file.empty() ? std::vector<PromptLine>{PromptLine{o.prompt, std::nullopt, 0}}
-                             : read_prompts_jsonl(o.prompts_file);
+  const std::vector<data::PromptLine> prompts =
+      o.prompts_file.empty() ? std::vector<data::PromptLine>{data::PromptLine{o.prompt, std::nullopt, 0}}
+                             : data::read_prompts_jsonl(o.prompts_file);
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   load_model_config(o.model_dir);  // a missing dir / config.json is named before the tokenizer's files
   data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
@@ -349,7 +305,7 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   QLORA_CHECK(!raw || !o.has_system || o.system.empty(), "generate: --system needs --template NAME (or auto)");
   std::vector<std::vector<int64_t>> prompt_ids;
   std::vector<int64_t> max_new;  // per prompt: max_length - its length when the file's max_length rules
-  for (const PromptLine& p : prompts) {
+  for (const data::PromptLine& p : prompts) {
     QLORA_CHECK(!raw || !p.system || p.system->empty(), o.prompts_file, ":", p.line,
                 ": system: needs --template NAME (or auto); the prompt is raw text");
     const std::string& system = p.system ? *p.system : used.data.default_system_message;

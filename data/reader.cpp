@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -416,6 +417,21 @@ json parse_value(const std::string& text) {
   }
 }
 
+// Calls f(line, line_no) for each line of `buf` that is not all whitespace (JSONL: one JSON value
+// per line, blank lines ignored), line_no 1-based.
+void for_each_jsonl_line(const std::string& buf, const std::function<void(const std::string&, int64_t)>& f) {
+  size_t begin = 0;
+  int64_t ln = 1;
+  while (begin <= buf.size()) {
+    size_t end = buf.find('\n', begin);
+    if (end == std::string::npos) end = buf.size();
+    std::string_view l(buf.data() + begin, end - begin);
+    if (!std::all_of(l.begin(), l.end(), is_ws)) f(std::string(l), ln);
+    begin = end + 1;
+    ++ln;
+  }
+}
+
 std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   QLORA_CHECK(f.good(), path, ": cannot open (missing or unreadable)");
@@ -646,17 +662,7 @@ std::vector<Record> read_records(const std::string& path, const DataOptions& opt
     if (buf[pos] == '[') {
       read_json_array(path, buf, pos, line, c);
     } else {
-      // JSONL: one JSON value per line; blank lines are ignored.
-      size_t begin = 0;
-      int64_t ln = 1;
-      while (begin <= buf.size()) {
-        size_t end = buf.find('\n', begin);
-        if (end == std::string::npos) end = buf.size();
-        std::string_view l(buf.data() + begin, end - begin);
-        if (!std::all_of(l.begin(), l.end(), is_ws)) c.add_json(std::string(l), ln);
-        begin = end + 1;
-        ++ln;
-      }
+      for_each_jsonl_line(buf, [&](const std::string& l, int64_t ln) { c.add_json(l, ln); });
     }
   }
   std::vector<Record> out = c.take();
@@ -670,6 +676,43 @@ std::vector<Record> read_records(const std::string& path, const DataOptions& opt
               s->skip_examples.empty() ? std::string("?") : s->skip_examples[0], ")");
   if (s->format == "auto") s->format = "completion";
   return out;
+}
+
+std::vector<PromptLine> parse_prompts_jsonl(const std::string& bytes, const std::string& path) {
+  const std::string buf = bytes.substr(check_encoding(path, bytes, /*skip_invalid=*/false));
+  std::vector<PromptLine> out;
+  for_each_jsonl_line(buf, [&](const std::string& text, int64_t line_no) {
+    const std::string at = path + ":" + std::to_string(line_no) + ": ";
+    json j;
+    try {
+      j = parse_value(text);
+    } catch (const BadRecord& b) {
+      fail(at, b.message);
+    }
+    QLORA_CHECK(j.is_object(), at, "expected a JSON object {\"prompt\": ..., \"system\"?: ...}, got ", j.type_name());
+    PromptLine p;
+    p.line = line_no;
+    for (const auto& [key, v] : j.items()) {
+      if (key == "prompt") {
+        QLORA_CHECK(v.is_string(), at, "prompt: expected a string, got ", v.type_name());
+        p.prompt = v.get<std::string>();
+      } else if (key == "system") {
+        QLORA_CHECK(v.is_string() || v.is_null(), at, "system: expected a string, got ", v.type_name());
+        if (v.is_string()) p.system = v.get<std::string>();
+      } else {
+        fail(at, key, ": unknown key (a line has \"prompt\" and optionally \"system\")");
+      }
+    }
+    QLORA_CHECK(j.contains("prompt"), at, "prompt: missing (each line is {\"prompt\": ..., \"system\"?: ...})");
+    out.push_back(std::move(p));
+  });
+  QLORA_CHECK(!out.empty(), path, ": no prompts (one JSON object per line: {\"prompt\": ...})");
+  return out;
+}
+
+std::vector<PromptLine> read_prompts_jsonl(const std::string& path) {
+  QLORA_CHECK(fs::is_regular_file(path), path, ": --prompts file not found");
+  return parse_prompts_jsonl(read_all(path), path);
 }
 
 }  // namespace qlora::data

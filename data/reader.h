@@ -20,6 +20,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,5 +104,25 @@ Record record_from_json(const std::string& json_text, const std::string& path, c
 /// offset for a UTF-16/UTF-32 byte-order mark, a NUL byte (UTF-16/32 without a mark), or, unless
 /// `skip_invalid`, the first invalid UTF-8 byte ("path:line: invalid UTF-8 at byte offset N").
 size_t check_encoding(const std::string& path, const std::string& buf, bool skip_invalid);
+
+/// One prompt of `qlora generate --prompts FILE`: its text and, when the line has one, its system message.
+struct PromptLine {
+  std::string prompt;
+  std::optional<std::string> system;
+  int64_t line = 0;  ///< 1-based line in the file
+};
+
+/// Parses the bytes of a `generate --prompts` file (`path` names it in errors): JSONL read as
+/// read_records reads JSONL (check_encoding first: a UTF-8 byte-order mark skipped, UTF-16/32 and
+/// invalid UTF-8 refused; blank lines ignored), each line an object with a string "prompt" and
+/// optionally a string (or null) "system"; other keys are refused (a typo such as "sytem" would
+/// otherwise drop the system message silently). Throws qlora::Error "PATH:LINE: KEY: problem" (or
+/// "PATH:LINE: problem" for a line that is not a JSON object), or "PATH: no prompts ..." for a file
+/// without one. Fuzzed (tests/fuzz/fuzz_dataset.cpp).
+std::vector<PromptLine> parse_prompts_jsonl(const std::string& bytes, const std::string& path);
+
+/// parse_prompts_jsonl of the file `path`; throws qlora::Error "PATH: --prompts file not found" or
+/// naming an unreadable file.
+std::vector<PromptLine> read_prompts_jsonl(const std::string& path);
 
 }  // namespace qlora::data

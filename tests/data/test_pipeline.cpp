@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "data/batch.h"
 #include "data/dataset.h"
+#include "data/reader.h"
 #include "tests/test_util.h"
 
 using namespace qlora::data;
@@ -211,6 +212,37 @@ TEST(Labels, AxolotlWeightZeroTrainsNothingOfItsTurn) {
       ++differ;
     }
   EXPECT_GT(differ, 3);  // "BAD ANSWER<|im_end|>" and the EOS
+}
+
+// `generate --prompts` files are JSONL as read_records reads it: a UTF-8 byte-order mark skipped,
+// blank lines kept in the count, UTF-16 and invalid UTF-8 refused, each error at PATH:LINE.
+TEST(Readers, PromptsFileIsJsonlWithTheDatasetReadersEncodingRules) {
+  const std::string bom = "\xEF\xBB\xBF";
+  const auto p = parse_prompts_jsonl(bom + "{\"prompt\": \"a\"}\n\n  \n{\"prompt\": \"b\", \"system\": \"s\"}\n", "p.jsonl");
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].prompt, "a");
+  EXPECT_EQ(p[0].line, 1);
+  EXPECT_FALSE(p[0].system.has_value());
+  EXPECT_EQ(p[1].prompt, "b");
+  EXPECT_EQ(p[1].line, 4);
+  EXPECT_EQ(p[1].system.value_or(""), "s");
+  auto error_of = [](const std::string& bytes) {
+    try {
+      parse_prompts_jsonl(bytes, "p.jsonl");
+    } catch (const qlora::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(error_of("{\"prompt\": \"a\"}\n{\"prompt\": 3}\n"), "p.jsonl:2: prompt: expected a string, got number");
+  EXPECT_EQ(error_of("\n{\"prompt\": \"a\", \"sytem\": \"s\"}"),
+            "p.jsonl:2: sytem: unknown key (a line has \"prompt\" and optionally \"system\")");
+  EXPECT_EQ(error_of("{\"prompt\": \"a\"\n"), "p.jsonl:1: invalid JSON: syntax error while parsing object - "
+                                                "unexpected end of input; expected '}'");
+  EXPECT_NE(error_of("\xFF\xFE{\0\"\0").find("p.jsonl"), std::string::npos);
+  EXPECT_NE(error_of("\xFF\xFE{\0\"\0").find("UTF-16"), std::string::npos) << error_of("\xFF\xFE{\0\"\0");
+  EXPECT_NE(error_of("{\"prompt\": \"\xC3\"}").find("invalid UTF-8"), std::string::npos);
+  EXPECT_EQ(error_of("\n \n"), "p.jsonl: no prompts (one JSON object per line: {\"prompt\": ...})");
 }
 
 TEST(Readers, MessagesFormatAndMaps) {

@@ -3,7 +3,8 @@
 // Contract (data/reader.h): records, or qlora::Error `file:line: problem`; nothing else escapes.
 // The same bytes also go through qlora::parse_generation_config (a model dir's
 // generation_config.json, model/generation_config.h): a GenerationConfig whose values are in their
-// documented ranges, or qlora::Error.
+// documented ranges, or qlora::Error; and through qlora::data::parse_prompts_jsonl (a `generate
+// --prompts` file): prompts with 1-based line numbers in increasing order, or qlora::Error.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -44,6 +45,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     (!c.repetition_penalty || (std::isfinite(*c.repetition_penalty) && *c.repetition_penalty > 0)) &&
                     (!c.max_new_tokens || *c.max_new_tokens >= 1) && (!c.max_length || *c.max_length >= 1);
     if (!ok) std::abort();  // a value outside its documented range got through
+  } catch (const qlora::Error&) {
+  }
+  try {
+    const auto prompts = qlora::data::parse_prompts_jsonl(std::string(reinterpret_cast<const char*>(data + 1), size - 1),
+                                                          "prompts.jsonl");
+    int64_t last = 0;
+    for (const auto& p : prompts) {
+      if (p.line <= last) std::abort();  // line numbers must increase
+      last = p.line;
+    }
   } catch (const qlora::Error&) {
   }
   return 0;
