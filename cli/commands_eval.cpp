@@ -163,7 +163,6 @@ std::string cmd_eval(const EvalOptions& o) {
 
   // Data first: every bad-input error comes before the (slow) model load.
   const std::string tok_src = with_key_sources(cfg, [&] { return tokenizer_source(cfg.model); });
-  with_key_sources(cfg, [&] { check_model_weights(cfg.model); });
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   data::DataOptions dopts = cfg.data;
   dopts.template_name = with_key_sources(cfg, [&] { return data::resolve_template(dopts.template_name, tok_src); });
@@ -222,6 +221,8 @@ std::string cmd_eval(const EvalOptions& o) {
     read_peft_config(o.adapter);  // fails early on a bad adapter_config.json
   }
 
+  // model.path without weights: named by its key before the load (after the data's notes)
+  with_key_sources(cfg, [&] { check_model_weights(cfg.model); });
   const torch::Dtype dtype = torch_dtype(cfg.model.dtype, device);
   // init: random (a preset, or model.path's config.json) trains on random weights from
   // training.seed: the same here

@@ -631,7 +631,11 @@ TEST_F(Cases, ResumeWithChangedSettingsIsRefusedBeforeTheModelLoads) {
   EXPECT_TRUE(contains(err, "resume from " + ckpt + " refused: settings that change the run differ: ") &&
               contains(err, "; training.gradient_accumulation_steps: 1 -> 2 (use --force"))
       << o.out;
-  EXPECT_FALSE(contains(o.out, "model.safetensors")) << "refused only after the model load:\n" << o.out;
+  // (the broken copy differs in its weights, which the refusal names: model_file_digests)
+  EXPECT_TRUE(contains(err, "model.path: " + tiny.string() + " -> " + broken_model(tiny, w).string() +
+                            " (another model: model.safetensors differs)"))
+      << o.out;
+  EXPECT_FALSE(contains(o.out, "memory estimate:")) << "refused only after the model load:\n" << o.out;
 
   // Micro-batch 2 -> 1 and accumulation 1 -> 2: the same 2 rows per optimizer step.
   const std::string same = "--set training.micro_batch_size=1 --set training.gradient_accumulation_steps=2";
@@ -645,7 +649,7 @@ TEST_F(Cases, ResumeWithChangedSettingsIsRefusedBeforeTheModelLoads) {
                             "unchanged at 2 rows, so --force resumes it: the data continues at the same global sample "
                             "(use --force to resume anyway"))
       << o.out;
-  EXPECT_FALSE(contains(o.out, "model.safetensors")) << o.out;
+  EXPECT_FALSE(contains(o.out, "memory estimate:")) << o.out;
 
   o = train(cs, out, data, same + " --force");
   ASSERT_EQ(o.status, 0) << o.out;

@@ -403,7 +403,7 @@ TEST(TrainE2E, InitRandomWithModelPathNeedsOnlyConfigJsonAndTokenizer) {
   write(d / "shape" / "pytorch_model.bin", "not read");
   expect_one_line_error(run("train " + q(d / "cfg.yaml")), "a pickle checkpoint only",
                         "(pytorch_model.bin is a pickle checkpoint, which is not read: save the model as safetensors");
-  expect_one_line_error(run("eval " + q(d / "cfg.yaml")), "eval of a pickle checkpoint",
+  expect_one_line_error(run("eval " + q(d / "cfg.yaml") + " --data " + q(d / "train.json")), "eval of a pickle checkpoint",
                         ":3: model.path: " + (d / "shape").string() + ": no model.safetensors");
   fs::remove(d / "shape" / "pytorch_model.bin");
   EXPECT_FALSE(fs::exists(d / "out_path"));
