@@ -41,7 +41,8 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
   if (st->length_hist.empty()) st->length_hist.assign(8, 0);
   std::vector<Example> out;
   out.reserve(records.size());
-  for (const Record& r : records) {
+  for (size_t ri = 0; ri < records.size(); ++ri) {
+    const Record& r = records[ri];
     if (!r.is_text && !r.tools.empty() && !template_renders_tools(opts.template_name)) ++st->tools_not_rendered;
     if (!r.is_text && !template_renders_reasoning(opts.template_name) &&
         std::any_of(r.turns.begin(), r.turns.end(), [](const Turn& t) { return t.has_reasoning && !t.reasoning_content.empty(); }))
@@ -78,6 +79,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
         piece.input_ids.assign(ex.input_ids.begin() + b, ex.input_ids.begin() + e);
         piece.labels.assign(ex.labels.begin() + b, ex.labels.begin() + e);  // raw text: all but a BOS trained
         piece.id = int64_t(out.size());
+        piece.record = int64_t(ri);
         out.push_back(std::move(piece));
         ++st->split_pieces;
       }
@@ -106,6 +108,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
       continue;
     }
     ex.id = int64_t(out.size());
+    ex.record = int64_t(ri);
     out.push_back(std::move(ex));
   }
   return out;
@@ -210,16 +213,20 @@ void check_files_exist(const DataOptions& opts) {
 
 /// Reads and tokenises each file of `sources` on its own (options_for: its format, field_map,
 /// role_map), refuses a file that gives no example, and concatenates the examples in list order
-/// with ids 0..n-1. `total` gets the files' stats together (add_stats), `per` each file's.
-std::vector<Example> load_sources(const std::vector<DataSource>& sources, const DataOptions& opts,
-                                  const Tokenizer& tok, bool is_eval, DataStats* total, std::vector<SourceStats>* per) {
+/// with ids 0..n-1 and Example::record numbered over all the files' records (`records` gets their
+/// count). `total` gets the files' stats together (add_stats), `per` each file's.
+std::vector<Example> load_sources(const std::vector<DataSource>& sources, const DataOptions& opts, const Tokenizer& tok,
+                                  bool is_eval, DataStats* total, std::vector<SourceStats>* per, int64_t* records) {
   std::vector<Example> all;
+  *records = 0;
   for (size_t i = 0; i < sources.size(); ++i) {
     SourceStats fs{sources[i], {}, 0};
     // Its messages name the entry's own field_map / role_map / format as data.train[i].field_map.
     const DataOptions o = options_for(opts, fs.source, source_key(is_eval, sources.size(), i));
     const std::vector<Record> recs = read_records(fs.source.path, o, &fs.stats.read);
     std::vector<Example> ex = build_examples(recs, o, tok, &fs.stats);
+    for (Example& e : ex) e.record += *records;
+    *records += int64_t(recs.size());
     const DataStats& st = fs.stats;
     if (!is_eval)
       QLORA_CHECK(!ex.empty(), fs.source.path, ": no example has a trainable token (", drop_reasons(st), ")",
@@ -249,25 +256,35 @@ Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
   QLORA_CHECK(!opts.train.empty(), "data.train: no training file given");
   check_files_exist(opts);
   Datasets d;
-  std::vector<Example> all = load_sources(opts.train, opts, tok, false, &d.stats, &d.train_sources);
+  int64_t records = 0;
+  std::vector<Example> all = load_sources(opts.train, opts, tok, false, &d.stats, &d.train_sources, &records);
   if (!opts.eval.empty()) {
     DataStats& est = d.eval_stats;
-    d.eval = load_sources(opts.eval, opts, tok, true, &est, &d.eval_sources);
+    int64_t eval_records = 0;
+    d.eval = load_sources(opts.eval, opts, tok, true, &est, &d.eval_sources, &eval_records);
     est.eval_examples = int64_t(d.eval.size());
     d.train = std::move(all);
   } else if (opts.val_set_size > 0) {
     QLORA_CHECK(opts.val_set_size < 1 || std::floor(opts.val_set_size) == opts.val_set_size,
                 "data.val_set_size: a fraction (< 1) or a whole count (>= 1), got ", opts.val_set_size);
-    const int64_t n = int64_t(all.size());
+    // The hold-out is drawn over the records, before the drops (as Axolotl splits the dataset
+    // before its sequence-length filter): the same records for a given data.seed whatever
+    // sequence_len, truncation or template drop, and a split raw text's pieces all on one side.
+    const int64_t n = records;
     const int64_t k = val_set_count(opts.val_set_size, n);  // ceil(fraction * n), as HF datasets' train_test_split
-    QLORA_CHECK(k < n, "data.val_set_size: ", opts.val_set_size, " leaves no training example out of ", n);
-    // Held-out examples: the first k of a permutation from a stream separate from the epochs'.
+    QLORA_CHECK(k < n, "data.val_set_size: ", opts.val_set_size, " leaves no training record out of ", n);
+    // Held-out records: the first k of a permutation from a stream separate from the epochs'.
     const auto perm = epoch_permutation(n, opts.seed ^ 0x5EED0A15ull, 0, true);
     std::vector<char> is_eval(size_t(n), 0);
     for (int64_t i = 0; i < k; ++i) is_eval[size_t(perm[i])] = 1;
-    for (int64_t i = 0; i < n; ++i) (is_eval[size_t(i)] ? d.eval : d.train).push_back(std::move(all[size_t(i)]));
+    for (Example& e : all) (is_eval[size_t(e.record)] ? d.eval : d.train).push_back(std::move(e));
+    QLORA_CHECK(!d.train.empty(), "data.val_set_size: ", opts.val_set_size, " holds out every record that gave a ",
+                "training example (", k, " of ", n, " records held out)");
+    QLORA_CHECK(!d.eval.empty(), "data.val_set_size: none of the ", k, " held-out records gives an eval example (",
+                drop_reasons(d.stats), "); raise data.val_set_size or data.sequence_len");
     for (size_t i = 0; i < d.train.size(); ++i) d.train[i].id = int64_t(i);
     for (size_t i = 0; i < d.eval.size(); ++i) d.eval[i].id = int64_t(i);
+    d.stats.held_out_records = k;
   } else {
     d.train = std::move(all);
   }
@@ -360,7 +377,10 @@ std::string DataStats::summary() const {
       << split_pieces << " pieces of <= " << sequence_len << " tokens (" << split_tails_dropped
       << " single-token tails dropped)\n";
   o
-    << "examples: " << train_examples << " train, " << eval_examples << " eval\n"
+    << "examples: " << train_examples << " train, " << eval_examples << " eval";
+  if (held_out_records > 0)
+    o << " (val_set_size: " << held_out_records << " records held out, before the drops)";
+  o << "\n"
     << "tokens (train): " << tokens_total << " total, " << tokens_trainable << " trainable";
   if (tokens_total > 0) o << " (" << (100.0 * double(tokens_trainable) / double(tokens_total)) << "%)";
   o << ", max length " << max_len << "\n";

@@ -34,6 +34,8 @@ struct DataStats {
   std::map<std::string, std::vector<std::string>> listed;
   static constexpr size_t kListedPerReason = 5;
   int64_t train_examples = 0, eval_examples = 0;
+  /// val_set_size: the records held out (eval_examples are what of them survives the drops; 0 = no hold-out)
+  int64_t held_out_records = 0;
   /// tokens_trainable: next-token targets the shifted loss uses (trained_targets: labels[1:] !=
   /// -100 per example), what a run's target_tokens counts per epoch.
   int64_t tokens_total = 0, tokens_trainable = 0;

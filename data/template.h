@@ -55,6 +55,9 @@ struct Example {
   TokenIds input_ids;
   std::vector<int32_t> labels;
   int64_t id = 0;  ///< index of the example in its dataset (what Batch::example_ids reports)
+  /// Index of the record it came from among the records its files gave, in load order (a split
+  /// raw text's pieces share it); -1 = not from a record. The val_set_size hold-out draws records.
+  int64_t record = -1;
 };
 
 /// The template names: alpaca, chatml, llama2, vicuna, none, smollm2, qwen2.5, qwen3, llama3,

@@ -290,6 +290,9 @@ void Trainer::setup() {
   if (const std::string note = data::template_mismatch_note(cfg_.data.template_name, tok_src);
       !note.empty() && data_.stats.read.format != "completion" && run_.dist.rank == 0)  // raw text: no template
     log::warn(note);
+  if (data_.stats.held_out_records > 0 && data_.stats.held_out_records != data_.stats.eval_examples)
+    log::info("data: data.val_set_size held out ", data_.stats.held_out_records, " records (drawn before the drops); ",
+              data_.stats.eval_examples, " of them give eval examples");
   log::info("data: ", data_.stats.train_examples, " train / ", data_.stats.eval_examples, " eval examples, ",
             data_.stats.tokens_trainable, " trainable tokens");
   std::vector<const data::SourceStats*> data_files;
@@ -837,11 +840,19 @@ void Trainer::save_outputs(double seconds) {
   save_peft_adapter(cfg_.output_dir, peft_config(), model_->lora_weights());
   // The record in metrics.jsonl must be complete: one line per step 1..step_.
   std::set<int64_t> logged;
+  int64_t best_step = -1;  // the step of the lowest eval_loss (the first of equals), as HF's best_model_checkpoint
+  double best_eval = 0;
   {
     std::istringstream in(read_file((fs::path(cfg_.output_dir) / "metrics.jsonl").string()));
     for (std::string line; std::getline(in, line);) {
       const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (!j.is_discarded() && j.contains("step") && j["step"].is_number_integer()) logged.insert(j["step"].get<int64_t>());
+      if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+      logged.insert(j["step"].get<int64_t>());
+      if (j.contains("eval_loss") && j["eval_loss"].is_number() && std::isfinite(j["eval_loss"].get<double>()) &&
+          (best_step < 0 || j["eval_loss"].get<double>() < best_eval)) {
+        best_eval = j["eval_loss"].get<double>();
+        best_step = j["step"].get<int64_t>();
+      }
     }
   }
   const bool complete = static_cast<int64_t>(logged.size()) == step_ && (logged.empty() || *logged.rbegin() == step_);
@@ -871,6 +882,19 @@ void Trainer::save_outputs(double seconds) {
             {"eval_loss", number_or_null(last_eval_loss_)},
             {"peak_memory", memory_snapshot(device_)},
             {"preemption", preemption_}};
+  // The best evaluation (lowest eval_loss) and its checkpoint when one of that step is kept: what
+  // HF's trainer_state.json best_metric / best_model_checkpoint record (it is not loaded at the
+  // end: the adapter is the last step's; pass the checkpoint to eval / generate / merge).
+  if (best_step >= 0) {
+    const fs::path ck = fs::path(checkpoint_dir()) / ("checkpoint-" + std::to_string(best_step));
+    const bool kept = fs::exists(ck / "manifest.json");
+    s["best_eval"] = {{"step", best_step}, {"eval_loss", best_eval}, {"checkpoint", kept ? json(ck.string()) : json(nullptr)}};
+    if (best_step != step_)
+      log::info("best eval_loss ", best_eval, " at step ", best_step, " (the adapter is step ", step_, "'s): ",
+                kept ? "its checkpoint " + ck.string() + " works as --adapter for eval, generate and merge"
+                     : std::string("no checkpoint of that step is kept (checkpoint.save_steps a multiple of "
+                                   "training.eval_steps keeps one; checkpoint.keep_last prunes the older)"));
+  }
   if (cfg_.cost.gpu_hour_price > 0) {
     // cost.gpu_hour_price is currency-free: the same unit comes back. The billed time: training
     // (wall_seconds), every invocation's setup (model load, quantization, data) and the step time

@@ -453,8 +453,8 @@ TEST(Config, KeySourcesNameFileLineForLaterErrors) {
   EXPECT_EQ(sc.model.path, "models/SmolLM2-135M-Instruct");
   EXPECT_EQ(sc.key_sources.at("model.path"), smol + ":10");
   const std::string msg =
-      test::error_of([&] { with_key_sources(c, [] { fail("data.val_set_size: 5000 leaves no training example out of 681"); }); });
-  EXPECT_EQ(msg, "t.yaml:6: data.val_set_size: 5000 leaves no training example out of 681");
+      test::error_of([&] { with_key_sources(c, [] { fail("data.val_set_size: 5000 leaves no training record out of 681"); }); });
+  EXPECT_EQ(msg, "t.yaml:6: data.val_set_size: 5000 leaves no training record out of 681");
   EXPECT_EQ(test::error_of([&] { with_key_sources(c, [&] { return tokenizer_source(c.model); }); }),
             "t.yaml:3: model.path: models/m: model directory not found");
   // A tokenizer that is not there is named by its key and file:line too (issue: configs/tiny said

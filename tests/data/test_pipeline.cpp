@@ -756,6 +756,55 @@ TEST_F(AlpacaDemo, ValSetSizeAndPreview) {
   std::cout << prev;
 }
 
+// val_set_size draws records before the drops (Axolotl splits before its length filter): at a
+// shorter sequence_len the held-out records are the same, those now too long simply give no eval
+// example (the old split drew from the surviving examples, so the hold-out changed with
+// sequence_len); no record is on both sides.
+TEST_F(AlpacaDemo, ValSetSizeHoldsOutTheSameRecordsWhateverSequenceLen) {
+  const Tokenizer& tok = *tok_;
+  o.val_set_size = 40;
+  const Datasets full = load_datasets(o, tok);
+  ASSERT_EQ(full.stats.dropped_too_long, 0);
+  ASSERT_EQ(full.eval.size(), 40u);
+  EXPECT_EQ(full.stats.held_out_records, 40);
+  o.sequence_len = 128;
+  const Datasets cut = load_datasets(o, tok);
+  ASSERT_GT(cut.stats.dropped_too_long, 0);
+  EXPECT_EQ(cut.stats.held_out_records, 40);
+  EXPECT_LT(cut.eval.size(), 40u) << "some held-out records are longer than 128 tokens";
+  EXPECT_GT(cut.eval.size(), 0u);
+  std::map<int64_t, std::vector<int32_t>> held;  // record -> its eval example's ids at sequence_len 2048
+  for (const Example& e : full.eval) held[e.record] = e.input_ids;
+  for (const Example& e : cut.eval) {
+    ASSERT_TRUE(held.count(e.record)) << "record " << e.record << " was not held out at sequence_len 2048";
+    EXPECT_EQ(e.input_ids, held[e.record]) << "record " << e.record;
+  }
+  for (const Example& e : cut.train) EXPECT_FALSE(held.count(e.record)) << "record " << e.record << " on both sides";
+  EXPECT_NE(cut.stats.summary().find("examples: " + std::to_string(cut.train.size()) + " train, " +
+                                     std::to_string(cut.eval.size()) + " eval (val_set_size: 40 records held out, "
+                                     "before the drops)"),
+            std::string::npos) << cut.stats.summary();
+}
+
+// Raw text split into sequence_len pieces: a document's pieces all land on one side of the hold-out.
+TEST(DataList, ValSetSizeKeepsADocumentsPiecesTogether) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_SHARED(c4, "data/c4_demo.jsonl");
+  const Tokenizer tok(model.string());
+  DataOptions o;
+  o.train = {{c4.string()}};
+  o.truncation = "split";
+  o.sequence_len = 64;
+  o.val_set_size = 0.1;
+  const Datasets d = load_datasets(o, tok);
+  ASSERT_GT(d.stats.split_documents, 0);
+  std::set<int64_t> eval_records;
+  for (const Example& e : d.eval) eval_records.insert(e.record);
+  EXPECT_EQ(int64_t(eval_records.size()), d.stats.held_out_records);
+  EXPECT_GT(d.eval.size(), eval_records.size()) << "held-out documents give several pieces";
+  for (const Example& e : d.train) EXPECT_FALSE(eval_records.count(e.record)) << "document " << e.record << " split across";
+}
+
 // The batching the preview reports is the loader's: every example once per epoch, every token of
 // it in a row, the trained positions exactly the examples' labels; packing puts several examples
 // in a row and the rows in fewer positions than padding them one each.

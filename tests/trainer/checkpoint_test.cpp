@@ -227,6 +227,20 @@ TEST_F(Resume, EvalStepsZeroEvaluatesAtEachEpochEndAndSummaryCountsTargets) {
   EXPECT_EQ(s["final_loss"].get<double>(), last_loss);
   EXPECT_EQ(s["eval_loss"].get<double>(), last_eval);
   EXPECT_EQ(s["steps_this_invocation"], 18);
+  // best_eval: the lowest eval_loss of metrics.jsonl, its step, and that step's checkpoint while kept.
+  int64_t best_step = -1;
+  double best = 0;
+  for (const std::string& line : metric_lines(out)) {
+    const json j = json::parse(line);
+    if (j.contains("eval_loss") && (best_step < 0 || j["eval_loss"].get<double>() < best))
+      best = j["eval_loss"].get<double>(), best_step = j["step"].get<int64_t>();
+  }
+  ASSERT_TRUE(s.contains("best_eval")) << s.dump(2);
+  EXPECT_EQ(s["best_eval"]["step"], best_step);
+  EXPECT_EQ(s["best_eval"]["eval_loss"].get<double>(), best);
+  const fs::path best_ck = out / "checkpoints" / ("checkpoint-" + std::to_string(best_step));
+  if (fs::exists(best_ck)) EXPECT_EQ(s["best_eval"]["checkpoint"], best_ck.string());
+  else EXPECT_TRUE(s["best_eval"]["checkpoint"].is_null()) << s.dump(2);
 }
 
 // A finished run resumed into a NEW output_dir (checkpoint.resume: the run) runs no step: it says
@@ -753,11 +767,11 @@ TEST_F(TinyCli, ConfigKeyErrorsAfterParsingNameFileLine) {
   const std::string model = " --set model.path=" + (root / "model").string();
   o = sh(train + model);
   EXPECT_EQ(o.status, 1) << o.out;
-  EXPECT_NE(o.out.find(cfg.string() + ":6: data.val_set_size: 5000 leaves no training example out of 24"),
+  EXPECT_NE(o.out.find(cfg.string() + ":6: data.val_set_size: 5000 leaves no training record out of 24"),
             std::string::npos) << o.out;
   o = sh(train + model + " --set data.val_set_size=24");
   EXPECT_EQ(o.status, 1) << o.out;
-  EXPECT_NE(o.out.find("--set data.val_set_size=24: data.val_set_size: 24 leaves no training example out of 24"),
+  EXPECT_NE(o.out.find("--set data.val_set_size=24: data.val_set_size: 24 leaves no training record out of 24"),
             std::string::npos) << o.out;
   o = sh(::qlora::test::qlora_bin() + " data preview " + cfg.string());
   EXPECT_EQ(o.status, 1) << o.out;
