@@ -23,6 +23,7 @@
 #include "common/tensor_io.h"
 #include "data/reader.h"
 #include "data/template.h"
+#include "data/template_system.h"
 #include "data/tokenizer.h"
 #include "cli/adapter_run.h"
 #include "cli/commands.h"
@@ -303,6 +304,21 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   }
   const bool raw = used.data.template_name == "raw";
   QLORA_CHECK(!raw || !o.has_system || o.system.empty(), "generate: --system needs --template NAME (or auto)");
+  // The system text the prompt really renders: data.default_system_message "" means the template's
+  // own default where it has one (smollm2, qwen2.5), not "no system message" (issue: a README-only
+  // trial read `data.default_system_message ""` while SmolLM2's default was rendered).
+  if (!raw) {
+    const std::string tpl = data::resolve_template(used.data.template_name, o.model_dir);
+    const std::string& sys = used.data.default_system_message;
+    const std::string own = data::template_default_system(tpl);
+    const auto quote = [](const std::string& t) { return nlohmann::json(t).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); };
+    const std::string what =
+        !sys.empty() ? quote(sys) + (o.has_system ? " from --system" : " from the run's data.default_system_message")
+        : !own.empty() ? "the template's default " + quote(own) + " (" + tpl +
+                             " writes it when a conversation has none; --system TEXT replaces it)"
+                       : "none (template " + tpl + ")";
+    log::info("generate: system message: ", what, o.prompts_file.empty() ? "" : " (lines without \"system\")");
+  }
   std::vector<std::vector<int64_t>> prompt_ids;
   std::vector<int64_t> max_new;  // per prompt: max_length - its length when the file's max_length rules
   for (const data::PromptLine& p : prompts) {
@@ -344,6 +360,15 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     g.max_new_tokens = max_new[i];
     const Generation r = generate(model, prompt_ids[i], g, text_of);
+    // EOS as the first new token: an empty answer with exit 0 looks like a silent failure; say so
+    if (r.finish_reason == FinishReason::eos && r.ids.size() <= 1)
+      log::warn("generate: ", o.prompts_file.empty() ? std::string("--prompt") : o.prompts_file + ":" +
+                std::to_string(prompts[i].line), ": no text: the model's first new token was EOS (id ",
+                r.ids.empty() ? -1 : r.ids[0], "; finish_reason eos after 0 tokens)",
+                raw || o.has_system || prompts[i].system
+                    ? std::string()
+                    : std::string("; a model trained on records with their own system message may need it: pass "
+                                  "--system TEXT"));
     if (o.prompts_file.empty()) {
       if (o.print_ids) {
         for (size_t k = 0; k < r.ids.size(); ++k) out << (k ? " " : "") << r.ids[k];

@@ -30,6 +30,27 @@ std::string quoted(const std::string& piece) {
   return nlohmann::json(piece).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+/// How many records a --chat file holds when it is a data file rather than one record: a JSON
+/// array's length, or the number of JSONL lines when there are two or more non-blank lines and
+/// each is a JSON value; 0 otherwise (one JSON object, or text whose error the reader reports).
+/// "kind" is set to "a JSON array" or "JSONL lines".
+size_t data_file_records(const std::string& text, std::string* kind) {
+  const nlohmann::json whole = nlohmann::json::parse(text, nullptr, false);
+  if (!whole.is_discarded()) {
+    *kind = "a JSON array";
+    return whole.is_array() ? whole.size() : 0;
+  }
+  size_t lines = 0;
+  std::istringstream is(text);
+  for (std::string line; std::getline(is, line);) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (nlohmann::json::parse(line, nullptr, false).is_discarded()) return 0;
+    ++lines;
+  }
+  *kind = "JSONL lines";
+  return lines >= 2 ? lines : 0;
+}
+
 }  // namespace
 
 std::string cmd_tokenize(const TokenizeOptions& o) {
@@ -46,7 +67,15 @@ std::string cmd_tokenize(const TokenizeOptions& o) {
   if (!o.chat.empty()) {
     data::DataOptions dopts;  // training's defaults: add_eos, train_on_inputs = false
     dopts.format = "auto";
-    const data::Record r = data::record_from_json(read_bytes(o.chat), o.chat, dopts);
+    const std::string bytes = read_bytes(o.chat);
+    // A data file (a JSON array, or JSONL) is not one record: said with its count, not as the JSON
+    // syntax error of its second line (issue: a README-only trial).
+    std::string kind;
+    const size_t n = data_file_records(bytes.substr(data::check_encoding(o.chat, bytes, false)), &kind);
+    QLORA_CHECK(n == 0, o.chat, " holds ", n, " record", n == 1 ? "" : "s", " (", kind,
+                "); --chat takes one record (a JSON object): use `qlora data preview CONFIG.yaml --set data.train=",
+                o.chat, "` for a data file");
+    const data::Record r = data::record_from_json(bytes, o.chat, dopts);
     QLORA_CHECK(!r.is_text, o.chat, ":1: expected a conversation ({\"messages\": [...]}), got a text record");
     template_used = data::resolve_template(o.template_name, o.model_dir);
     const std::string& name = template_used;

@@ -673,7 +673,18 @@ class Section {
     static const std::string kSeeds =
         " is two keys here: \"training.seed\" (LoRA initialisation and dropout) and \"data.seed\" (the "
         "epoch shuffle and the val_set_size hold-out)";
-    static const std::map<std::string, std::string> kPeerNames = {
+    static const std::string kEvalBatch =
+      " has no key here: evaluation (eval_steps, qlora eval --metric loss) runs \"training.micro_batch_size\" "
+      "examples a forward pass, each its own row, padded to the longest";
+  static const std::string kMetricsFile =
+      " has no key here: nothing is sent to a tracker; every step's loss, lr, grad_norm, tokens and eval_loss "
+      "are one JSON line in metrics.jsonl in output_dir (summary.json: the run's totals)";
+  static const std::string kNoBestModel =
+      " has no key here: there is no best-model choice or early stopping; eval_loss of each eval step is in "
+      "metrics.jsonl, \"checkpoint.keep_last\" keeps the newest checkpoints: pick one "
+      "(output_dir/checkpoints/checkpoint-N) and pass it to qlora eval / generate / merge --adapter, or resume it "
+      "into a new output_dir with \"checkpoint.resume\": PATH and \"training.max_steps\": N to export its adapter";
+  static const std::map<std::string, std::string> kPeerNames = {
         {"base_model", "model.path"},
         {"lora_r", "lora.r"},
         {"lora_alpha", "lora.alpha"},
@@ -725,6 +736,31 @@ class Section {
                  "fast GPU dtype"},
         {"group_by_length", " has no key here: rows are drawn in shuffled order (\"data.shuffle\"); "
                             "\"data.sample_packing: true\" packs short examples into full rows instead"},
+        // Evaluation and reporting (issue: a README-only trial's Axolotl / HF Trainer eval keys).
+        {"test_datasets", " is \"data.eval\" here: a separate eval file, or a list of files as data.train takes "
+                          "(when set, data.val_set_size is not used)"},
+        {"eval_batch_size", kEvalBatch},
+        {"per_device_eval_batch_size", kEvalBatch},
+        {"eval_sample_packing", " has no key here: evaluation never packs, each eval example is its own row "
+                                "(data.sample_packing packs training rows only)"},
+        {"eval_max_new_tokens", " has no key here: \"qlora eval --metric exact_match\" generates greedily up to "
+                                "each reference answer's length + 8 tokens; \"qlora generate --max-new-tokens N\" "
+                                "sets it for your own prompts"},
+        {"do_causal_lm_eval", " has no key here: training evaluates eval_loss only; \"qlora eval --metric loss\" "
+                              "gives loss and perplexity, \"qlora eval --metric exact_match\" greedy exact match"},
+        {"report_to", kMetricsFile},
+        {"logging_dir", kMetricsFile},
+        {"wandb_project", kMetricsFile},
+        {"wandb_entity", kMetricsFile},
+        {"wandb_name", kMetricsFile},
+        {"wandb_run_id", kMetricsFile},
+        {"wandb_watch", kMetricsFile},
+        {"wandb_log_model", kMetricsFile},
+        {"wandb_mode", kMetricsFile},
+        {"metric_for_best_model", kNoBestModel},
+        {"load_best_model_at_end", kNoBestModel},
+        {"greater_is_better", kNoBestModel},
+        {"early_stopping_patience", kNoBestModel},
     };
     // Axolotl's `datasets:` entry keys (in an entry of data.train / data.eval, or written flat
     // into the data section), and the data section's keys, which apply to every file.
@@ -1549,7 +1585,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 std::string to_yaml(const Config& c) {
   YAML::Emitter out;
-  out << YAML::Comment("resolved qlora-cpp config: every key, defaults included (docs/config.md)");
+  // A comment: not part of the run's fingerprint (run_fingerprint reads the flattened tree).
+  out << YAML::Comment("resolved qlora-cpp config: every key, defaults included; of model.path and "
+                       "model.preset, the one set (docs/config.md)");
   out << YAML::Newline << YAML::BeginMap;
   Emitter<Config> emitter{out, c};
   visit_fields(emitter, static_cast<Config*>(nullptr));

@@ -195,7 +195,8 @@ std::string tokenizer_source(const ModelSource& m);
 /// model.init: random. Run it under with_key_sources so the key's file:line comes first.
 void check_model_weights(const ModelSource& m);
 
-/// The fully resolved config (every key, defaults included) as YAML, for config.resolved.yaml.
+/// The fully resolved config (every key, defaults included; of model.path and model.preset only
+/// the one set, the other being "") as YAML, for config.resolved.yaml.
 /// parse_config_string(to_yaml(c), ...) == c for every valid c.
 std::string to_yaml(const Config& config);
 

@@ -174,6 +174,31 @@ std::string map_role(const std::string& role, const DataOptions& o, const JsonPa
   bad("unknown role", "unknown role '" + role + "' (map it with " + o.role_map_key + " to system|user|assistant|tool)", at);
 }
 
+// "" or, for a record in a prompt/answer layout that is none of ours (TRL / OpenAI prompt-completion
+// {"prompt", "completion"}, {"prompt", "response"}, {"question", "answer"}) with both values
+// strings, the field_map that reads it as alpaca (the prompt masked, the answer trained):
+// "data.field_map: {instruction: prompt, output: completion}". Our format `completion` is raw text
+// ({"text"}), which is what a user tries first. TRL's conversational prompt-completion (lists of
+// messages) is named too: it has no field_map, its two lists are one `messages` list.
+std::string prompt_answer_hint(const json& j, const DataOptions& o) {
+  static const std::pair<const char*, const char*> kPairs[] = {
+      {"prompt", "completion"}, {"prompt", "response"}, {"question", "answer"}};
+  if (!j.is_object()) return "";
+  for (const auto& [q, a] : kPairs) {
+    auto qi = j.find(q), ai = j.find(a);
+    if (qi == j.end() || ai == j.end()) continue;
+    if (qi->is_string() && ai->is_string())
+      return std::string("; a {\"") + q + "\", \"" + a + "\"} record reads as alpaca with " + o.field_map_key +
+             ": {instruction: " + q + ", output: " + a + "} (the " + q + " masked, the " + a +
+             " trained); format completion here means raw text, a \"text\" field trained whole";
+    if (qi->is_array() && ai->is_array())
+      return std::string("; TRL's conversational prompt-completion (\"") + q + "\" and \"" + a +
+             "\" lists of messages) has no field_map here: write the two lists as one \"messages\" list "
+             "(format messages)";
+  }
+  return "";
+}
+
 std::string detect(const json& j, const DataOptions& o) {
   if (!j.is_object()) bad("wrong type", std::string("record must be a JSON object, got ") + type_name(j));
   if (j.contains(field_name(o, "conversations"))) return "sharegpt";
@@ -182,7 +207,8 @@ std::string detect(const json& j, const DataOptions& o) {
   if (j.contains(field_name(o, "text"))) return "completion";
   std::string keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
-  const std::string hint = swapped_field_map_hint(j, o);
+  std::string hint = swapped_field_map_hint(j, o);
+  if (hint.empty()) hint = prompt_answer_hint(j, o);
   bad("unknown format", "cannot detect the format from the keys [" + keys + "]" +
                             (hint.empty() ? "; set " + o.format_key + " (alpaca|sharegpt|messages|completion) or " + o.field_map_key
                                           : hint));
@@ -383,6 +409,12 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
       r.turns.push_back(std::move(turn));
     }
   } else if (format == "completion") {
+    // format completion is raw text; a prompt/answer record without "text" gets the field_map that reads it
+    if (auto t = j.find(field_name(o, "text")); (t == j.end() || t->is_null()) && j.is_object()) {
+      if (const std::string hint = prompt_answer_hint(j, o); !hint.empty())
+        bad("missing field", "missing field '" + field_name(o, "text") + "'" + hint +
+                                 " (set " + o.format_key + " to auto or alpaca with it)");
+    }
     get_string(j, o, "text", true, false, &r.text);
     r.is_text = true;
   } else {

@@ -1,5 +1,6 @@
 // qlora-cpp chat templates. The strings here are documented verbatim in docs/data.md.
 #include "data/template.h"
+#include "data/template_system.h"
 
 #include <filesystem>
 #include <fstream>
@@ -335,6 +336,16 @@ namespace {
 
 const char* kSmolSystem = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 const char* kQwenSystem = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+}  // namespace
+
+std::string template_default_system(const std::string& name) {
+  if (name == "smollm2") return kSmolSystem;
+  if (name == "qwen2.5") return kQwenSystem;
+  return "";
+}
+
+namespace {
+
 const char* kQwenToolsHead =
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";

@@ -309,6 +309,29 @@ void Trainer::setup() {
                 " single-token tails dropped)");
   }
 
+  // sample_packing that packs (almost) nothing: every example longer than half a row. Silent, it
+  // looks like packing at work; data preview's "(1.00 a row)" is the same count (batching_stats).
+  if (cfg_.data.sample_packing && run_.dist.rank == 0 && !data_.train.empty()) {
+    const data::BatchingStats b =
+        data::batching_stats(data_.train, cfg_.training.micro_batch_size, cfg_.data, tok_->batch_pad_id());
+    const double per_row = static_cast<double>(b.examples) / static_cast<double>(std::max<int64_t>(1, b.rows));
+    if (per_row <= 1.05) {
+      size_t shortest = data_.train.front().input_ids.size(), longest = shortest;
+      for (const data::Example& ex : data_.train) {
+        shortest = std::min(shortest, ex.input_ids.size());
+        longest = std::max(longest, ex.input_ids.size());
+      }
+      const int64_t len = cfg_.data.sequence_len;
+      char ratio[32];
+      std::snprintf(ratio, sizeof ratio, "%.2f", per_row);
+      log::warn("data: sample_packing packs ", b.examples == b.rows ? "nothing" : "almost nothing", ": ", ratio,
+                " examples a row in epoch 1 (", b.examples, " examples in ", b.rows, " rows); the examples are ",
+                shortest, "..", longest, " tokens, so ",
+                2 * static_cast<int64_t>(shortest) > len ? "no two" : "few pairs", " fit in one sequence_len ", len,
+                " row: set data.sample_packing: false, or raise data.sequence_len");
+    }
+  }
+
   // The run's identity: its run-meaning settings and the content (not only the paths) of its data;
   // which run owns output_dir and what to resume is decided before anything is written.
   for (const data::SourceStats* f : data_files) data_sha_[f->source.path] = sha256_file(f->source.path);

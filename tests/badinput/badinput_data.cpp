@@ -94,8 +94,10 @@ TEST(BadInputData, SwappedFieldMapIsNamed) {
   EXPECT_EQ(recs[0].turns.back().content, "4");
   o.format = "auto";
   o.field_map = {{"prompt", "instruction"}};
-  EXPECT_EQ(error_of(p, o), p.string() + ":1: cannot detect the format from the keys [question, answer]; set "
-                                         "data.format (alpaca|sharegpt|messages|completion) or data.field_map");
+  EXPECT_EQ(error_of(p, o), p.string() + ":1: cannot detect the format from the keys [question, answer]; a "
+                                         "{\"question\", \"answer\"} record reads as alpaca with data.field_map: "
+                                         "{instruction: question, output: answer} (the question masked, the answer "
+                                         "trained); format completion here means raw text, a \"text\" field trained whole");
 }
 
 // The map of an entry of data.train / data.eval is named by its own key (options_for's entry_key),
@@ -124,8 +126,10 @@ TEST(BadInputData, EntryFieldMapAndRoleMapAreNamedByTheirEntry) {
   // Without a map to blame, the advice names the entry's keys when the entry set the format or map.
   const DataSource own_format{p.string(), std::string("auto"), std::map<std::string, std::string>{}};
   EXPECT_EQ(error_of(p, options_for(section, own_format, "data.train[2]")),
-            p.string() + ":1: cannot detect the format from the keys [question, answer]; set data.train[2].format "
-                         "(alpaca|sharegpt|messages|completion) or data.train[2].field_map");
+            p.string() + ":1: cannot detect the format from the keys [question, answer]; a {\"question\", "
+                         "\"answer\"} record reads as alpaca with data.train[2].field_map: {instruction: question, "
+                         "output: answer} (the question masked, the answer trained); format completion here means raw "
+                         "text, a \"text\" field trained whole");
   // role_map: the entry's own.
   const qlora::test::TempDir tmp("entry_role_map");
   const fs::path sg = tmp.path;

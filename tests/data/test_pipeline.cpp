@@ -1014,6 +1014,67 @@ TEST(DataList, PerFileFieldMapRoleMapAndFormat) {
             std::string::npos) << fm;
 }
 
+// TRL / OpenAI prompt-completion records {"prompt", "completion"} (issue: a README-only trial got
+// "cannot detect the format", then with format completion "missing field 'text'": our completion
+// format is raw text). Both errors name the field_map that reads them, and that map does: the prompt
+// masked, the completion trained (TRL's SFTTrainer completion_only_loss default for this layout).
+TEST(Readers, PromptCompletionRecordsNameTheFieldMapThatReadsThem) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  const qlora::test::TempDir tmp("prompt_completion");
+  const fs::path pc = tmp.path / "pc.jsonl";
+  std::ofstream(pc) << R"({"prompt": "What is 2+2?", "completion": "four"})" "\n"
+                    << R"({"prompt": "Capital of France?", "completion": "Paris"})" "\n";
+  DataOptions o;
+  o.template_name = "chatml";
+  o.train = {{pc.string()}};
+  const std::string fix = "; a {\"prompt\", \"completion\"} record reads as alpaca with data.field_map: {instruction: "
+                          "prompt, output: completion} (the prompt masked, the completion trained); format completion "
+                          "here means raw text, a \"text\" field trained whole";
+  EXPECT_EQ(qlora::test::error_of([&] { load_datasets(o, tok); }),
+            pc.string() + ":1: cannot detect the format from the keys [prompt, completion]" + fix);
+  o.format = "completion";
+  EXPECT_EQ(qlora::test::error_of([&] { load_datasets(o, tok); }),
+            pc.string() + ":1: missing field 'text'" + fix + " (set data.format to auto or alpaca with it)");
+  // The fix as said: the prompt masked, the completion (and its EOS) trained.
+  o.format = "auto";
+  o.field_map = {{"instruction", "prompt"}, {"output", "completion"}};
+  const Datasets d = load_datasets(o, tok);
+  ASSERT_EQ(d.train.size(), 2u);
+  EXPECT_EQ(d.stats.read.format, "alpaca");
+  for (size_t i = 0; i < 2; ++i) {
+    const Example& ex = d.train[i];
+    TokenIds trained_ids, masked_ids;
+    for (size_t k = 0; k < ex.labels.size(); ++k)
+      (ex.labels[k] == kIgnoreIndex ? masked_ids : trained_ids).push_back(ex.input_ids[k]);
+    const std::string trained = tok.decode(trained_ids), masked = tok.decode(masked_ids);
+    const std::string answer = i == 0 ? "four" : "Paris", question = i == 0 ? "2+2" : "France";
+    EXPECT_NE(trained.find(answer), std::string::npos) << render_masked(ex, tok);
+    EXPECT_EQ(trained.find(question), std::string::npos) << render_masked(ex, tok);
+    EXPECT_NE(masked.find(question), std::string::npos) << render_masked(ex, tok);
+  }
+  // The other prompt/answer layouts get their own map; a map that reads the file stops the hint.
+  const fs::path qa = tmp.path / "qa.jsonl", pr = tmp.path / "pr.jsonl", conv = tmp.path / "conv.jsonl";
+  std::ofstream(qa) << R"({"question": "q", "answer": "a"})" "\n";
+  std::ofstream(pr) << R"({"prompt": "q", "response": "a"})" "\n";
+  std::ofstream(conv) << R"({"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]})" "\n";
+  DataOptions plain;
+  plain.template_name = "chatml";
+  plain.train = {{qa.string()}};
+  EXPECT_NE(qlora::test::error_of([&] { load_datasets(plain, tok); })
+                .find("reads as alpaca with data.field_map: {instruction: question, output: answer}"),
+            std::string::npos);
+  plain.train = {{pr.string()}};
+  EXPECT_NE(qlora::test::error_of([&] { load_datasets(plain, tok); })
+                .find("reads as alpaca with data.field_map: {instruction: prompt, output: response}"),
+            std::string::npos);
+  plain.train = {{conv.string()}};
+  EXPECT_EQ(qlora::test::error_of([&] { load_datasets(plain, tok); }),
+            conv.string() + ":1: cannot detect the format from the keys [prompt, completion]; TRL's conversational "
+                            "prompt-completion (\"prompt\" and \"completion\" lists of messages) has no field_map "
+                            "here: write the two lists as one \"messages\" list (format messages)");
+}
+
 // A bad record names its own file and line; a file of the list that gives no example is refused
 // by name (each file alone would be); the eval list is concatenated the same way.
 TEST(DataList, ErrorsNameTheirOwnFileAndEvalListsConcatenate) {

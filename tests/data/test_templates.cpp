@@ -12,6 +12,7 @@
 #include "data/dataset.h"
 #include "data/reader.h"
 #include "data/template.h"
+#include "data/template_system.h"
 #include "tests/test_util.h"
 
 using namespace qlora::data;
@@ -191,8 +192,23 @@ TEST(FamilyTemplates, ChatPromptIsTheGenerationPromptOfTransformers) {
     EXPECT_EQ(qlora::data::chat_prompt(tok, name, c["system"], c["user"]), c["ids"].get<TokenIds>())
         << name << " on " << tdir << ", system '" << c["system"].get<std::string>() << "'";
     ++checked[name];
+    // template_default_system (what `generate` logs as the system message rendered, issue: trial 8):
+    // transformers' prompt without a system message equals ours with that text as the system message
+    const std::string own = qlora::data::template_default_system(name);
+    if (c["system"].get<std::string>().empty() && !own.empty()) {
+      EXPECT_EQ(qlora::data::chat_prompt(tok, name, own, c["user"]), c["ids"].get<TokenIds>()) << name << " on " << tdir;
+      ++checked["default system " + name];
+    }
   }
-  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 2}, {"llama3.1", 2}, {"llama3.2", 2}, {"mistral", 8}, {"qwen2.5", 2}, {"qwen3", 2}, {"smollm2", 2}}));
+  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 2}, {"llama3.1", 2}, {"llama3.2", 2}, {"mistral", 8}, {"qwen2.5", 2},
+                                                 {"qwen3", 2}, {"smollm2", 2}, {"default system qwen2.5", 1},
+                                                 {"default system smollm2", 1}}));
+  EXPECT_EQ(qlora::data::template_default_system("smollm2"), "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  for (const std::string& name : template_names()) {
+    if (name != "smollm2" && name != "qwen2.5") {
+      EXPECT_EQ(qlora::data::template_default_system(name), "") << name;
+    }
+  }
 }
 
 // qlora-cpp's own templates and raw text on the Llama and byte-level tokenizer fixtures: ids as

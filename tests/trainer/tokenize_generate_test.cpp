@@ -96,6 +96,23 @@ TEST(TokenizeCli, SmolLM2IdsPiecesAndChatLabelsMatchTransformers) {
   std::ofstream(tmp / "trunc.json") << "{\"messages\": [";
   expect_one_line_error(run("tokenize " + tdir.string() + " --chat " + (tmp / "trunc.json").string() + " --template smollm2"),
                         (tmp / "trunc.json").string() + ":1: invalid JSON");
+  // a data file (JSONL, a JSON array) is not one record: its count, and the command for a data file
+  // (issue: "FILE:2: invalid JSON: syntax error ... unexpected '{'")
+  const std::string rec = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, "
+                          "{\"role\": \"assistant\", \"content\": \"hello\"}]}";
+  std::ofstream(tmp / "data.jsonl") << rec << "\n" << rec << "\n\n" << rec << "\n";
+  std::ofstream(tmp / "data.json") << "[" << rec << ",\n" << rec << "]\n";
+  std::ofstream(tmp / "one.json") << "[" << rec << "]";
+  for (const auto& [file, what] : std::vector<std::pair<std::string, std::string>>{
+           {"data.jsonl", "3 records (JSONL lines)"}, {"data.json", "2 records (a JSON array)"},
+           {"one.json", "1 record (a JSON array)"}}) {
+    const std::string path = (tmp / file).string();
+    expect_one_line_error(run("tokenize " + tdir.string() + " --chat " + path + " --template smollm2"),
+                          "error: " + path + " holds " + what + "; --chat takes one record (a JSON object): use "
+                          "`qlora data preview CONFIG.yaml --set data.train=" + path + "` for a data file");
+  }
+  std::ofstream(tmp / "single.jsonl") << rec << "\n";  // one JSONL line is one record
+  EXPECT_EQ(run("tokenize " + tdir.string() + " --chat " + (tmp / "single.jsonl").string() + " --template smollm2").status, 0);
   expect_one_line_error(run("tokenize " + tdir.string() + " --chat " + chat.string() + " --template nosuch"), "'nosuch'");
   // another family's template: its markers are not tokens of SmolLM2's tokenizer
   expect_one_line_error(run("tokenize " + tdir.string() + " --chat " + chat.string() + " --template llama3"),
@@ -180,6 +197,56 @@ TEST(Generate, QuantNf4DecodesAsTransformersBitsandbytes) {
   EXPECT_NE(last_line_ids(r.out), want) << "the unquantized base decodes as the NF4 one: the check cannot fail";
   r = run(gen + " --quant int8");
   EXPECT_EQ(r.status, 2) << r.out;  // a usage error
+}
+
+// The system message really rendered is logged (issue: trial 8's log said data.default_system_message
+// "" while SmolLM2's template rendered its own default), and an answer that is EOS at once (exit 0,
+// an empty line) is warned of on stderr, with --system suggested when a chat template was used.
+TEST(Generate, LogsTheSystemMessageRenderedAndWarnsOfAnEmptyAnswer) {
+  QLORA_REQUIRE_FIXTURE(root, "real/smollm2_135m");
+  const std::string smol = "generate " + root.string() + " --template smollm2 --dtype fp32 --max-new-tokens 1 --prompt hi";
+  auto r = run(smol);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("generate: system message: the template's default \"You are a helpful AI assistant named "
+                       "SmolLM, trained by Hugging Face\" (smollm2 writes it when a conversation has none; --system "
+                       "TEXT replaces it)"), std::string::npos) << r.out;
+  r = run(smol + " --system " + q("Be brief."));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("generate: system message: \"Be brief.\" from --system"), std::string::npos) << r.out;
+  // A tiny model whose generation_config.json lists the first id it would generate as an EOS id:
+  // no text, finish_reason eos after 0 tokens.
+  const fs::path d = qlora::test::fresh_temp_dir("gen_empty");
+  {
+    std::ofstream c(d / "corpus.txt");
+    for (int i = 0; i < 300; ++i) c << "order " << i << " shipped to city " << i % 13 << " on day " << i % 7 << "\n";
+  }
+  r = run("init-model --preset tiny --out " + (d / "m").string() + " --train-tokenizer " + (d / "corpus.txt").string() +
+          " --vocab-size 300 --seed 3");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string gen = "generate " + (d / "m").string() + " --prompt 'order 5 shipped' --max-new-tokens 4 --ids";
+  for (const std::string tpl : {"", " --template chatml"}) {
+    std::ofstream(d / "m" / "generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": 2})";
+    r = run(gen + tpl);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const std::vector<int64_t> full = last_line_ids(r.out);
+    ASSERT_FALSE(full.empty()) << r.out;
+    EXPECT_EQ(r.out.find("no text"), std::string::npos) << r.out;
+    std::ofstream(d / "m" / "generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": [2, )" << full[0] << "]}";
+    r = run(gen + tpl);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(last_line_ids(r.out), std::vector<int64_t>{full[0]}) << r.out;
+    const std::string warn = "generate: --prompt: no text: the model's first new token was EOS (id " +
+                             std::to_string(full[0]) + "; finish_reason eos after 0 tokens)";
+    EXPECT_NE(r.out.find(warn + (tpl.empty() ? "\n" : "; a model trained on records with their own system message may "
+                                                       "need it: pass --system TEXT\n")), std::string::npos) << r.out;
+    if (!tpl.empty()) EXPECT_NE(r.out.find("generate: system message: none (template chatml)"), std::string::npos) << r.out;
+    else EXPECT_EQ(r.out.find("generate: system message"), std::string::npos) << r.out;
+  }
+  // --system given: the warning does not suggest it
+  r = run(gen + " --template chatml --system " + q("Be brief."));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("pass --system"), std::string::npos) << r.out;
+  fs::remove_all(d);
 }
 
 // `generate --adapter RUN` (a run dir, or its checkpoint) decodes as the run trained: its

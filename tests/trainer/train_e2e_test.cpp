@@ -467,6 +467,54 @@ TEST(TrainE2E, TinyConfigRunsOnTheQuickstartsFiles) {
 
 // The glaive demo's tools (function schemas) with a template that drops them (smollm2: its jinja
 // ignores `tools`, as transformers renders it): `data preview` warns, naming the file and the count.
+// data.sample_packing on examples that never fit two to a row (issue: trial 8, silent at train time
+// while data preview said "(1.00 a row)"): one warning at train start naming the lengths; none
+// when packing packs.
+TEST(TrainE2E, SamplePackingThatPacksNothingIsWarnedOf) {
+  const fs::path d = temp_dir("packing_nothing");
+  {
+    std::ofstream c(d / "corpus.txt");
+    for (int i = 0; i < 300; ++i) c << "ticket " << i << ": the printer " << i % 13 << " is broken, please help\n";
+  }
+  CliRun r = run("init-model --preset tiny --out " + q(d / "model") + " --train-tokenizer " + q(d / "corpus.txt") +
+                 " --vocab-size 400 --seed 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  {
+    std::ofstream t(d / "train.jsonl");
+    for (int i = 0; i < 8; ++i) t << R"({"text": "the printer is broken, please help. the printer is broken, please help."})" "\n";
+  }
+  const auto cfg = [&](const std::string& name, int64_t seq) {
+    write(d / (name + ".yaml"), "output_dir: " + (d / name).string() + "\nmodel:\n  path: " + (d / "model").string() +
+                                    "\n  dtype: fp32\ndata:\n  train: " + (d / "train.jsonl").string() +
+                                    "\n  sample_packing: true\n  sequence_len: " + std::to_string(seq) +
+                                    "\nlora:\n  r: 4\n  target_modules: [q_proj]\ntraining:\n  max_steps: 1\n"
+                                    "  gradient_accumulation_steps: 1\n  gradient_checkpointing: false\n"
+                                    "checkpoint:\n  save_steps: 0\n  save_minutes: 0\n");
+    return d / (name + ".yaml");
+  };
+  r = run("data preview " + q(cfg("probe", 512)) + " --n 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(max length (\d+))"))) << r.out;
+  const int64_t len = std::stoll(m[1]);  // every example has this length
+  ASSERT_GT(len, 4) << r.out;
+  const int64_t seq = len + len / 2;     // one example a row: two never fit
+  r = run("data preview " + q(cfg("none", seq)) + " --n 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("rows holding 8 examples (1.00 a row)"), std::string::npos) << r.out;
+  r = run("train " + q(d / "none.yaml"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string want = "data: sample_packing packs nothing: 1.00 examples a row in epoch 1 (8 examples in 8 rows); "
+                           "the examples are " + std::to_string(len) + ".." + std::to_string(len) +
+                           " tokens, so no two fit in one sequence_len " + std::to_string(seq) +
+                           " row: set data.sample_packing: false, or raise data.sequence_len\n";
+  EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  r = run("train " + q(cfg("packs", 4 * len)));  // four a row: no warning
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("sample_packing packs"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
 TEST(TrainE2E, DataPreviewWarnsOfToolsTheTemplateDrops) {
   QLORA_REQUIRE_SHARED(glaive, "data/glaive_toolcall_en_demo.json");
   QLORA_REQUIRE_FIXTURE(smol, "tokenizers/smollm2/tokenizer_config.json");
