@@ -23,7 +23,6 @@
 #include "common/tensor_io.h"
 #include "data/reader.h"
 #include "data/template.h"
-#include "data/template_system.h"
 #include "data/tokenizer.h"
 #include "cli/adapter_run.h"
 #include "cli/commands.h"

@@ -1,6 +1,5 @@
 // qlora-cpp chat templates. The strings here are documented verbatim in docs/data.md.
 #include "data/template.h"
-#include "data/template_system.h"
 
 #include <filesystem>
 #include <fstream>

@@ -64,6 +64,14 @@ struct Example {
 /// llama3.1, llama3.2, mistral.
 const std::vector<std::string>& template_names();
 
+/// The system message template `name` renders when a conversation has no system turn, as its
+/// jinja writes it: smollm2's "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+/// and qwen2.5's "You are Qwen, created by Alibaba Cloud. You are a helpful assistant." (the same
+/// strings render_family writes, so render() of a record without a system turn equals render() of
+/// the record with this text as its system turn). "" for every other template (llama3.1 / llama3.2
+/// still write their "Cutting Knowledge Date" header, with an empty system text). Never throws.
+std::string template_default_system(const std::string& name);
+
 /// True for the model-family templates (smollm2, qwen2.5, qwen3, llama3, llama3.1, llama3.2, mistral).
 bool is_family_template(const std::string& name);
 

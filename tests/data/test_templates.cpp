@@ -12,7 +12,6 @@
 #include "data/dataset.h"
 #include "data/reader.h"
 #include "data/template.h"
-#include "data/template_system.h"
 #include "tests/test_util.h"
 
 using namespace qlora::data;

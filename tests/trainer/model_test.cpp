@@ -231,20 +231,37 @@ TEST(Generate, SamplingMatchesTransformersForTheSameSeed) {
   EXPECT_EQ(generate_tokens(m, prompt, g), j["new_ids"].get<std::vector<int64_t>>());
 }
 
+// The llama_gqa fixture's generate_ref.json (make_models.py), its model and tokenizer, and the
+// tokenizer's decode as the DecodeFn stop strings need.
+struct GqaGenerateRef {
+  nlohmann::json j;
+  LlamaModel m;
+  data::Tokenizer tok;
+  std::vector<int64_t> prompt, greedy;  ///< prompt_ids; new_ids of greedy decoding
+  DecodeFn decode() const {
+    return [this](const std::vector<int64_t>& ids) { return tok.decode(data::TokenIds(ids.begin(), ids.end())); };
+  }
+  static GqaGenerateRef load(const std::filesystem::path& ref_file) {
+    GqaGenerateRef r{nlohmann::json::parse(std::ifstream(ref_file)),
+                     LlamaModel::load(ref_file.parent_path().string(), torch::kFloat32, torch::kCPU),
+                     data::Tokenizer::from_pretrained(ref_file.parent_path().string()), {}, {}};
+    r.prompt = r.j["prompt_ids"].get<std::vector<int64_t>>();
+    r.greedy = r.j["new_ids"].get<std::vector<int64_t>>();
+    return r;
+  }
+};
+
 // Stop strings as transformers' stop_strings (StopStringCriteria): generation ends at the token that
 // completes the string (here spanning new tokens 6..8), which is kept; EOS ids and the length give
 // the other finish reasons.
 TEST(Generate, StopStringsEosAndLengthEndGenerationAsTransformers) {
   QLORA_REQUIRE_FIXTURE(dir, "models/llama_gqa/generate_ref.json");
-  const auto j = nlohmann::json::parse(std::ifstream(dir));
-  const auto& ref = j["stop"];
-  LlamaModel m = LlamaModel::load(dir.parent_path().string(), torch::kFloat32, torch::kCPU);
-  const data::Tokenizer tok = data::Tokenizer::from_pretrained(dir.parent_path().string());
-  const DecodeFn decode = [&](const std::vector<int64_t>& ids) {
-    return tok.decode(data::TokenIds(ids.begin(), ids.end()));
-  };
-  const auto prompt = j["prompt_ids"].get<std::vector<int64_t>>();
-  const auto greedy = j["new_ids"].get<std::vector<int64_t>>();
+  const GqaGenerateRef g_ref = GqaGenerateRef::load(dir);
+  const auto& ref = g_ref.j["stop"];
+  const LlamaModel& m = g_ref.m;
+  const DecodeFn decode = g_ref.decode();
+  const auto& prompt = g_ref.prompt;
+  const auto& greedy = g_ref.greedy;
   GenerateOptions g;
   g.max_new_tokens = 32;
   g.eos_token_ids = {2};
@@ -273,15 +290,12 @@ TEST(Generate, StopStringsEosAndLengthEndGenerationAsTransformers) {
 // only the new ids, it ran to max_new_tokens). One wholly inside the prompt never stops.
 TEST(Generate, StopStringBegunInThePromptStopsAsTransformers) {
   QLORA_REQUIRE_FIXTURE(dir, "models/llama_gqa/generate_ref.json");
-  const auto j = nlohmann::json::parse(std::ifstream(dir));
-  const auto& ref = j["stop_prompt"];
-  LlamaModel m = LlamaModel::load(dir.parent_path().string(), torch::kFloat32, torch::kCPU);
-  const data::Tokenizer tok = data::Tokenizer::from_pretrained(dir.parent_path().string());
-  const DecodeFn decode = [&](const std::vector<int64_t>& ids) {
-    return tok.decode(data::TokenIds(ids.begin(), ids.end()));
-  };
-  const auto prompt = j["prompt_ids"].get<std::vector<int64_t>>();
-  const auto greedy = j["new_ids"].get<std::vector<int64_t>>();
+  const GqaGenerateRef g_ref = GqaGenerateRef::load(dir);
+  const auto& ref = g_ref.j["stop_prompt"];
+  const LlamaModel& m = g_ref.m;
+  const DecodeFn decode = g_ref.decode();
+  const auto& prompt = g_ref.prompt;
+  const auto& greedy = g_ref.greedy;
   GenerateOptions g;
   g.max_new_tokens = 32;
   g.eos_token_ids = {2};
