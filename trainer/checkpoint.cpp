@@ -63,6 +63,7 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"fingerprint", s.fingerprint},
           {"data_sha256", s.data_sha256},
           {"model_files", s.model_files},
+          {"val_set_split", s.val_set_split},
           {"world_size", s.world_size},
           {"total_steps", s.total_steps},
           {"setup_seconds", s.setup_seconds},
@@ -291,6 +292,7 @@ TrainerState read_trainer_state(const std::string& ckpt_dir, std::vector<int64_t
     s.fingerprint = j.value("fingerprint", std::string());
     if (j.contains("data_sha256")) s.data_sha256 = j["data_sha256"].get<std::map<std::string, std::string>>();
     if (j.contains("model_files")) s.model_files = j["model_files"].get<std::map<std::string, std::string>>();
+    s.val_set_split = j.value("val_set_split", std::string());
     s.world_size = j.value("world_size", int64_t{1});
     QLORA_CHECK(s.world_size >= 1, sp, ": world_size must be >= 1, got ", s.world_size);
     s.total_steps = j.value("total_steps", int64_t{0});

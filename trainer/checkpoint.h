@@ -48,6 +48,9 @@ struct TrainerState {
   /// model_file_digests() of the run's model.path / model.tokenizer (absent in older files: empty):
   /// a resume whose model only moved is the same run.
   std::map<std::string, std::string> model_files;
+  /// How data.val_set_size drew the hold-out: "records" (before the drops, since session 15); ""
+  /// in older files, which drew from the examples left after the drops.
+  std::string val_set_split;
   int64_t world_size = 1;           ///< ranks of the data-parallel job that wrote it (absent: 1)
   /// The run's total optimizer steps when it was written (training.max_steps, or num_epochs'
   /// steps); the LR schedule is computed over it. Absent in older files: 0 = unknown.

@@ -1015,6 +1015,7 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds, cons
   st.fingerprint = fingerprint_;
   st.data_sha256 = data_sha_;
   st.model_files = model_files_;
+  st.val_set_split = "records";
   st.world_size = dist_->world_size();
   st.total_steps = total_steps_;
   st.setup_seconds = setup_seconds_before_ + setup_seconds_;
@@ -1367,6 +1368,14 @@ void Trainer::check_resume_settings(const std::string& ckpt) const {
       diffs.push_back("the files of " + key + " " + where + " changed since the checkpoint was written (" + list + ")");
     }
   }
+  // An older version drew the val_set_size hold-out from the examples left after the drops; this
+  // one draws records before them. Where nothing was dropped or split the two are the same split.
+  const data::DataStats& ds = data_.stats;
+  const int64_t reshaped = ds.dropped_too_long + ds.dropped_truncated_away + ds.dropped_no_trainable + ds.split_documents;
+  if (ds.held_out_records > 0 && saved.val_set_split.empty() && reshaped > 0)
+    diffs.push_back("data.val_set_size: the checkpoint's version drew the hold-out from the examples left after " +
+                    std::to_string(reshaped) + " records were dropped or split, this one draws records before that, "
+                    "so the train and eval sets differ (finish the run with the version that wrote it)");
   // The same data path with other content is a different run too.
   for (const auto& [path, sha] : data_sha_) {
     auto it = saved.data_sha256.find(path);

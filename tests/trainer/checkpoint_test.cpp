@@ -532,6 +532,51 @@ TEST_F(Resume, MovedDataFileWithTheSameContentResumes) {
   EXPECT_EQ(o.out.find("moved:"), std::string::npos) << "the checkpoint records the new path:\n" << o.out;
 }
 
+// Makes `ckpt` look written by an older version: trainer_state.json without `key`, the manifest's
+// size and hash of it updated (so the checkpoint still verifies).
+void as_older_version(const fs::path& ckpt, const std::string& key) {
+  json st = json::parse(qlora::read_file((ckpt / "trainer_state.json").string()));
+  ASSERT_TRUE(st.contains(key)) << st.dump();
+  st.erase(key);
+  const std::string text = st.dump(2);
+  std::ofstream(ckpt / "trainer_state.json") << text;
+  json manifest = json::parse(qlora::read_file((ckpt / "manifest.json").string()));
+  ASSERT_TRUE(manifest["files"].contains("trainer_state.json")) << manifest.dump();
+  manifest["files"]["trainer_state.json"] = {{"bytes", text.size()}, {"sha256", qlora::sha256_hex(text)}};
+  std::ofstream(ckpt / "manifest.json") << manifest.dump(2);
+}
+
+// A run with val_set_size whose records were partly dropped: an older version's checkpoint (no
+// val_set_split) drew its hold-out from the examples left after the drops, so resuming it here
+// would train other examples: refused naming data.val_set_size; this version's checkpoint resumes.
+TEST_F(Resume, OlderHoldOutRuleWithDroppedRecordsIsRefused) {
+  const fs::path data = root / "with_long.json", out = root / "holdout_rule";
+  json d = json::parse(qlora::read_file((root / "data.json").string()));
+  std::string long_text;
+  for (int i = 0; i < 400; ++i) long_text += "printer jam ";
+  d.push_back({{"instruction", long_text}, {"output", "hardware, urgent"}});
+  d.push_back({{"instruction", long_text + "again"}, {"output", "hardware, low"}});
+  std::ofstream(data) << d.dump();
+  const std::string extra = "--set data.train=" + data.string() + " --set data.val_set_size=4";
+  Out o = train(out, extra, "QLORA_FAULT_SIGTERM_AT=2:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  ASSERT_NE(o.out.find("2 longer than sequence_len 512 (dropped)"), std::string::npos) << o.out;
+  const fs::path ck = out / "checkpoints" / "checkpoint-2";
+  EXPECT_EQ(json::parse(qlora::read_file((ck / "trainer_state.json").string()))["val_set_split"], "records");
+  const fs::path copy = root / "holdout_rule_old";
+  fs::copy(out, copy, fs::copy_options::recursive);
+  as_older_version(copy / "checkpoints" / "checkpoint-2", "val_set_split");
+  o = train(copy, extra);
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(qlora::test::line_with(o.out, "error:")
+                .find("data.val_set_size: the checkpoint's version drew the hold-out from the examples left after 2 "
+                      "records were dropped or split"),
+            std::string::npos) << o.out;
+  o = train(out, extra);
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("resume: from " + ck.string() + " at step 2 "), std::string::npos) << o.out;
+}
+
 // A model that only moved (a spot VM's replacement mounts it elsewhere) resumes with a note: the
 // checkpoint records the sampled digests of the files a load reads (model_file_digests). Another
 // model under the new path, or other weights under the same path, are refused naming the file;
@@ -582,15 +627,7 @@ TEST_F(Resume, MovedModelWithTheSameFilesResumes) {
   const fs::path old_run = root / "moved_model_old";
   o = train(old_run, "", "QLORA_FAULT_SIGTERM_AT=2:0");
   ASSERT_EQ(o.status, 75) << o.out;
-  const fs::path ck = old_run / "checkpoints" / "checkpoint-2";
-  json s2 = json::parse(qlora::read_file((ck / "trainer_state.json").string()));
-  s2.erase("model_files");
-  const std::string text = s2.dump(2);
-  std::ofstream(ck / "trainer_state.json") << text;
-  json manifest = json::parse(qlora::read_file((ck / "manifest.json").string()));
-  ASSERT_TRUE(manifest["files"].contains("trainer_state.json")) << manifest.dump();
-  manifest["files"]["trainer_state.json"] = {{"bytes", text.size()}, {"sha256", qlora::sha256_hex(text)}};
-  std::ofstream(ck / "manifest.json") << manifest.dump(2);
+  as_older_version(old_run / "checkpoints" / "checkpoint-2", "model_files");
   o = train(old_run, "--set model.path=" + moved.string());
   EXPECT_EQ(o.status, 1) << o.out;
   EXPECT_NE(qlora::test::line_with(o.out, "error:")
