@@ -261,6 +261,26 @@ void check_can_move_aside(const std::string& output_dir, const std::string& asid
          ": ", std::strerror(errno));
 }
 
+// The files under `prefix` ("model.path/") whose digests differ between a checkpoint's record
+// (`before`, model_file_digests) and now: "<file> differs" / "<file> is gone" / "<file> is new",
+// ", "-joined; "" when they are the same files.
+std::string digest_changes(const std::map<std::string, std::string>& before,
+                           const std::map<std::string, std::string>& now, const std::string& prefix) {
+  std::string list;
+  auto add = [&](const std::string& k, const char* what) {
+    list += (list.empty() ? "" : ", ") + k.substr(prefix.size()) + what;
+  };
+  for (const auto& [k, v] : before) {
+    if (k.rfind(prefix, 0) != 0) continue;
+    const auto it = now.find(k);
+    if (it == now.end()) add(k, " is gone");
+    else if (it->second != v) add(k, " differs");
+  }
+  for (const auto& [k, v] : now)
+    if (k.rfind(prefix, 0) == 0 && !before.count(k)) add(k, " is new");
+  return list;
+}
+
 // What claim_output_dir's decision reads: the used entries, run.json's run id and the checkpoints.
 std::string output_dir_state(const std::string& output_dir, const std::string& checkpoint_dir) {
   std::string s;
@@ -1342,28 +1362,16 @@ void Trainer::check_resume_settings(const std::string& ckpt) const {
       if (it != diffs.end()) *it += " (the checkpoint records no digest of the model's files: written by an older version)";
       continue;
     }
-    std::vector<std::string> changed;  // "<file> differs" / "<file> is new" / "<file> is gone"
-    const std::string prefix = key + "/";
-    auto in = [&](const std::map<std::string, std::string>& m, const std::string& k) { return m.find(k); };
-    for (const auto& [k, v] : saved.model_files) {
-      if (k.rfind(prefix, 0) != 0) continue;
-      const auto now = in(model_files_, k);
-      if (now == model_files_.end()) changed.push_back(k.substr(prefix.size()) + " is gone");
-      else if (now->second != v) changed.push_back(k.substr(prefix.size()) + " differs");
-    }
-    for (const auto& [k, v] : model_files_)
-      if (k.rfind(prefix, 0) == 0 && !saved.model_files.count(k)) changed.push_back(k.substr(prefix.size()) + " is new");
-    std::string list;
-    for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
+    const std::string list = digest_changes(saved.model_files, model_files_, key + "/");
     if (it != diffs.end()) {
-      if (changed.empty()) {
+      if (list.empty()) {
         log::info("resume: ", key, " moved: ", it->substr(key.size() + 2),
                   " (the same files: their sampled SHA-256 equal the checkpoint's); the same run");
         diffs.erase(it);
       } else {
         *it += " (another model: " + list + ")";
       }
-    } else if (!changed.empty()) {
+    } else if (!list.empty()) {
       const std::string where = key == "model.path" ? cfg_.model.path : cfg_.model.tokenizer;
       diffs.push_back("the files of " + key + " " + where + " changed since the checkpoint was written (" + list + ")");
     }
