@@ -108,13 +108,16 @@ std::string trim(const std::string& s) {
 
 struct ExactMatch {
   int64_t correct = 0, total = 0;
-  std::vector<json> rows;  ///< every scored example {id, reference, prediction, match}, in order
+  /// every scored example {id, source, reference, prediction, match}, in order; source is the
+  /// record's "file:line" (record_location)
+  std::vector<json> rows;
 };
 
 /// Greedy exact match: the prompt is every token before the last answer span (exactly what
 /// training conditioned on); generation stops at EOS or after the reference's length + 8 tokens.
 /// The decoded continuation (EOS dropped, trimmed) must equal the decoded reference span (trimmed).
-ExactMatch exact_match(const LlamaModel& model, const data::Tokenizer& tok, const std::vector<data::Example>& exs) {
+ExactMatch exact_match(const LlamaModel& model, const data::Tokenizer& tok, const std::vector<data::Example>& exs,
+                       const std::vector<data::SourceStats>& sources) {
   ExactMatch em;
   for (const data::Example& ex : exs) {
     const auto [start, end] = data::last_answer_span(ex);
@@ -134,7 +137,8 @@ ExactMatch exact_match(const LlamaModel& model, const data::Tokenizer& tok, cons
     const bool ok = want == got;
     em.correct += ok;
     ++em.total;
-    em.rows.push_back({{"id", ex.id}, {"reference", want}, {"prediction", got}, {"match", ok}});
+    em.rows.push_back({{"id", ex.id}, {"source", data::record_location(sources, ex.record)}, {"reference", want},
+                       {"prediction", got}, {"match", ok}});
   }
   return em;
 }
@@ -260,7 +264,7 @@ std::string cmd_eval(const EvalOptions& o) {
      << ", sequence_len " << dopts.sequence_len << "), " << targets << " target tokens: loss " << loss
      << "  perplexity " << std::exp(loss) << "\n";
   if (o.metric == "exact_match") {
-    const ExactMatch em = exact_match(model, tok, em_exs);
+    const ExactMatch em = exact_match(model, tok, em_exs, eval_file ? ds.eval_sources : ds.train_sources);
     const double acc = em.total ? static_cast<double>(em.correct) / static_cast<double>(em.total) : 0.0;
     const size_t kept = std::min<size_t>(em.rows.size(), 20);
     j["exact_match"] = {{"correct", em.correct}, {"total", em.total}, {"accuracy", acc},

@@ -220,12 +220,15 @@ std::vector<Example> load_sources(const std::vector<DataSource>& sources, const 
   std::vector<Example> all;
   *records = 0;
   for (size_t i = 0; i < sources.size(); ++i) {
-    SourceStats fs{sources[i], {}, 0};
+    SourceStats fs{sources[i], {}, 0, 0, {}};
     // Its messages name the entry's own field_map / role_map / format as data.train[i].field_map.
     const DataOptions o = options_for(opts, fs.source, source_key(is_eval, sources.size(), i));
     const std::vector<Record> recs = read_records(fs.source.path, o, &fs.stats.read);
     std::vector<Example> ex = build_examples(recs, o, tok, &fs.stats);
     for (Example& e : ex) e.record += *records;
+    fs.first_record = *records;
+    fs.record_lines.reserve(recs.size());
+    for (const Record& r : recs) fs.record_lines.push_back(r.line);
     *records += int64_t(recs.size());
     const DataStats& st = fs.stats;
     if (!is_eval)
@@ -292,6 +295,13 @@ Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
   d.stats.eval_examples = int64_t(d.eval.size());
   count(d.train, &d.stats);
   return d;
+}
+
+std::string record_location(const std::vector<SourceStats>& sources, int64_t record) {
+  for (const SourceStats& f : sources)
+    if (record >= f.first_record && record - f.first_record < int64_t(f.record_lines.size()))
+      return f.source.path + ":" + std::to_string(f.record_lines[size_t(record - f.first_record)]);
+  return "";
 }
 
 std::string drop_reasons(const DataStats& st) {

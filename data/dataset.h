@@ -57,7 +57,15 @@ struct SourceStats {
   DataSource source;      ///< the list entry (path and its overrides)
   DataStats stats;        ///< that file's reads and drops (token counts, histogram: not filled)
   int64_t examples = 0;   ///< the examples it gave (before a val_set_size hold-out)
+  /// Example::record of this file's first record (records are numbered over the list's files in order)
+  int64_t first_record = 0;
+  std::vector<int64_t> record_lines;  ///< the 1-based line where each of its records starts
 };
+
+/// "file:line" of the record Example::record `record` numbers among `sources` (the list the
+/// example was loaded from: Datasets::train_sources for a train or val_set_size hold-out example,
+/// eval_sources for a data.eval one); "" for -1 (not from a record) or a number outside the list.
+std::string record_location(const std::vector<SourceStats>& sources, int64_t record);
 
 struct Datasets {
   std::vector<Example> train, eval;

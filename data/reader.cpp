@@ -118,9 +118,28 @@ size_t value_offset(const std::string& t, const JsonPath& path) {
 
 const char* type_name(const json& v) { return v.type_name(); }
 
+// The canonical field names field_map may rename (its keys).
+const std::set<std::string>& canonical_fields() {
+  static const std::set<std::string> k = {"instruction", "input",   "output", "system",  "conversations", "messages",
+                                          "text",        "tools",   "tool_calls", "from", "value",         "role",
+                                          "content"};
+  return k;
+}
+
 std::string field_name(const DataOptions& o, const std::string& canonical) {
   auto it = o.field_map.find(canonical);
   return it == o.field_map.end() ? canonical : it->second;
+}
+
+// True when field_map gives canonical field `canonical`'s own name to another canonical field
+// and does not map `canonical` itself: a rename, as HF datasets' rename_column, so {instruction:
+// input} reads a file's `input` as the instruction only, not as alpaca's input too (torchtune's
+// {input, output} columns).
+bool renamed_away(const DataOptions& o, const std::string& canonical) {
+  if (o.field_map.count(canonical)) return false;
+  for (const auto& [ours, theirs] : o.field_map)
+    if (theirs == canonical && canonical_fields().count(ours)) return true;
+  return false;
 }
 
 // "" or, when data.field_map looks written the wrong way round for record `obj` (an entry whose value
@@ -129,8 +148,7 @@ std::string field_name(const DataOptions& o, const std::string& canonical) {
 // (it maps our field name to the name in your file): write {instruction: question}". The map is
 // named by its config key (o.field_map_key: data.train[1].field_map when the entry set it).
 std::string swapped_field_map_hint(const json& obj, const DataOptions& o) {
-  static const std::set<std::string> kOurs = {"instruction", "input",  "output", "system",   "conversations",
-                                              "messages",    "text",   "tools",  "tool_calls"};
+  const std::set<std::string>& kOurs = canonical_fields();
   std::string got, want;
   for (const auto& [ours, theirs] : o.field_map) {
     if (kOurs.count(ours) || !kOurs.count(theirs) || !obj.is_object() || !obj.contains(ours)) continue;
@@ -146,6 +164,12 @@ std::string swapped_field_map_hint(const json& obj, const DataOptions& o) {
 bool get_string(const json& obj, const DataOptions& o, const std::string& canonical, bool required,
                 bool allow_empty, std::string* out) {
   const std::string name = field_name(o, canonical);
+  if (renamed_away(o, canonical)) {
+    if (required)
+      bad("missing field", o.field_map_key + " reads '" + canonical + "' as another field, so no field is read as " +
+                               canonical + "; map " + canonical + " to a field of the file too");
+    return false;
+  }
   auto it = obj.find(name);
   if (it == obj.end() || it->is_null()) {
     if (required)
@@ -182,14 +206,17 @@ std::string map_role(const std::string& role, const DataOptions& o, const JsonPa
 // messages) is named too: it has no field_map, its two lists are one `messages` list.
 std::string prompt_answer_hint(const json& j, const DataOptions& o) {
   static const std::pair<const char*, const char*> kPairs[] = {
-      {"prompt", "completion"}, {"prompt", "response"}, {"question", "answer"}};
+      {"prompt", "completion"}, {"prompt", "response"}, {"question", "answer"}, {"input", "output"}};
   if (!j.is_object()) return "";
   for (const auto& [q, a] : kPairs) {
     auto qi = j.find(q), ai = j.find(a);
     if (qi == j.end() || ai == j.end()) continue;
+    // {input, output}: torchtune's instruct_dataset columns (InputOutputToMessages); `output` is
+    // already ours, so the map renames the input only
+    const std::string map = std::string("{instruction: ") + q + (std::string(a) == "output" ? "" : ", output: " + std::string(a)) + "}";
     if (qi->is_string() && ai->is_string())
       return std::string("; a {\"") + q + "\", \"" + a + "\"} record reads as alpaca with " + o.field_map_key +
-             ": {instruction: " + q + ", output: " + a + "} (the " + q + " masked, the " + a +
+             ": " + map + " (the " + q + " masked, the " + a +
              " trained); format completion here means raw text, a \"text\" field trained whole";
     if (qi->is_array() && ai->is_array())
       return std::string("; TRL's conversational prompt-completion (\"") + q + "\" and \"" + a +

@@ -805,6 +805,39 @@ TEST(DataList, ValSetSizeKeepsADocumentsPiecesTogether) {
   for (const Example& e : d.train) EXPECT_FALSE(eval_records.count(e.record)) << "document " << e.record << " split across";
 }
 
+// record_location names the file:line a record starts on, over several files (a JSONL with a
+// blank line, a JSON array a record a line), for train and val_set_size hold-out examples alike
+// (eval --predictions names each prediction's record by it).
+TEST(DataList, RecordLocationNamesEachExamplesFileAndLine) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok(model.string());
+  const qlora::test::TempDir tmp("recloc");
+  const std::string a = (tmp.path / "a.jsonl").string(), b = (tmp.path / "b.json").string();
+  std::ofstream(a) << R"({"instruction": "Say one", "output": "one"})" "\n\n"
+                   << R"({"instruction": "Say two", "output": "two"})" "\n"
+                   << R"({"instruction": "Say three", "output": "three"})" "\n";
+  std::ofstream(b) << "[\n" << R"({"instruction": "Say four", "output": "four"},)" "\n"
+                   << R"({"instruction": "Say five", "output": "five"})" "\n]\n";
+  DataOptions o;
+  o.train = {{a}, {b}};
+  o.template_name = "alpaca";
+  o.val_set_size = 2;
+  const Datasets d = load_datasets(o, tok);
+  const std::vector<std::string> want = {a + ":1", a + ":3", a + ":4", b + ":2", b + ":3"};
+  ASSERT_EQ(d.train.size() + d.eval.size(), want.size());
+  std::set<std::string> seen;
+  for (const std::vector<Example>* v : {&d.train, &d.eval})
+    for (const Example& e : *v) {
+      ASSERT_GE(e.record, 0);
+      ASSERT_LT(e.record, int64_t(want.size()));
+      EXPECT_EQ(record_location(d.train_sources, e.record), want[size_t(e.record)]);
+      seen.insert(record_location(d.train_sources, e.record));
+    }
+  EXPECT_EQ(seen.size(), want.size());
+  EXPECT_EQ(record_location(d.train_sources, -1), "");
+  EXPECT_EQ(record_location(d.train_sources, 5), "");
+}
+
 // The batching the preview reports is the loader's: every example once per epoch, every token of
 // it in a row, the trained positions exactly the examples' labels; packing puts several examples
 // in a row and the rows in fewer positions than padding them one each.
@@ -1073,6 +1106,34 @@ TEST(Readers, PromptCompletionRecordsNameTheFieldMapThatReadsThem) {
             conv.string() + ":1: cannot detect the format from the keys [prompt, completion]; TRL's conversational "
                             "prompt-completion (\"prompt\" and \"completion\" lists of messages) has no field_map "
                             "here: write the two lists as one \"messages\" list (format messages)");
+  // torchtune's {input, output} columns (InputOutputToMessages: input the user message, output the
+  // assistant's): the map renames the input only, and the renamed `input` is not also read as
+  // alpaca's input (before: the question twice, "q\n\nq")
+  const fs::path io = tmp.path / "io.jsonl";
+  std::ofstream(io) << R"({"input": "Capital of France?", "output": "Paris"})" "\n";
+  plain.train = {{io.string()}};
+  EXPECT_EQ(qlora::test::error_of([&] { load_datasets(plain, tok); }),
+            io.string() + ":1: cannot detect the format from the keys [input, output]; a {\"input\", \"output\"} "
+                          "record reads as alpaca with data.field_map: {instruction: input} (the input masked, the "
+                          "output trained); format completion here means raw text, a \"text\" field trained whole");
+  plain.field_map = {{"instruction", "input"}};
+  const Datasets dio = load_datasets(plain, tok);
+  ASSERT_EQ(dio.train.size(), 1u);
+  DataOptions msgs = plain;  // the same conversation as a messages record: the same tokens and labels
+  const fs::path io_msgs = tmp.path / "io_msgs.jsonl";
+  std::ofstream(io_msgs) << R"({"messages": [{"role": "user", "content": "Capital of France?"}, )"
+                            R"({"role": "assistant", "content": "Paris"}]})" "\n";
+  msgs.field_map.clear();
+  msgs.train = {{io_msgs.string()}};
+  const Datasets dm = load_datasets(msgs, tok);
+  ASSERT_EQ(dm.train.size(), 1u);
+  EXPECT_EQ(dio.train[0].input_ids, dm.train[0].input_ids) << render_masked(dio.train[0], tok);
+  EXPECT_EQ(dio.train[0].labels, dm.train[0].labels);
+  // a required field whose name the map gives to another field: said, not read twice
+  plain.field_map = {{"instruction", "output"}};
+  EXPECT_EQ(qlora::test::error_of([&] { load_datasets(plain, tok); }),
+            io.string() + ":1: data.field_map reads 'output' as another field, so no field is read as output; map "
+                          "output to a field of the file too");
 }
 
 // A bad record names its own file and line; a file of the list that gives no example is refused

@@ -213,7 +213,12 @@ RenderRun make_render_run(const fs::path& dir, const fs::path& tokenizer, const 
   EXPECT_EQ(r.status, 0) << r.out;
   const json all = read_json(alpaca);
   std::ofstream(dir / "train.json") << json(std::vector<json>(all.begin(), all.begin() + 20)).dump();
-  std::ofstream(rr.eval_file) << json(std::vector<json>(all.begin() + 40, all.begin() + 46)).dump();
+  {  // a record a line (record k of 6 on line k + 2), so a prediction's source line is known
+    std::ofstream ev(rr.eval_file);
+    ev << "[\n";
+    for (int i = 40; i < 46; ++i) ev << all[size_t(i)].dump() << (i < 45 ? ",\n" : "\n");
+    ev << "]\n";
+  }
   std::ofstream(rr.config) << "output_dir: " << rr.run.string() << "\nmodel:\n  path: " << rr.model.string()
                            << "\n  dtype: fp32\nquantization:\n  method: nf4\nlora:\n  r: 4\n  alpha: 8\n"
                            << "data:\n  train: " << (dir / "train.json").string() << "\n  eval: " << rr.eval_file.string()
@@ -289,7 +294,10 @@ TEST(EvalCli, AdapterRunBringsEveryRenderingAndLabellingKey) {
   json lines = json::array();
   for (std::string line; std::getline(pred, line);) lines.push_back(json::parse(line));
   EXPECT_EQ(lines, em["samples"]);
-  EXPECT_EQ(lines.size(), 2u);
+  ASSERT_EQ(lines.size(), 2u);
+  // each names its record's file:line (the records start on lines 2 and 3)
+  EXPECT_EQ(lines[0]["source"], rr.eval_file.string() + ":2");
+  EXPECT_EQ(lines[1]["source"], rr.eval_file.string() + ":3");
   // --predictions of the loss: refused before anything is read
   r = run(base + " --predictions " + q(d.path / "p2.jsonl"));
   EXPECT_EQ(r.status, 1) << r.out;
