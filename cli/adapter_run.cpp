@@ -49,26 +49,31 @@ const std::vector<AdapterRunKey>& adapter_run_keys() {
 
 namespace {
 
-/// `data_format` of the checkpoint `dir` (trainer_state.json, read_trainer_state), else of the
-/// run dir's summary.json; "" when neither has one.
-std::string run_data_format(const fs::path& dir) {
+/// `data_format` and `data_system_records` of the checkpoint `dir` (trainer_state.json,
+/// read_trainer_state), else of the run dir's summary.json; "" and -1 when neither has them.
+void read_run_data(const fs::path& dir, AdapterRun* run) {
   if (fs::exists(dir / "trainer_state.json")) {
     try {
-      const std::string f = read_trainer_state(dir.string()).data_format;
-      if (!f.empty()) return f;
+      const TrainerState st = read_trainer_state(dir.string());
+      if (!st.data_format.empty()) {
+        run->data_format = st.data_format;
+        run->data_system_records = st.data_system_records;
+        return;
+      }
     } catch (const Error&) {  // not a checkpoint this version reads: says nothing of the data
     }
   }
   try {
     const nlohmann::json j = nlohmann::json::parse(read_file((dir / "summary.json").string()));
-    if (j.is_object() && j.contains("data_format") && j["data_format"].is_string())
-      return j["data_format"].get<std::string>();
+    if (!j.is_object()) return;
+    if (j.contains("data_format") && j["data_format"].is_string()) run->data_format = j["data_format"].get<std::string>();
+    if (j.contains("data_system_records") && j["data_system_records"].is_number_integer())
+      run->data_system_records = j["data_system_records"].get<int64_t>();
   } catch (const std::exception&) {  // missing or not JSON: says nothing of the data
   }
-  return "";
 }
 
-/// The run config part of read_adapter_run (data_format not filled).
+/// The run config part of read_adapter_run (data_format and data_system_records not filled).
 std::optional<AdapterRun> read_run_config(const std::string& adapter_dir, const std::string& who) {
   const fs::path dir(adapter_dir);
   const fs::path resolved = dir / "config.resolved.yaml", state = dir / "trainer_state.json";
@@ -79,19 +84,19 @@ std::optional<AdapterRun> read_run_config(const std::string& adapter_dir, const 
   try {
     if (fs::exists(resolved)) {
       src = resolved.string();
-      return AdapterRun{src, load_config(src), ""};
+      return AdapterRun{src, load_config(src), "", -1};
     }
     if (fs::exists(state)) {
       src = state.string();
       try {
-        return AdapterRun{src, parse_config_string(checkpoint_config_yaml(dir.string()), src + " config"), ""};
+        return AdapterRun{src, parse_config_string(checkpoint_config_yaml(dir.string()), src + " config"), "", -1};
       } catch (const Error&) {
         if (!in_run || !fs::exists(run_resolved)) throw;
       }
     }
     if (in_run && fs::exists(run_resolved)) {
       src = run_resolved.string();
-      return AdapterRun{src, load_config(src), ""};
+      return AdapterRun{src, load_config(src), "", -1};
     }
   } catch (const std::exception& e) {
     log::warn(who, ": ", src, " not used (", e.what(), "); the adapter's training settings are not known");
@@ -103,7 +108,7 @@ std::optional<AdapterRun> read_run_config(const std::string& adapter_dir, const 
 
 std::optional<AdapterRun> read_adapter_run(const std::string& adapter_dir, const std::string& who) {
   std::optional<AdapterRun> run = read_run_config(adapter_dir, who);
-  if (run) run->data_format = run_data_format(adapter_dir);
+  if (run) read_run_data(adapter_dir, &*run);
   return run;
 }
 

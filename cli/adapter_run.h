@@ -36,14 +36,17 @@ struct AdapterRun {
   /// completion" for a list): trainer_state.json's (a checkpoint) or summary.json's (a finished
   /// run dir) `data_format`; "" when neither says (an older run, or a run dir still training).
   std::string data_format;
+  /// Its train records with a system turn of their own (trainer_state.json's or summary.json's
+  /// `data_system_records`); -1 when neither says (an older run, or a run dir still training).
+  int64_t data_system_records = -1;
 };
 
 /// Reads the run config of an adapter trained here: `adapter_dir`/config.resolved.yaml (a run's
 /// output_dir), else `adapter_dir`/trainer_state.json "config" (a checkpoint), else, for
 /// <run>/checkpoints/checkpoint-N, <run>/config.resolved.yaml. nullopt for a plain PEFT adapter
 /// dir (none of these). A file that is there but unreadable: nullopt and a warning naming it,
-/// prefixed `who` ("eval", "generate"). data_format from `adapter_dir`'s trainer_state.json, else
-/// its summary.json (unreadable: "").
+/// prefixed `who` ("eval", "generate"). data_format and data_system_records from `adapter_dir`'s
+/// trainer_state.json, else its summary.json (unreadable: "" and -1).
 std::optional<AdapterRun> read_adapter_run(const std::string& adapter_dir, const std::string& who);
 
 /// Copies every key of adapter_run_keys() (only for_prompt ones when `prompt_only`) from `run` to `to`.

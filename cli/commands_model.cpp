@@ -356,6 +356,16 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
         t.push_back(static_cast<int32_t>(id));
     return tok.decode(t);
   };
+  // The --system hint of an empty answer: only where the adapter's run trained on records with a
+  // system message of their own, or where that is not known (a base model, a plain PEFT adapter,
+  // an older run); a run whose records had none is not sent after a system message.
+  const int64_t system_records = run ? run->data_system_records : -1;
+  const std::string system_hint =
+      system_records > 0 ? "; the adapter's run trained on " + std::to_string(system_records) +
+                               " records with a system message of their own: pass --system TEXT (theirs)"
+      : system_records < 0 ? std::string("; a model trained on records with their own system message may need it: "
+                                         "pass --system TEXT")
+                           : std::string();
   for (size_t i = 0; i < prompts.size(); ++i) {
     g.max_new_tokens = max_new[i];
     const Generation r = generate(model, prompt_ids[i], g, text_of);
@@ -364,10 +374,7 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
       log::warn("generate: ", o.prompts_file.empty() ? std::string("--prompt") : o.prompts_file + ":" +
                 std::to_string(prompts[i].line), ": no text: the model's first new token was EOS (id ",
                 r.ids.empty() ? -1 : r.ids[0], "; finish_reason eos after 0 tokens)",
-                raw || o.has_system || prompts[i].system
-                    ? std::string()
-                    : std::string("; a model trained on records with their own system message may need it: pass "
-                                  "--system TEXT"));
+                raw || o.has_system || prompts[i].system ? std::string() : system_hint);
     if (o.prompts_file.empty()) {
       if (o.print_ids) {
         for (size_t k = 0; k < r.ids.size(); ++k) out << (k ? " " : "") << r.ids[k];

@@ -47,6 +47,8 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
     if (!r.is_text && !template_renders_reasoning(opts.template_name) &&
         std::any_of(r.turns.begin(), r.turns.end(), [](const Turn& t) { return t.has_reasoning && !t.reasoning_content.empty(); }))
       ++st->reasoning_not_rendered;
+    if (std::any_of(r.turns.begin(), r.turns.end(), [](const Turn& t) { return t.role == "system"; }))
+      ++st->system_records;
     QLORA_CHECK(opts.truncation != "split" || r.is_text, r.file, ":", r.line,
                 ": data.truncation: split cuts raw text (format completion) into pieces; this record is a "
                 "conversation (a piece would train an answer without its prompt): use drop or truncate");
@@ -176,6 +178,7 @@ void add_stats(DataStats* into, const DataStats& from) {
   into->split_tails_dropped += from.split_tails_dropped;
   into->tools_not_rendered += from.tools_not_rendered;
   into->reasoning_not_rendered += from.reasoning_not_rendered;
+  into->system_records += from.system_records;
   for (const auto& [reason, lines] : from.listed)
     for (const std::string& l : lines)
       if (into->listed[reason].size() < DataStats::kListedPerReason) into->listed[reason].push_back(l);

@@ -28,6 +28,9 @@ struct DataStats {
   /// conversations with an assistant `reasoning_content` (not "") the template does not render
   /// (template_renders_reasoning: all but qwen3)
   int64_t reasoning_not_rendered = 0;
+  /// conversations with a system turn of their own (data.default_system_message not counted): a
+  /// model tuned on them may need one at inference (what `generate`'s empty-answer hint tells)
+  int64_t system_records = 0;
   /// The first kListedPerReason records of each reason that were not used ("dropped", "no
   /// trainable token", "truncated away") or were cut ("truncated"), each
   /// "file:line: reason (N tokens)"; what `qlora data preview` lists.

@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/error.h"
@@ -107,6 +109,13 @@ std::string error_of(F&& f) {
 }
 
 /// True when `s` contains `what`.
+/// The JSON document in file `p` (a test's result files: summary.json, eval.json, ...); throws
+/// nlohmann::json::parse_error when it is not JSON (a missing file reads as empty: a parse error).
+inline nlohmann::json read_json(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
 inline bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
 /// The first line of `text` that contains `what`, or "".

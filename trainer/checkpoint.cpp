@@ -67,7 +67,8 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"world_size", s.world_size},
           {"total_steps", s.total_steps},
           {"setup_seconds", s.setup_seconds},
-          {"data_format", s.data_format}};
+          {"data_format", s.data_format},
+          {"data_system_records", s.data_system_records}};
 }
 
 /// Dotted key -> value text of every leaf of a config tree (lists and maps below a key: flow text).
@@ -299,6 +300,7 @@ TrainerState read_trainer_state(const std::string& ckpt_dir, std::vector<int64_t
     QLORA_CHECK(s.total_steps >= 0, sp, ": total_steps must be >= 0, got ", s.total_steps);
     s.setup_seconds = j.value("setup_seconds", 0.0);
     s.data_format = j.value("data_format", std::string());
+    s.data_system_records = j.value("data_system_records", int64_t{-1});
   } catch (const json::exception& e) {
     fail(sp, ": ", e.what());
   }

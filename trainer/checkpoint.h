@@ -61,6 +61,9 @@ struct TrainerState {
   /// The train data's formats as the run detected them, in list order ("alpaca", "completion" for
   /// raw text, "alpaca, completion"): what `generate --adapter` prompts in (absent in older files: "").
   std::string data_format;
+  /// The train records with a system turn of their own (DataStats::system_records): whether
+  /// `generate --adapter` hints at --system (absent in older files: -1 = unknown).
+  int64_t data_system_records = -1;
   /// output_dir/metrics.jsonl's lines of steps 1..step, in order, each ending in "\n" (the file
   /// metrics.jsonl in the checkpoint; "" = none written: older checkpoints have none).
   std::string metrics_jsonl;

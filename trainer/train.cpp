@@ -919,6 +919,7 @@ void Trainer::save_outputs(double seconds) {
             {"wall_seconds", seconds},
             {"setup_seconds", setup_seconds_before_ + setup_seconds_},
             {"data_format", data_.stats.read.format},
+            {"data_system_records", data_.stats.system_records},
             {"tokens_per_s", seconds > 0 ? input_tokens_ / seconds : 0.0},
             {"train_loss", loss_n > 0 ? json(loss_sum / static_cast<double>(loss_n)) : json(nullptr)},
             {"final_loss", losses_.empty() ? json(nullptr) : number_or_null(losses_.back())},
@@ -1040,6 +1041,7 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds, cons
   st.total_steps = total_steps_;
   st.setup_seconds = setup_seconds_before_ + setup_seconds_;
   st.data_format = data_.stats.read.format;
+  st.data_system_records = data_.stats.system_records;
   st.metrics_jsonl = metrics_history_;
   const OptimizerTensors ot = capture_adamw_state(*opt_, model_->lora_parameters());
   std::string path;

@@ -16,10 +16,7 @@ using CliRun = qlora::test::CommandResult;
 
 CliRun run(const std::string& args) { return qlora::test::run_command(::qlora::test::qlora_bin() + " " + args); }
 std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return json::parse(in);
-}
+using qlora::test::read_json;
 
 // A 2-step run (alpaca template, sequence_len 256, NF4 without double quant, a checkpoint every
 // step): eval of checkpoints/checkpoint-2 uses alpaca / 256 / no double quant as eval of the run dir

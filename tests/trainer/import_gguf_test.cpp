@@ -37,10 +37,7 @@ std::string smollm2_path() {
   const std::string var = smollm2_path();             \
   if (!fs::exists(var)) FAIL() << var << ": missing (run scripts/setup.sh)"
 
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return json::parse(in);
-}
+using qlora::test::read_json;
 
 std::string tensor_sha(const qlora::st::SafetensorsFile& f, const qlora::st::TensorInfo& t) {
   return qlora::sha256_hex(std::string(reinterpret_cast<const char*>(f.data(t)), t.nbytes()));

@@ -246,6 +246,40 @@ TEST(Generate, LogsTheSystemMessageRenderedAndWarnsOfAnEmptyAnswer) {
   r = run(gen + " --template chatml --system " + q("Be brief."));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(r.out.find("pass --system"), std::string::npos) << r.out;
+  // An adapter run says whether its records had system messages of their own (summary.json and
+  // trainer_state.json data_system_records): 2 of 3 here gives the count, none gives no hint. The
+  // runs take one step at learning rate 1e-30, so the adapter changes no greedy token.
+  for (const bool with_system : {true, false}) {
+    const fs::path data = d / "chats.jsonl", run_dir = d / (with_system ? "run_sys" : "run_plain");
+    {
+      std::ofstream f(data);
+      for (int i = 0; i < 3; ++i)
+        f << R"({"messages": [)" << (with_system && i < 2 ? R"({"role": "system", "content": "order desk"}, )" : "")
+          << R"({"role": "user", "content": "order )" << i << R"("}, {"role": "assistant", "content": "shipped"}]})"
+          << "\n";
+    }
+    std::ofstream(d / "run.yaml") << "output_dir: " << run_dir.string() << "\nmodel:\n  path: " << (d / "m").string()
+                                  << "\n  dtype: fp32\nquantization:\n  method: none\nlora:\n  r: 4\n  alpha: 8\n"
+                                  << "data:\n  train: " << data.string() << "\n  template: chatml\n  sequence_len: 512\n"
+                                  << "training:\n  micro_batch_size: 1\n  gradient_accumulation_steps: 1\n  max_steps: 1\n"
+                                  << "  learning_rate: 1.0e-30\n  warmup_steps: 0\n  eval_steps: 0\n"
+                                  << "checkpoint:\n  save_steps: 1\n  save_minutes: 0\n";
+    r = run("train " + q((d / "run.yaml").string()));
+    ASSERT_EQ(r.status, 0) << r.out;
+    const int64_t want = with_system ? 2 : 0;
+    EXPECT_EQ(qlora::test::read_json(run_dir / "summary.json")["data_system_records"], want);
+    EXPECT_EQ(qlora::test::read_json(run_dir / "checkpoints" / "checkpoint-1" / "trainer_state.json")["data_system_records"], want);
+    for (const fs::path& adapter : {run_dir, run_dir / "checkpoints" / "checkpoint-1"}) {
+      r = run(gen + " --adapter " + q(adapter.string()));
+      ASSERT_EQ(r.status, 0) << r.out;
+      ASSERT_NE(r.out.find("no text: the model's first new token was EOS"), std::string::npos) << r.out;
+      if (with_system)
+        EXPECT_NE(r.out.find("; the adapter's run trained on 2 records with a system message of their own: pass "
+                             "--system TEXT (theirs)\n"), std::string::npos) << r.out;
+      else
+        EXPECT_EQ(r.out.find("pass --system"), std::string::npos) << r.out;
+    }
+  }
   fs::remove_all(d);
 }
 

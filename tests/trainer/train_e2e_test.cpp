@@ -39,10 +39,7 @@ fs::path temp_dir(const std::string& name) { return qlora::test::fresh_temp_dir(
 
 void write(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
 
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return json::parse(in);
-}
+using qlora::test::read_json;
 
 std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
 
