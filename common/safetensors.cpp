@@ -206,6 +206,11 @@ const TensorInfo& SafetensorsFile::info(const std::string& name) const {
 }
 
 // ---------------------------------------------------------------------------------------------
+bool SafetensorsCheckpoint::present_in(const std::string& dir, const std::string& stem) {
+  std::error_code ec;
+  return fs::exists(fs::path(dir) / stem, ec) || fs::exists(fs::path(dir) / (stem + ".index.json"), ec);
+}
+
 SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& dir, const std::string& stem)
     : dir_(dir) {
   QLORA_CHECK(fs::is_directory(dir), dir, ": not a directory");

@@ -93,6 +93,9 @@ class SafetensorsCheckpoint {
  public:
   explicit SafetensorsCheckpoint(const std::string& dir,
                                  const std::string& stem = "model.safetensors");
+  /// True when `dir` holds what the constructor opens: `stem` or `stem`.index.json (whether they
+  /// are valid is the constructor's to say). Never throws.
+  static bool present_in(const std::string& dir, const std::string& stem = "model.safetensors");
   /// All tensor names, sorted.
   std::vector<std::string> names() const;
   bool contains(const std::string& name) const { return where_.count(name) != 0; }

@@ -8,6 +8,7 @@
 // scalars are always strings, unknown keys are errors with a did-you-mean, and every message is one
 // line that starts with `file:line:` (or the `--set` override that supplied the value).
 #include "config/config.h"
+#include "common/safetensors.h"
 #include "model/model_config.h"
 
 #include <spdlog/spdlog.h>
@@ -1698,7 +1699,7 @@ void check_model_weights(const ModelSource& m) {
   std::error_code ec;
   if (m.path.empty() || m.random_init || !fs::is_directory(m.path, ec)) return;  // tokenizer_source names a bad path
   const fs::path dir(m.path);
-  if (fs::exists(dir / "model.safetensors", ec) || fs::exists(dir / "model.safetensors.index.json", ec)) return;
+  if (st::SafetensorsCheckpoint::present_in(m.path)) return;  // what the model load opens
   std::string why = "a directory with config.json only gives a shape: model.init: random draws the weights";
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
