@@ -782,8 +782,8 @@ void Trainer::train_steps() {
 
 void Trainer::prune_after_syncs() {
   if (!sync_ || !prune_held_back_ || !sync_->ended_since_last_call()) return;
-  const auto removed =
-      prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last, run_id_, sync_->running(), cfg_.checkpoint.keep_best);
+  const CheckpointConfig& c = cfg_.checkpoint;
+  const auto removed = prune_checkpoints(checkpoint_dir(), c.keep_last, run_id_, sync_->running(), c.keep_best);
   for (const auto& r : removed) log::info("checkpoint ", r, " pruned (keep_last ", cfg_.checkpoint.keep_last,
                                           "; its sync_command has ended)");
   note_held_back();
@@ -943,20 +943,19 @@ void Trainer::save_outputs(double seconds) {
     const bool kept = fs::exists(ck / "manifest.json");
     s["best_eval"] = {{"step", best_step}, {"eval_loss", best_eval}, {"checkpoint", kept ? json(ck.string()) : json(nullptr)}};
     if (best_step != step_) {
-      // With keep_best, the best checkpoint kept when the best step wrote none (eval_steps not a
-      // multiple of save_steps): the lowest eval_loss among the steps that did.
-      const std::string best_kept = kept || !cfg_.checkpoint.keep_best ? "" : best_checkpoint(checkpoint_dir(), run_id_);
-      log::info("best eval_loss ", best_eval, " at step ", best_step, " (the adapter is step ", step_, "'s): ",
-                kept ? "its checkpoint " + ck.string() + " works as --adapter for eval, generate and merge"
-                     : "no checkpoint of that step is kept (one is written at every evaluation when "
-                       "training.eval_steps is a multiple of checkpoint.save_steps, or 0: at each epoch's end; " +
-                           std::string(cfg_.checkpoint.keep_best
-                                           ? "checkpoint.keep_best keeps the best of them" +
-                                                 (best_kept.empty() ? std::string()
-                                                                    : ": " + best_kept + ", eval_loss " +
-                                                                          std::to_string(read_trainer_state(best_kept).eval_loss))
-                                           : "checkpoint.keep_best: true keeps the best of them from pruning") +
-                           ")");
+      std::string where = "its checkpoint " + ck.string() + " works as --adapter for eval, generate and merge";
+      if (!kept) {
+        where = "no checkpoint of that step is kept (one is written at every evaluation when training.eval_steps is a "
+                "multiple of checkpoint.save_steps, or 0: at each epoch's end; ";
+        // With keep_best, the best of the checkpoints written at an evaluation is kept.
+        const std::string best_kept = cfg_.checkpoint.keep_best ? best_checkpoint(checkpoint_dir(), run_id_) : "";
+        if (!cfg_.checkpoint.keep_best) where += "checkpoint.keep_best: true keeps the best of them from pruning)";
+        else if (best_kept.empty()) where += "checkpoint.keep_best keeps the best of them: none was written)";
+        else
+          where += "checkpoint.keep_best keeps the best of them: " + best_kept + ", eval_loss " +
+                   std::to_string(read_trainer_state(best_kept).eval_loss) + ")";
+      }
+      log::info("best eval_loss ", best_eval, " at step ", best_step, " (the adapter is step ", step_, "'s): ", where);
     }
   }
   if (cfg_.cost.gpu_hour_price > 0) {
@@ -1318,7 +1317,8 @@ std::string Trainer::claim_output_dir() {
         // model or data file that only moved is the same run. run.json of an older version holds
         // no config: its fingerprint alone decides.
         if (owner.fingerprint != fingerprint_) {
-          const std::string refused = describe() + " with other run-meaning settings or data, and no checkpoint of it to resume";
+          const std::string refused =
+              describe() + " with other run-meaning settings or data, and no checkpoint of it to resume";
           QLORA_CHECK(!owner.config_yaml.empty(), refused, ": ", fix);
           RecordedRun rec;
           rec.config_yaml = owner.config_yaml;

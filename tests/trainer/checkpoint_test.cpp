@@ -794,6 +794,23 @@ TEST_F(Resume, KeepBestKeepsTheLowestEvalLossCheckpointAcrossAResume) {
   EXPECT_EQ(qlora::sha256_file((out / "adapter_model.safetensors").string()),
             qlora::sha256_file((ref / "adapter_model.safetensors").string()));
 
+  // Checkpoints only every 3 steps (3, 6, 9, 6 also the epoch's end, 10 the last): the best
+  // evaluation's step wrote none, so summary.json names no checkpoint, and keep_best keeps the best
+  // of those written (the log names it).
+  const fs::path sparse = root / "keep_best_sparse";
+  o = train(sparse, extra + " --set checkpoint.keep_best=true --set checkpoint.save_steps=3");
+  ASSERT_EQ(o.status, 0) << o.out;
+  int64_t best_saved = 3;
+  for (const int64_t step : {6, 9, 10})
+    if (evals[step] < evals[best_saved]) best_saved = step;
+  ASSERT_NE(best_saved, 10) << "the last checkpoint is the best written one: nothing to keep";
+  const fs::path saved_ck = sparse / "checkpoints" / ("checkpoint-" + std::to_string(best_saved));
+  EXPECT_EQ(names_of(sparse / "checkpoints"), (std::vector<std::string>{"checkpoint-10", saved_ck.filename().string()}));
+  s = json::parse(qlora::read_file((sparse / "summary.json").string()));
+  EXPECT_TRUE(s["best_eval"]["checkpoint"].is_null()) << s.dump(2);
+  EXPECT_NE(o.out.find("checkpoint.keep_best keeps the best of them: " + saved_ck.string() + ", eval_loss "),
+            std::string::npos) << o.out;
+
   // prune_checkpoints on copies of one checkpoint whose eval_loss is set per step: the best counts
   // among the newest keep_last when it is one of them, else it is kept besides them; the oldest of
   // equals is the best; checkpoints without an eval_loss are never the best.
