@@ -681,10 +681,19 @@ class Section {
       " has no key here: nothing is sent to a tracker; every step's loss, lr, grad_norm, tokens and eval_loss "
       "are one JSON line in metrics.jsonl in output_dir (summary.json: the run's totals)";
   static const std::string kNoBestModel =
-      " has no key here: there is no best-model choice or early stopping; eval_loss of each eval step is in "
-      "metrics.jsonl, \"checkpoint.keep_last\" keeps the newest checkpoints: pick one "
-      "(output_dir/checkpoints/checkpoint-N) and pass it to qlora eval / generate / merge --adapter, or resume it "
+      " has no key here: there is no choice by another metric and no early stopping; eval_loss of each eval step "
+      "is in metrics.jsonl, \"checkpoint.keep_best: true\" keeps the checkpoint with the lowest eval_loss "
+      "(summary.json best_eval.checkpoint) and \"checkpoint.keep_last\" the newest: pass one "
+      "(output_dir/checkpoints/checkpoint-N) to qlora eval / generate / merge --adapter, or resume it "
       "into a new output_dir with \"checkpoint.resume\": PATH and \"training.max_steps\": N to export its adapter";
+  // HF's load_best_model_at_end keeps the best checkpoint from rotation and loads it at the end;
+  // keep_best does the first only: a checkpoint directory is a PEFT adapter (with trainer_state.json,
+  // which eval / generate / merge read for the run's settings, cli/adapter_run.h).
+  static const std::string kLoadBest =
+      " is \"checkpoint.keep_best: true\" here without the load at the end: it keeps the checkpoint with the "
+      "lowest eval_loss besides the newest \"checkpoint.keep_last\" (summary.json best_eval.checkpoint names it), "
+      "and output_dir's adapter stays the last step's; that checkpoint directory is an adapter: qlora eval CONFIG "
+      "--adapter DIR, qlora generate MODEL --adapter DIR, qlora merge --base MODEL --adapter DIR --out OUT";
   static const std::map<std::string, std::string> kPeerNames = {
         {"base_model", "model.path"},
         {"lora_r", "lora.r"},
@@ -759,7 +768,7 @@ class Section {
         {"wandb_log_model", kMetricsFile},
         {"wandb_mode", kMetricsFile},
         {"metric_for_best_model", kNoBestModel},
-        {"load_best_model_at_end", kNoBestModel},
+        {"load_best_model_at_end", kLoadBest},
         {"greater_is_better", kNoBestModel},
         {"early_stopping_patience", kNoBestModel},
     };
@@ -1137,6 +1146,9 @@ void check_training(const Section& s, Config& c) {
 void check_checkpoint(const Section& s, Config& c) {
   if (c.checkpoint.resume == ResumeMode::kPath && !c.checkpoint.resume_from_dir.empty())
     s.error("resume_from_dir", "is only used with resume: auto (resume names a checkpoint path)");
+  if (c.checkpoint.keep_best && c.data.eval.empty() && c.data.val_set_size <= 0)
+    s.error("keep_best", "no eval data, so no checkpoint has an eval_loss: set data.eval or data.val_set_size > 0, "
+                         "or keep_best: false");
 }
 
 // -- the tables (docs/config.md documents every key; test_config checks that it does) --
@@ -1238,6 +1250,7 @@ void visit_fields(V& v, CheckpointConfig*) {
   v("save_steps", &K::save_steps, IntSpec{non_negative, "an integer >= 0 (0: off)"});
   v("save_minutes", &K::save_minutes, NumberSpec{non_negative_number, "a number >= 0 (0: off)"});
   v("keep_last", &K::keep_last, IntSpec{positive, "an integer >= 1"});
+  v("keep_best", &K::keep_best, BoolSpec{});
   v("resume", &K::resume, CustomSpec<K>{read_resume, emit_resume, equal_resume});
   v("resume_from_dir", &K::resume_from_dir, PathSpec{});
   v("sync_command", &K::sync_command, TextSpec{});

@@ -79,6 +79,9 @@ struct CheckpointConfig {
   int64_t save_steps = 100;    ///< save every N optimizer steps; 0 = off
   double save_minutes = 30.0;  ///< also save every M minutes of wall time; 0 = off
   int64_t keep_last = 3;       ///< complete checkpoints kept (>= 1)
+  /// Also keep the checkpoint with the lowest eval_loss (besides the newest keep_last; HF Trainer's
+  /// load_best_model_at_end + save_total_limit never deletes the best either). Needs eval data.
+  bool keep_best = false;
   ResumeMode resume = ResumeMode::kAuto;
   std::string resume_path;     ///< the checkpoint dir when resume == kPath
   std::string resume_from_dir; ///< dir searched by `resume: auto`; "" = <output_dir>/checkpoints

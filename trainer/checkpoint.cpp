@@ -68,7 +68,8 @@ json state_to_json(const TrainerState& s, const OptimizerTensors& o) {
           {"total_steps", s.total_steps},
           {"setup_seconds", s.setup_seconds},
           {"data_format", s.data_format},
-          {"data_system_records", s.data_system_records}};
+          {"data_system_records", s.data_system_records},
+          {"eval_loss", std::isfinite(s.eval_loss) ? json(s.eval_loss) : json(nullptr)}};
 }
 
 /// Dotted key -> value text of every leaf of a config tree (lists and maps below a key: flow text).
@@ -254,12 +255,32 @@ std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::str
   return "";
 }
 
+std::string best_checkpoint(const std::string& dir, const std::string& run_id) {
+  std::vector<std::pair<double, int64_t>> ranked;  // (eval_loss, step): the lowest loss, then the oldest
+  std::map<int64_t, std::string> by_step;
+  for (const std::string& c : list_checkpoints(dir)) {
+    if (!run_id.empty() && checkpoint_run_id(c) != run_id) continue;
+    const json j = read_state_json(c);
+    if (!j.is_object() || !j.contains("eval_loss") || !j["eval_loss"].is_number()) continue;
+    const double loss = j["eval_loss"].get<double>();
+    if (!std::isfinite(loss)) continue;
+    ranked.emplace_back(loss, checkpoint_name_step(c));
+    by_step[checkpoint_name_step(c)] = c;
+  }
+  std::sort(ranked.begin(), ranked.end());
+  for (const auto& [loss, step] : ranked)  // hashes the files of the best one only, unless it is damaged
+    if (verify_checkpoint(by_step[step]).empty()) return by_step[step];
+  return "";
+}
+
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last, const std::string& run_id,
-                                           const std::set<std::string>& busy) {
+                                           const std::set<std::string>& busy, bool keep_best) {
   std::vector<std::string> removed;
   int64_t kept = 0;
+  const std::string best = keep_best ? best_checkpoint(dir, run_id) : "";
   for (const std::string& c : list_checkpoints(dir)) {
     if (!run_id.empty() && checkpoint_run_id(c) != run_id) continue;  // another run's: never ours to delete
+    if (c == best && kept >= keep_last) continue;  // kept besides the newest keep_last
     if (kept < keep_last && verify_checkpoint(c).empty()) {
       ++kept;
       continue;
@@ -301,6 +322,7 @@ TrainerState read_trainer_state(const std::string& ckpt_dir, std::vector<int64_t
     s.setup_seconds = j.value("setup_seconds", 0.0);
     s.data_format = j.value("data_format", std::string());
     s.data_system_records = j.value("data_system_records", int64_t{-1});
+    if (j.contains("eval_loss") && j["eval_loss"].is_number()) s.eval_loss = j["eval_loss"].get<double>();
   } catch (const json::exception& e) {
     fail(sp, ": ", e.what());
   }
@@ -394,6 +416,9 @@ RunRecord read_run_record(const std::string& output_dir) {
     r.fingerprint = j.value("fingerprint", std::string());
     if (j.contains("data_sha256")) r.data_sha256 = j["data_sha256"].get<std::map<std::string, std::string>>();
     r.started_utc = j.value("started_utc", std::string());
+    r.config_yaml = j.value("config", std::string());
+    r.has_model_files = j.contains("model_files");
+    if (r.has_model_files) r.model_files = j["model_files"].get<std::map<std::string, std::string>>();
   } catch (const json::exception& e) {
     fail(p.string(), ": not a run record (", e.what(), "); move it away or use --overwrite-output-dir");
   }
@@ -405,7 +430,9 @@ void write_run_record(const std::string& output_dir, const RunRecord& r) {
   const json j = {{"run_id", r.run_id},
                   {"fingerprint", r.fingerprint},
                   {"data_sha256", r.data_sha256},
-                  {"started_utc", r.started_utc}};
+                  {"started_utc", r.started_utc},
+                  {"config", r.config_yaml},
+                  {"model_files", r.model_files}};
   atomic_write_string((fs::path(output_dir) / "run.json").string(), j.dump(2) + "\n");
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <map>
@@ -64,6 +65,9 @@ struct TrainerState {
   /// The train records with a system turn of their own (DataStats::system_records): whether
   /// `generate --adapter` hints at --system (absent in older files: -1 = unknown).
   int64_t data_system_records = -1;
+  /// The eval_loss of the evaluation at this checkpoint's step (key `eval_loss`); NaN (the key
+  /// absent) when the step did not evaluate, and in older files. What checkpoint.keep_best ranks.
+  double eval_loss = std::nan("");
   /// output_dir/metrics.jsonl's lines of steps 1..step, in order, each ending in "\n" (the file
   /// metrics.jsonl in the checkpoint; "" = none written: older checkpoints have none).
   std::string metrics_jsonl;
@@ -122,9 +126,17 @@ std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::str
 /// one is complete). With a non-empty `run_id` only that run's checkpoints are counted or deleted:
 /// another run's checkpoint is never pruned. A checkpoint in `busy` (one whose
 /// checkpoint.sync_command still runs) is counted like the others but never deleted: prune again
-/// once its sync has ended. Returns the deleted paths.
+/// once its sync has ended. `keep_best` (checkpoint.keep_best): best_checkpoint(dir, run_id) is
+/// never deleted either; it counts among the newest keep_last when it is one of them, else it is
+/// kept besides them. Returns the deleted paths.
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last, const std::string& run_id = "",
-                                           const std::set<std::string>& busy = {});
+                                           const std::set<std::string>& busy = {}, bool keep_best = false);
+
+/// The complete checkpoint under `dir` (of run `run_id` when non-empty) with the lowest
+/// trainer_state.json `eval_loss`, the oldest of equals (the first of the run's evaluations with
+/// that loss, as summary.json best_eval and HF's best_model_checkpoint); "" when none records one
+/// (no checkpoint at an eval step, or only older versions' checkpoints).
+std::string best_checkpoint(const std::string& dir, const std::string& run_id = "");
 
 /// The step N of a checkpoint folder named `checkpoint-<N>` (the last component of `path`), or -1
 /// for any other name.
@@ -156,6 +168,14 @@ struct RunRecord {
   std::string fingerprint;  ///< run_fingerprint() of the run's config and data
   std::map<std::string, std::string> data_sha256;
   std::string started_utc;
+  /// The run's resolved config (YAML text, key `config`): what a rerun before the first checkpoint
+  /// compares its settings with, as a resume compares trainer_state.json's. "" in run.json files
+  /// of older versions (then only `fingerprint` is compared).
+  std::string config_yaml;
+  /// model_file_digests() of the run's model.path / model.tokenizer (key `model_files`): a model
+  /// that only moved is the same run. Absent in older files (has_model_files false).
+  std::map<std::string, std::string> model_files;
+  bool has_model_files = false;
 };
 /// Reads `output_dir`/run.json; an absent file gives a record with an empty run_id. Throws
 /// qlora::Error naming the file when it exists but is not a valid run record.

@@ -452,13 +452,22 @@ void Trainer::setup() {
   }
   fs::create_directories(cfg_.output_dir);
   if (!aside_.empty()) lock_ = std::make_unique<OutputDirLock>(cfg_.output_dir);  // the old lock moved aside with it
-  if (read_run_record(cfg_.output_dir).run_id != run_id_) {
+  {
+    // run.json: this run's identity; rewritten (keeping started_utc) when the run continues under
+    // other paths (a moved model or data file), with --force, or from an older version's record.
+    const RunRecord had = read_run_record(cfg_.output_dir);
     RunRecord rr;
     rr.run_id = run_id_;
     rr.fingerprint = fingerprint_;
     rr.data_sha256 = data_sha_;
-    rr.started_utc = run_id_.substr(0, run_id_.find('-'));
-    write_run_record(cfg_.output_dir, rr);
+    rr.started_utc = had.run_id == run_id_ && !had.started_utc.empty() ? had.started_utc
+                                                                        : run_id_.substr(0, run_id_.find('-'));
+    rr.config_yaml = to_yaml(cfg_);
+    rr.model_files = model_files_;
+    rr.has_model_files = true;
+    if (had.run_id != rr.run_id || had.fingerprint != rr.fingerprint || had.data_sha256 != rr.data_sha256 ||
+        had.config_yaml != rr.config_yaml || had.model_files != rr.model_files || !had.has_model_files)
+      write_run_record(cfg_.output_dir, rr);
   }
   atomic_write_string((fs::path(cfg_.output_dir) / "config.resolved.yaml").string(), to_yaml(cfg_));
   atomic_write_string((fs::path(cfg_.output_dir) / "metrics.jsonl").string(), step_ == 0 ? std::string() : metrics_history_);
@@ -731,7 +740,7 @@ void Trainer::train_steps() {
     if (dist_->active() && (step_ % kParamChecksumEverySteps == 0 || !why.empty())) check_replicas_agree();
     if (!why.empty()) {
       const std::vector<RngState> rng = gather_rng_states();  // every rank's dropout generators
-      if (dist_->is_main()) save_checkpoint(why, train_seconds_before_ + elapsed(), rng);
+      if (dist_->is_main()) save_checkpoint(why, train_seconds_before_ + elapsed(), eval_loss, rng);
       last_save = elapsed();
     }
     // A signal that came while the checkpoint was written stops right after it (not one step and
@@ -773,7 +782,8 @@ void Trainer::train_steps() {
 
 void Trainer::prune_after_syncs() {
   if (!sync_ || !prune_held_back_ || !sync_->ended_since_last_call()) return;
-  const auto removed = prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last, run_id_, sync_->running());
+  const CheckpointConfig& c = cfg_.checkpoint;
+  const auto removed = prune_checkpoints(checkpoint_dir(), c.keep_last, run_id_, sync_->running(), c.keep_best);
   for (const auto& r : removed) log::info("checkpoint ", r, " pruned (keep_last ", cfg_.checkpoint.keep_last,
                                           "; its sync_command has ended)");
   note_held_back();
@@ -933,11 +943,21 @@ void Trainer::save_outputs(double seconds) {
     const fs::path ck = fs::path(checkpoint_dir()) / ("checkpoint-" + std::to_string(best_step));
     const bool kept = fs::exists(ck / "manifest.json");
     s["best_eval"] = {{"step", best_step}, {"eval_loss", best_eval}, {"checkpoint", kept ? json(ck.string()) : json(nullptr)}};
-    if (best_step != step_)
-      log::info("best eval_loss ", best_eval, " at step ", best_step, " (the adapter is step ", step_, "'s): ",
-                kept ? "its checkpoint " + ck.string() + " works as --adapter for eval, generate and merge"
-                     : std::string("no checkpoint of that step is kept (checkpoint.save_steps a multiple of "
-                                   "training.eval_steps keeps one; checkpoint.keep_last prunes the older)"));
+    if (best_step != step_) {
+      std::string where = "its checkpoint " + ck.string() + " works as --adapter for eval, generate and merge";
+      if (!kept) {
+        where = "no checkpoint of that step is kept (one is written at every evaluation when training.eval_steps is a "
+                "multiple of checkpoint.save_steps, or 0: at each epoch's end; ";
+        // With keep_best, the best of the checkpoints written at an evaluation is kept.
+        const std::string best_kept = cfg_.checkpoint.keep_best ? best_checkpoint(checkpoint_dir(), run_id_) : "";
+        if (!cfg_.checkpoint.keep_best) where += "checkpoint.keep_best: true keeps the best of them from pruning)";
+        else if (best_kept.empty()) where += "checkpoint.keep_best keeps the best of them: none was written)";
+        else
+          where += "checkpoint.keep_best keeps the best of them: " + best_kept + ", eval_loss " +
+                   std::to_string(read_trainer_state(best_kept).eval_loss) + ")";
+      }
+      log::info("best eval_loss ", best_eval, " at step ", best_step, " (the adapter is step ", step_, "'s): ", where);
+    }
   }
   if (cfg_.cost.gpu_hour_price > 0) {
     // cost.gpu_hour_price is currency-free: the same unit comes back. The billed time: training
@@ -1019,7 +1039,8 @@ std::vector<RngState> Trainer::gather_rng_states() {
   return out;  // {} on the other ranks
 }
 
-void Trainer::save_checkpoint(const std::string& why, double train_seconds, const std::vector<RngState>& rng) {
+void Trainer::save_checkpoint(const std::string& why, double train_seconds, double eval_loss,
+                              const std::vector<RngState>& rng) {
   const auto t0 = std::chrono::steady_clock::now();
   TrainerState st;
   st.step = step_;
@@ -1043,6 +1064,7 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds, cons
   st.data_format = data_.stats.read.format;
   st.data_system_records = data_.stats.system_records;
   st.metrics_jsonl = metrics_history_;
+  st.eval_loss = eval_loss;
   const OptimizerTensors ot = capture_adamw_state(*opt_, model_->lora_parameters());
   std::string path;
   try {
@@ -1065,7 +1087,7 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds, cons
     sync_->start(path);
   }
   const auto removed = prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last, run_id_,
-                                         sync_ ? sync_->running() : std::set<std::string>{});
+                                         sync_ ? sync_->running() : std::set<std::string>{}, cfg_.checkpoint.keep_best);
   if (sync_) note_held_back();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t bytes = 0;
@@ -1292,8 +1314,29 @@ std::string Trainer::claim_output_dir() {
       if (owned) {
         run_id_ = owner.run_id;
         if (!ckpt.empty()) return ckpt;
-        QLORA_CHECK(owner.fingerprint == fingerprint_, describe(),
-                    " with other run-meaning settings or data, and no checkpoint of it to resume: ", fix);
+        // No checkpoint yet (killed before the first): the same run again only with the same
+        // settings and data, compared as a resume compares a checkpoint's (run_differences): a
+        // model or data file that only moved is the same run. run.json of an older version holds
+        // no config: its fingerprint alone decides.
+        if (owner.fingerprint != fingerprint_) {
+          const std::string refused =
+              describe() + " with other run-meaning settings or data, and no checkpoint of it to resume";
+          QLORA_CHECK(!owner.config_yaml.empty(), refused, ": ", fix);
+          RecordedRun rec;
+          rec.config_yaml = owner.config_yaml;
+          rec.data_sha256 = owner.data_sha256;
+          rec.model_files = owner.model_files;
+          rec.has_model_files = owner.has_model_files;
+          rec.where = (out / "run.json").string();
+          rec.what = "run.json";
+          rec.since = "the run started";
+          std::vector<std::string> moved;
+          const std::vector<std::string> diffs = run_differences(rec, &moved);
+          std::string list;
+          for (const std::string& d : diffs) list += (list.empty() ? "" : "; ") + d;
+          QLORA_CHECK(diffs.empty(), refused, " (", list, "): ", fix);
+          for (const std::string& m : moved) log::info("resume: ", m, "; the same run");
+        }
         log::info("resume: run ", run_id_, " has no complete checkpoint yet; starting it again from step 0");
         return "";
       }
@@ -1330,12 +1373,11 @@ std::string Trainer::resume_advice(const std::string& ckpt) const {
   return "to resume, run: " + how;
 }
 
-void Trainer::check_resume_settings(const std::string& ckpt) const {
-  const TrainerState saved = read_trainer_state(ckpt);
+std::vector<std::string> Trainer::run_differences(const RecordedRun& saved, std::vector<std::string>* moved) const {
   std::vector<std::string> diffs = config_differences(saved.config_yaml, to_yaml(cfg_));
   // data.train / data.eval differ as a whole in the flattened configs ("data.train: [a, b] ->
   // [a, c]"): said per file instead, and a file that only moved (a new VM, another mount point) is
-  // the same run: the path differs, the content hash recorded in the checkpoint equals the new file's.
+  // the same run: the path differs, the content hash recorded equals the new file's.
   for (const char* key : {"train", "eval"}) {
     const std::string dotted = std::string("data.") + key;
     const auto it = std::find_if(diffs.begin(), diffs.end(),
@@ -1343,41 +1385,65 @@ void Trainer::check_resume_settings(const std::string& ckpt) const {
     if (it == diffs.end()) continue;
     std::vector<data::DataSource> before;
     try {
-      before = data_sources_in(saved.config_yaml, key, ckpt + "/trainer_state.json config");
+      before = data_sources_in(saved.config_yaml, key, saved.where + " config");
     } catch (const Error&) {
       continue;  // not readable as today's schema: the plain difference stands
     }
-    std::vector<std::string> moved;
+    std::vector<std::string> data_moved;
     const std::vector<std::string> changes =
         data_source_changes(dotted, before, saved.data_sha256, std::string(key) == "train" ? cfg_.data.train : cfg_.data.eval,
-                            data_sha_, &moved);
+                            data_sha_, &data_moved);
     diffs.insert(diffs.erase(it), changes.begin(), changes.end());
-    for (const std::string& m : moved) log::info("resume: ", m, "; the same run");
+    moved->insert(moved->end(), data_moved.begin(), data_moved.end());
   }
   // model.path / model.tokenizer: a model that only moved (a new VM, another mount point) is the
-  // same run when the files a load reads have the digests the checkpoint recorded
-  // (model_file_digests); the same path holding other files is another run.
+  // same run when the files a load reads have the digests recorded (model_file_digests); the same
+  // path holding other files is another run.
   for (const std::string key : {"model.path", "model.tokenizer"}) {
     const auto it =
         std::find_if(diffs.begin(), diffs.end(), [&](const std::string& d) { return d.rfind(key + ": ", 0) == 0; });
-    if (saved.model_files.empty()) {  // an older version's checkpoint: the plain difference stands
-      if (it != diffs.end()) *it += " (the checkpoint records no digest of the model's files: written by an older version)";
+    if (!saved.has_model_files) {  // an older version's record: the plain difference stands
+      if (it != diffs.end())
+        *it += " (" + saved.what + " records no digest of the model's files: written by an older version)";
       continue;
     }
     const std::string list = digest_changes(saved.model_files, model_files_, key + "/");
     if (it != diffs.end()) {
       if (list.empty()) {
-        log::info("resume: ", key, " moved: ", it->substr(key.size() + 2),
-                  " (the same files: their sampled SHA-256 equal the checkpoint's); the same run");
+        moved->push_back(key + " moved: " + it->substr(key.size() + 2) +
+                         " (the same files: their sampled SHA-256 equal " + saved.what + "'s)");
         diffs.erase(it);
       } else {
         *it += " (another model: " + list + ")";
       }
     } else if (!list.empty()) {
       const std::string where = key == "model.path" ? cfg_.model.path : cfg_.model.tokenizer;
-      diffs.push_back("the files of " + key + " " + where + " changed since the checkpoint was written (" + list + ")");
+      diffs.push_back("the files of " + key + " " + where + " changed since " + saved.since + " (" + list + ")");
     }
   }
+  // The same data path with other content is a different run too.
+  for (const auto& [path, sha] : data_sha_) {
+    auto it = saved.data_sha256.find(path);
+    if (it != saved.data_sha256.end() && it->second != sha)
+      diffs.push_back("content of " + path + " changed since " + saved.since + " (sha256 " + it->second.substr(0, 12) +
+                      " -> " + sha.substr(0, 12) + ")");
+  }
+  return diffs;
+}
+
+void Trainer::check_resume_settings(const std::string& ckpt) const {
+  const TrainerState saved = read_trainer_state(ckpt);
+  RecordedRun rec;
+  rec.config_yaml = saved.config_yaml;
+  rec.data_sha256 = saved.data_sha256;
+  rec.model_files = saved.model_files;
+  rec.has_model_files = !saved.model_files.empty();
+  rec.where = ckpt + "/trainer_state.json";
+  rec.what = "the checkpoint";
+  rec.since = "the checkpoint was written";
+  std::vector<std::string> moved;
+  std::vector<std::string> diffs = run_differences(rec, &moved);
+  for (const std::string& m : moved) log::info("resume: ", m, "; the same run");
   // An older version drew the val_set_size hold-out from the examples left after the drops; this
   // one draws records before them. Where nothing was dropped or split the two are the same split.
   const data::DataStats& ds = data_.stats;
@@ -1386,13 +1452,6 @@ void Trainer::check_resume_settings(const std::string& ckpt) const {
     diffs.push_back("data.val_set_size: the checkpoint's version drew the hold-out from the examples left after " +
                     std::to_string(reshaped) + " records were dropped or split, this one draws records before that, "
                     "so the train and eval sets differ (finish the run with the version that wrote it)");
-  // The same data path with other content is a different run too.
-  for (const auto& [path, sha] : data_sha_) {
-    auto it = saved.data_sha256.find(path);
-    if (it != saved.data_sha256.end() && it->second != sha)
-      diffs.push_back("content of " + path + " changed since the checkpoint was written (sha256 " +
-                      it->second.substr(0, 12) + " -> " + sha.substr(0, 12) + ")");
-  }
   // Another world size changes the global batch. The sampler state is global (docs/distributed.md),
   // so with --force the data continues at the same global sample.
   const int64_t ws = dist_->world_size();

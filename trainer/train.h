@@ -216,13 +216,34 @@ class Trainer {
   /// unchanged) unless --force, which logs them as warnings instead. LoRA shapes are checked later,
   /// by resume_from.
   void check_resume_settings(const std::string& ckpt) const;
+  /// A run as recorded before this invocation: in a checkpoint's trainer_state.json, or in
+  /// output_dir/run.json (a run killed before its first checkpoint).
+  struct RecordedRun {
+    std::string config_yaml;                          ///< its resolved config (YAML text)
+    std::map<std::string, std::string> data_sha256;   ///< data file path → SHA-256 of its content
+    std::map<std::string, std::string> model_files;   ///< model_file_digests() of its model
+    bool has_model_files = false;                     ///< false: an older version's record, no digests
+    std::string where;  ///< the file that holds it, naming it in errors ("<ckpt>/trainer_state.json")
+    std::string what;   ///< the record in messages: "the checkpoint", "run.json"
+    std::string since;  ///< when it was recorded: "the checkpoint was written", "the run started"
+  };
+  /// Run-meaning differences between `saved` and this run, one line each (docs/checkpoints.md,
+  /// "Resume"): config_differences, with data.train / data.eval said per file
+  /// (data_source_changes), model.path / model.tokenizer compared by their files' digests
+  /// (model_file_digests), and a data file's content changed under the same path ("content of P
+  /// changed since <since> (sha256 a -> b)"). A data file or model that only moved (another path,
+  /// the recorded content) is the same run: said in `moved` ("model.path moved: A -> B (the same
+  /// files: their sampled SHA-256 equal <what>'s)"), not returned. Throws qlora::Error only when
+  /// `saved.config_yaml` is not YAML.
+  std::vector<std::string> run_differences(const RecordedRun& saved, std::vector<std::string>* moved) const;
   /// The message of the Interrupted thrown after the checkpoint `ckpt`: how to resume.
   std::string resume_advice(const std::string& ckpt) const;
   /// Writes checkpoint-<step_> under checkpoint_dir(), starts its checkpoint.sync_command, prunes
-  /// (never a checkpoint whose sync still runs).
+  /// (never a checkpoint whose sync still runs, nor with checkpoint.keep_best the best one).
   /// `train_seconds`: training wall time of all invocations so far (TrainerState::train_seconds);
+  /// `eval_loss`: this step's evaluation (NaN: none), recorded for checkpoint.keep_best;
   /// `rng`: every rank's generator states (gather_rng_states). Rank 0 only.
-  void save_checkpoint(const std::string& why, double train_seconds, const std::vector<RngState>& rng);
+  void save_checkpoint(const std::string& why, double train_seconds, double eval_loss, const std::vector<RngState>& rng);
   /// Every rank's random-number generator states (CPU, and CUDA on a GPU run), indexed by rank, on
   /// rank 0 ({} on the others): a collective, called by every rank when a checkpoint is written,
   /// so a resumed rank continues its own LoRA dropout stream. One process: its own states.

@@ -35,6 +35,7 @@ inline const std::map<std::string, BadConfigExpect>& bad_config_expectations() {
       {"empty.yaml", {0, "the config is empty"}},
       {"field_map_value_list.yaml", {6, "data.field_map.instruction: expected a name, got a list"}},
       {"integer_overflow.yaml", {6, "data.sequence_len: expected a positive integer"}},
+      {"keep_best_no_eval.yaml", {7, "checkpoint.keep_best: no eval data, so no checkpoint has an eval_loss"}},
       {"keep_last_zero.yaml", {7, "checkpoint.keep_last: expected an integer >= 1, got 0"}},
       {"leading_comma.yaml", {2, "YAML syntax error: did not find expected node content"}},
       {"lora_alpha_string.yaml", {8, "lora.alpha: expected a positive number, got \"32\" (a quoted string)"}},

@@ -286,6 +286,21 @@ TEST(Config, EveryErrorOfAConfigInOneRun) {
                 "t.yaml:7: training.eval_steps: no eval data: set data.eval or data.val_set_size > 0, or eval_steps: 0"}));
 }
 
+// checkpoint.keep_best ranks checkpoints by their eval_loss: without eval data none has one, so it
+// is a one-line error naming the key and where it was set; default false (today's pruning).
+TEST(Config, KeepBestNeedsEvalData) {
+  EXPECT_FALSE(parse(kMinimal).checkpoint.keep_best);
+  const std::string why = "checkpoint.keep_best: no eval data, so no checkpoint has an eval_loss: set data.eval or "
+                          "data.val_set_size > 0, or keep_best: false";
+  EXPECT_EQ(error_of("output_dir: runs/t\nmodel: {path: models/m}\ndata:\n  train: a.jsonl\ncheckpoint:\n"
+                     "  keep_last: 1\n  keep_best: true\n"),
+            "t.yaml:7: " + why);
+  EXPECT_EQ(error_of(kMinimal, {"checkpoint.keep_best=true"}), "--set checkpoint.keep_best=true: " + why);
+  EXPECT_TRUE(parse(kMinimal, {"checkpoint.keep_best=true", "data.val_set_size=0.1"}).checkpoint.keep_best);
+  EXPECT_TRUE(parse(kMinimal, {"checkpoint.keep_best=true", "data.eval=e.jsonl"}).checkpoint.keep_best);
+  EXPECT_NE(to_yaml(parse(kMinimal)).find("keep_best: false"), std::string::npos);
+}
+
 // What follows from an error is not reported as an error of its own: a missing or malformed
 // section's keys are not "missing"; a refused list item does not make the list "empty".
 TEST(Config, ErrorsDoNotCascade) {
@@ -390,11 +405,20 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
   const std::string metrics_file = "has no key here: nothing is sent to a tracker; every step's loss, lr, grad_norm, "
                                    "tokens and eval_loss are one JSON line in metrics.jsonl in output_dir "
                                    "(summary.json: the run's totals)";
-  const std::string no_best = "has no key here: there is no best-model choice or early stopping; eval_loss of each "
-                              "eval step is in metrics.jsonl, \"checkpoint.keep_last\" keeps the newest checkpoints: "
-                              "pick one (output_dir/checkpoints/checkpoint-N) and pass it to qlora eval / generate / "
-                              "merge --adapter, or resume it into a new output_dir with \"checkpoint.resume\": PATH "
-                              "and \"training.max_steps\": N to export its adapter";
+  const std::string no_best = "has no key here: there is no choice by another metric and no early stopping; eval_loss "
+                              "of each eval step is in metrics.jsonl, \"checkpoint.keep_best: true\" keeps the "
+                              "checkpoint with the lowest eval_loss (summary.json best_eval.checkpoint) and "
+                              "\"checkpoint.keep_last\" the newest: pass one (output_dir/checkpoints/checkpoint-N) to "
+                              "qlora eval / generate / merge --adapter, or resume it into a new output_dir with "
+                              "\"checkpoint.resume\": PATH and \"training.max_steps\": N to export its adapter";
+  // load_best_model_at_end: keep_best keeps the best checkpoint from pruning as HF's rotation does,
+  // but nothing loads it at the end; a checkpoint dir is an adapter for eval / generate / merge
+  // (EvalCli.*, Generate.AdapterOfARunOrCheckpoint*: `--adapter RUN/checkpoints/checkpoint-N`).
+  const std::string load_best = "is \"checkpoint.keep_best: true\" here without the load at the end: it keeps the "
+                                "checkpoint with the lowest eval_loss besides the newest \"checkpoint.keep_last\" "
+                                "(summary.json best_eval.checkpoint names it), and output_dir's adapter stays the last "
+                                "step's; that checkpoint directory is an adapter: qlora eval CONFIG --adapter DIR, "
+                                "qlora generate MODEL --adapter DIR, qlora merge --base MODEL --adapter DIR --out OUT";
   std::map<std::string, std::string> eval_keys = {
       {"test_datasets: [{path: held_out.jsonl, type: alpaca}]",
        "is \"data.eval\" here: a separate eval file, or a list of files as data.train takes (when set, "
@@ -413,9 +437,9 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
                         "wandb_name: n", "wandb_run_id: r", "wandb_watch: gradients", "wandb_log_model: end",
                         "wandb_mode: offline"})
     eval_keys[k] = metrics_file;
-  for (const char* k : {"metric_for_best_model: eval_loss", "load_best_model_at_end: true", "greater_is_better: false",
-                        "early_stopping_patience: 3"})
+  for (const char* k : {"metric_for_best_model: eval_loss", "greater_is_better: false", "early_stopping_patience: 3"})
     eval_keys[k] = no_best;
+  eval_keys["load_best_model_at_end: true"] = load_best;
   for (const auto& [line, hint] : eval_keys) {
     const std::string k = line.substr(0, line.find(':'));
     EXPECT_EQ(top(line), p + k + ": unknown key; Axolotl / Hugging Face's \"" + k + "\" " + hint + " (docs/config.md)");
@@ -445,7 +469,7 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
   // Every hint names keys that exist: the sentence's keys are in the schema.
   std::vector<std::string> keys;
   for (const ConfigKey& k : config_keys()) keys.push_back(k.key);
-  for (const char* k : {"checkpoint.keep_last", "training.eval_steps", "checkpoint.save_steps", "checkpoint.save_minutes",
+  for (const char* k : {"checkpoint.keep_last", "checkpoint.keep_best", "training.eval_steps", "checkpoint.save_steps", "checkpoint.save_minutes",
                         "data.template", "quantization.method", "training.learning_rate", "training.weight_decay",
                         "training.adam_beta1", "training.adam_beta2", "training.adam_epsilon", "training.max_grad_norm",
                         "training.seed", "data.seed", "model.dtype", "data.sample_packing", "data.sequence_len",

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sys/wait.h>
@@ -546,6 +547,25 @@ void as_older_version(const fs::path& ckpt, const std::string& key) {
   std::ofstream(ckpt / "manifest.json") << manifest.dump(2);
 }
 
+// Sets `key` of `ckpt`/trainer_state.json to `value`, the manifest's size and hash of it updated
+// (so the checkpoint still verifies).
+void set_state(const fs::path& ckpt, const std::string& key, const json& value) {
+  json st = json::parse(qlora::read_file((ckpt / "trainer_state.json").string()));
+  st[key] = value;
+  const std::string text = st.dump(2);
+  std::ofstream(ckpt / "trainer_state.json") << text;
+  json manifest = json::parse(qlora::read_file((ckpt / "manifest.json").string()));
+  manifest["files"]["trainer_state.json"] = {{"bytes", text.size()}, {"sha256", qlora::sha256_hex(text)}};
+  std::ofstream(ckpt / "manifest.json") << manifest.dump(2);
+}
+
+// The checkpoint-<N> folder names under `dir`, newest first.
+std::vector<std::string> names_of(const fs::path& dir) {
+  std::vector<std::string> n;
+  for (const std::string& c : qlora::list_checkpoints(dir.string())) n.push_back(fs::path(c).filename().string());
+  return n;
+}
+
 // A run with val_set_size whose records were partly dropped: an older version's checkpoint (no
 // val_set_split) drew its hold-out from the examples left after the drops, so resuming it here
 // would train other examples: refused naming data.val_set_size; this version's checkpoint resumes.
@@ -634,6 +654,193 @@ TEST_F(Resume, MovedModelWithTheSameFilesResumes) {
                 .find("model.path: " + (root / "model").string() + " -> " + moved.string() +
                       " (the checkpoint records no digest of the model's files: written by an older version)"),
             std::string::npos) << o.out;
+}
+
+// A run killed before its first checkpoint leaves run.json and no checkpoint (made here by deleting
+// checkpoints/ after a SIGTERM: the state a kill -9 during the first steps leaves). Its rerun is
+// the same run only with the same settings and data, compared as a resume compares a checkpoint's
+// (MovedModelWithTheSameFilesResumes): run.json records the resolved config, the data files'
+// content hashes and the model files' digests, so a model or data file that only moved is the
+// same run (before: refused, as the fingerprint hashes the paths); another model, or other content
+// under the same path, is refused naming it; an older version's run.json (no config) keeps the
+// fingerprint comparison.
+TEST_F(Resume, MovedModelOrDataBeforeTheFirstCheckpointIsTheSameRun) {
+  const fs::path out = root / "no_ckpt_run", model = root / "no_ckpt_model", other = root / "no_ckpt_other",
+                 data = root / "no_ckpt_data" / "data.json";
+  fs::copy(root / "model", model, fs::copy_options::recursive);
+  fs::create_directories(data.parent_path());
+  fs::copy_file(root / "data.json", data);
+  Out o = train(out, "", "QLORA_FAULT_SIGTERM_AT=1:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  fs::remove_all(out / "checkpoints");
+  const json rec = json::parse(qlora::read_file((out / "run.json").string()));
+  ASSERT_TRUE(rec.contains("config") && rec.contains("model_files")) << rec.dump();
+  EXPECT_TRUE(rec["model_files"].contains("model.path/model.safetensors")) << rec.dump();
+  const std::string run_id = rec["run_id"];
+
+  const std::string moved = "--set model.path=" + model.string() + " --set data.train=" + data.string();
+  o = train(out, moved, "QLORA_FAULT_SIGTERM_AT=2:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  EXPECT_NE(o.out.find("resume: model.path moved: " + (root / "model").string() + " -> " + model.string() +
+                       " (the same files: their sampled SHA-256 equal run.json's); the same run"),
+            std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("resume: data.train moved: " + (root / "data.json").string() + " -> " + data.string() +
+                       " (same content, sha256 "),
+            std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("resume: run " + run_id + " has no complete checkpoint yet; starting it again from step 0"),
+            std::string::npos) << o.out;
+  // run.json now records the paths the run continues under; the run and its start time stay.
+  const json rec2 = json::parse(qlora::read_file((out / "run.json").string()));
+  EXPECT_EQ(rec2["run_id"], run_id);
+  EXPECT_EQ(rec2["started_utc"], rec["started_utc"]);
+  EXPECT_NE(rec2["config"].get<std::string>().find(model.string()), std::string::npos) << rec2.dump();
+  EXPECT_EQ(rec2["model_files"], rec["model_files"]);
+  fs::remove_all(out / "checkpoints");
+
+  // Another model (same shapes and tokenizer, other weights) under another path: refused, named.
+  Out init = sh(::qlora::test::qlora_bin() + " init-model --preset tiny --out " + other.string() + " --tokenizer " +
+                (root / "model" / "tokenizer.model").string() + " --seed 11");
+  ASSERT_EQ(init.status, 0) << init.out;
+  o = train(out, "--set model.path=" + other.string() + " --set data.train=" + data.string());
+  EXPECT_EQ(o.status, 1) << o.out;
+  std::string err = qlora::test::line_with(o.out, "error:");
+  EXPECT_NE(err.find("already holds run " + run_id + " (0 checkpoints) with other run-meaning settings or data, and "
+                     "no checkpoint of it to resume (model.path: " + model.string() + " -> " + other.string() +
+                     " (another model: "),
+            std::string::npos) << o.out;
+  EXPECT_NE(err.find("model.safetensors differs"), std::string::npos) << err;
+  EXPECT_NE(err.find("): use another output_dir, or --overwrite-output-dir"), std::string::npos) << err;
+  // Other content under the run's own data path: refused, named.
+  json d = json::parse(qlora::read_file(data.string()));
+  d.erase(d.begin());
+  std::ofstream(data) << d.dump();
+  o = train(out, moved);
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(qlora::test::line_with(o.out, "error:")
+                .find("no checkpoint of it to resume (content of " + data.string() +
+                      " changed since the run started (sha256 "),
+            std::string::npos) << o.out;
+  fs::copy_file(root / "data.json", data, fs::copy_options::overwrite_existing);
+
+  // An older version's run.json (no config, no digests): the fingerprint alone, as before.
+  json old = rec2;
+  old.erase("config");
+  old.erase("model_files");
+  std::ofstream(out / "run.json") << old.dump(2);
+  o = train(out);  // model and data back at their first paths: another fingerprint
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(qlora::test::line_with(o.out, "error:")
+                .find("with other run-meaning settings or data, and no checkpoint of it to resume: use another "
+                      "output_dir"),
+            std::string::npos) << o.out;
+  o = train(out, moved);  // its own paths: the same fingerprint, the same run; run.json gets the digests
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_EQ(o.out.find("moved:"), std::string::npos) << o.out;
+  EXPECT_TRUE(json::parse(qlora::read_file((out / "run.json").string())).contains("model_files"));
+}
+
+// checkpoint.keep_best: pruning keeps the checkpoint with the lowest eval_loss besides the newest
+// keep_last, across a resume, and summary.json's best_eval.checkpoint names it (HF Trainer's
+// _sorted_checkpoints never rotates out best_model_checkpoint either). The eval set asks for
+// answers the training data never gives, so eval_loss falls while the template is learnt and then
+// rises: the best step is early. Without keep_best (today's default), keep_last 1 deletes it.
+TEST_F(Resume, KeepBestKeepsTheLowestEvalLossCheckpointAcrossAResume) {
+  const fs::path eval = root / "keep_best_eval.json", ref = root / "keep_best_ref", out = root / "keep_best";
+  json e = json::array();
+  for (int i = 0; i < 6; ++i)
+    e.push_back({{"instruction", "ticket " + std::to_string(i) + " printer jam in room " + std::to_string(i % 5)},
+                 {"output", "room ticket jam printer room ticket jam printer in"}});
+  std::ofstream(eval) << e.dump();
+  const std::string extra = "--set data.eval=" + eval.string() +
+                            " --set training.eval_steps=1 --set checkpoint.save_steps=1 --set checkpoint.keep_last=1"
+                            " --set training.max_steps=10 --set training.learning_rate=0.01";
+  Out o = train(ref, extra);
+  ASSERT_EQ(o.status, 0) << o.out;
+  // The best evaluation (the first of equals, as summary.json and HF's best_metric).
+  int64_t best_step = -1;
+  double best = 0;
+  std::map<int64_t, double> evals;
+  for (const std::string& line : metric_lines(ref)) {
+    const json j = json::parse(line);
+    evals[j["step"].get<int64_t>()] = j["eval_loss"].get<double>();
+    if (best_step < 0 || j["eval_loss"].get<double>() < best) best = j["eval_loss"], best_step = j["step"];
+  }
+  ASSERT_EQ(evals.size(), 10u);
+  ASSERT_LT(best_step, 6) << "the eval set no longer makes an early step the best: " << o.out;
+  const std::string best_name = "checkpoint-" + std::to_string(best_step);
+  EXPECT_EQ(names_of(ref / "checkpoints"), std::vector<std::string>{"checkpoint-10"}) << "keep_last 1 by age";
+  json s = json::parse(qlora::read_file((ref / "summary.json").string()));
+  EXPECT_EQ(s["best_eval"]["step"], best_step);
+  EXPECT_TRUE(s["best_eval"]["checkpoint"].is_null()) << s.dump(2);
+
+  // keep_best, stopped at step 6 and resumed: the best is kept besides the newest throughout.
+  o = train(out, extra + " --set checkpoint.keep_best=true", "QLORA_FAULT_SIGTERM_AT=6:0");
+  ASSERT_EQ(o.status, 75) << o.out;
+  EXPECT_EQ(names_of(out / "checkpoints"), (std::vector<std::string>{"checkpoint-6", best_name}));
+  const fs::path best_ck = out / "checkpoints" / best_name;
+  const json st = json::parse(qlora::read_file((best_ck / "trainer_state.json").string()));
+  EXPECT_EQ(st["eval_loss"].get<double>(), best) << "trainer_state.json records its step's eval_loss";
+  o = train(out, extra + " --set checkpoint.keep_best=true");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("resume: from " + (out / "checkpoints" / "checkpoint-6").string() + " at step 6 "),
+            std::string::npos) << o.out;
+  EXPECT_EQ(names_of(out / "checkpoints"), (std::vector<std::string>{"checkpoint-10", best_name}));
+  s = json::parse(qlora::read_file((out / "summary.json").string()));
+  EXPECT_EQ(s["best_eval"]["step"], best_step);
+  EXPECT_EQ(s["best_eval"]["checkpoint"], best_ck.string()) << s.dump(2);
+  EXPECT_NE(o.out.find("its checkpoint " + best_ck.string() + " works as --adapter for eval, generate and merge"),
+            std::string::npos) << o.out;
+  // The same training as without keep_best (checkpoint.* never changes a run).
+  EXPECT_EQ(qlora::sha256_file((out / "adapter_model.safetensors").string()),
+            qlora::sha256_file((ref / "adapter_model.safetensors").string()));
+
+  // Checkpoints only every 3 steps (3, 6, 9, 6 also the epoch's end, 10 the last): the best
+  // evaluation's step wrote none, so summary.json names no checkpoint, and keep_best keeps the best
+  // of those written (the log names it).
+  const fs::path sparse = root / "keep_best_sparse";
+  o = train(sparse, extra + " --set checkpoint.keep_best=true --set checkpoint.save_steps=3");
+  ASSERT_EQ(o.status, 0) << o.out;
+  int64_t best_saved = 3;
+  for (const int64_t step : {6, 9, 10})
+    if (evals[step] < evals[best_saved]) best_saved = step;
+  ASSERT_NE(best_saved, 10) << "the last checkpoint is the best written one: nothing to keep";
+  const fs::path saved_ck = sparse / "checkpoints" / ("checkpoint-" + std::to_string(best_saved));
+  EXPECT_EQ(names_of(sparse / "checkpoints"), (std::vector<std::string>{"checkpoint-10", saved_ck.filename().string()}));
+  s = json::parse(qlora::read_file((sparse / "summary.json").string()));
+  EXPECT_TRUE(s["best_eval"]["checkpoint"].is_null()) << s.dump(2);
+  EXPECT_NE(o.out.find("checkpoint.keep_best keeps the best of them: " + saved_ck.string() + ", eval_loss "),
+            std::string::npos) << o.out;
+
+  // prune_checkpoints on copies of one checkpoint whose eval_loss is set per step: the best counts
+  // among the newest keep_last when it is one of them, else it is kept besides them; the oldest of
+  // equals is the best; checkpoints without an eval_loss are never the best.
+  const std::string run_id = st["run_id"];
+  auto make = [&](const fs::path& dir, const std::vector<std::optional<double>>& losses) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    for (size_t i = 0; i < losses.size(); ++i) {
+      const fs::path c = dir / ("checkpoint-" + std::to_string(i + 1));
+      fs::copy(best_ck, c, fs::copy_options::recursive);
+      set_state(c, "eval_loss", losses[i] ? json(*losses[i]) : json(nullptr));
+    }
+  };
+  const fs::path pd = root / "keep_best_prune";
+  using L = std::vector<std::optional<double>>;
+  using V = std::vector<std::string>;
+  make(pd, L{3.0, 1.0, 2.0, 1.0, 4.0});
+  EXPECT_EQ(qlora::best_checkpoint(pd.string(), run_id), (pd / "checkpoint-2").string());
+  qlora::prune_checkpoints(pd.string(), 2, run_id, {}, /*keep_best=*/true);
+  EXPECT_EQ(names_of(pd), (V{"checkpoint-5", "checkpoint-4", "checkpoint-2"}));
+  make(pd, L{3.0, 1.0, 2.0, 0.5, 4.0});
+  qlora::prune_checkpoints(pd.string(), 2, run_id, {}, true);
+  EXPECT_EQ(names_of(pd), (V{"checkpoint-5", "checkpoint-4"})) << "the best is one of the newest 2";
+  make(pd, L{3.0, 1.0, std::nullopt, std::nullopt, std::nullopt});
+  qlora::prune_checkpoints(pd.string(), 1, run_id, {}, true);
+  EXPECT_EQ(names_of(pd), (V{"checkpoint-5", "checkpoint-2"}));
+  qlora::prune_checkpoints(pd.string(), 1, run_id, {}, false);
+  EXPECT_EQ(names_of(pd), (V{"checkpoint-5"}));
+  make(pd, L{std::nullopt, std::nullopt});
+  EXPECT_EQ(qlora::best_checkpoint(pd.string(), run_id), "");
 }
 
 // data.train as a list (Axolotl's `datasets:`): the tiny run's 24 records as an alpaca JSON file
