@@ -9,7 +9,8 @@ namespace qlora::log {
 
 enum class Level { debug, info, warn, error };
 
-/// Sets the threshold and the pattern "[HH:MM:SS] message" on stderr.
+/// Sets the threshold and the pattern "[HH:MM:SS] message" on stderr (a warning's message reads
+/// "warning: message": the pattern shows no level).
 void setup(Level level);
 /// Writes one line at `level` (spdlog's default logger, stderr).
 void write(Level level, const std::string& msg);

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/log.h"
+#include "common/safetensors.h"
 #include "trainer/batch_tensors.h"
 #include "trainer/loss.h"
 #include "trainer/memory.h"
@@ -291,7 +292,43 @@ std::string output_dir_state(const std::string& output_dir, const std::string& c
 }
 }  // namespace
 
+namespace {
+std::atomic<bool> g_announce_setup_stop{false};  // rank 0 says why it exits
+/// SIGTERM / SIGINT / SIGUSR1 during setup (model load, quantization, data: before the first step,
+/// with nothing of this invocation to save): exit 75 at once, as a stop during training does after
+/// its checkpoint, so a supervisor that reruns on 75 reruns (before: the default action, a silent
+/// exit 143). What setup writes (run.json, the lock) is written atomically or is harmless to leave.
+/// Only write(2) and _exit(2) here: both are async-signal-safe.
+extern "C" void on_setup_signal(int) {
+  static const char kSay[] =
+      "\nqlora: stop requested during setup (loading the model and data, before the first step): nothing to "
+      "save; exit 75: rerun the same command to start (or resume from the last checkpoint)\n";
+  if (g_announce_setup_stop.load()) {
+    [[maybe_unused]] const ssize_t n = ::write(2, kSay, sizeof kSay - 1);
+  }
+  ::_exit(75);
+}
+/// Installs on_setup_signal for SIGTERM, SIGINT and SIGUSR1 for its lifetime (Trainer::setup).
+struct SetupSignals {
+  struct sigaction old_[3];
+  static constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
+  explicit SetupSignals(bool announce) {
+    g_announce_setup_stop.store(announce);
+    struct sigaction sa {};
+    sa.sa_handler = on_setup_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~SetupSignals() {
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  SetupSignals(const SetupSignals&) = delete;
+  SetupSignals& operator=(const SetupSignals&) = delete;
+};
+}  // namespace
+
 void Trainer::setup() {
+  const SetupSignals setup_signals(run_.dist.rank == 0);
   setup_start_ = std::chrono::steady_clock::now();
   const TrainingConfig& t = cfg_.training;
   device_ = training_device(run_.dist);  // CPU, or CUDA (cuda:LOCAL_RANK in a launched job)
@@ -1464,6 +1501,35 @@ void Trainer::check_resume_settings(const std::string& ckpt) const {
   } else if (!diffs.empty()) {
     std::string list;
     for (const auto& d : diffs) list += (list.empty() ? "" : "; ") + d;
+    // lora.r and lora.target_modules make other adapter tensors (shapes, names): the checkpoint's
+    // weights and AdamW moments cannot continue them, so --force is not offered (it would fail
+    // after the model load, at the adapter's shapes).
+    const auto differs = [&](const std::string& key) {
+      return std::any_of(diffs.begin(), diffs.end(), [&](const std::string& d) { return d.rfind(key + ": ", 0) == 0; });
+    };
+    if (differs("lora.r") || differs("lora.target_modules")) {
+      std::string why = differs("lora.target_modules") ? "lora.target_modules changes which modules have adapters" : "";
+      if (differs("lora.r")) {  // one tensor's shapes as the checkpoint has it and as this run makes it
+        std::string example;
+        try {
+          const std::string file = (fs::path(ckpt) / "adapter_model.safetensors").string();
+          const st::SafetensorsFile f(file);
+          std::string name;
+          for (const st::TensorInfo& t : f.tensors())
+            if (t.name.find(".lora_A.") != std::string::npos && (name.empty() || t.name < name)) name = t.name;
+          if (!name.empty() && f.info(name).shape.size() == 2) {
+            const std::vector<int64_t>& s = f.info(name).shape;
+            example = ": " + file + ": '" + name + "' has shape [" + std::to_string(s[0]) + ", " + std::to_string(s[1]) +
+                      "], this run's is [" + std::to_string(cfg_.lora.r) + ", " + std::to_string(s[1]) + "]";
+          }
+        } catch (const Error&) {  // unreadable: the checkpoint's verification says so; the key alone here
+        }
+        why = "lora.r changes the adapter's tensor shapes" + example + (why.empty() ? "" : "; " + why);
+      }
+      fail("resume from ", ckpt, " refused: settings that change the run differ: ", list, " (", why,
+           "; no resume continues other adapter tensors, not even with --force: use --overwrite-output-dir to start "
+           "a new run, or another output_dir)");
+    }
     if (ws_changed)
       list += "; WORLD_SIZE: " + std::to_string(saved.world_size) + " -> " + std::to_string(ws) +
               " (ranks of the job that wrote it -> this one's)";
