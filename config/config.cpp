@@ -807,8 +807,9 @@ class Section {
                           kAll}},
         {"max_seq_len", {"data.sequence_len", kTorchtune}},
         {"clip_grad_norm", {" is \"training.max_grad_norm\" here (null: 0, no clipping)", kTorchtune}},
-        {"loss", {" has no key here: the loss is cross-entropy over the label tokens (prompt tokens count only "
-                  "with data.train_on_inputs), what torchtune's CE losses compute", kTorchtune}},
+        {"loss", {" has no key here: the loss is cross-entropy, the token-weighted mean over a step's label "
+                  "tokens (prompt tokens count only with data.train_on_inputs), as torchtune's CE losses",
+                  kTorchtune}},
         {"log_every_n_steps", {" is \"training.logging_steps\" here (a console line every N optimizer steps; "
                                "metrics.jsonl has every step)", kTorchtune}},
         {"metric_logger", {kMetricsFile, kTorchtune}},
@@ -1034,7 +1035,8 @@ void read_target_modules(const Section& s, const char* key, LoraConfig& l) {
     const std::string& name = names[i];
     if (contains(known, name)) continue;
     if (auto it = kTorchtuneModules.find(name); it != kTorchtuneModules.end()) {
-      s.item_error(key, i, "unknown module \"" + name + "\"; torchtune's \"" + name + "\" is \"" + it->second + "\" here");
+      s.item_error(key, i,
+                   "unknown module \"" + name + "\"; torchtune's \"" + name + "\" is \"" + it->second + "\" here");
       continue;
     }
     const std::string near = closest(name, known);

@@ -209,8 +209,8 @@ TEST(Config, ErrorsNameFileLineAndKey) {
             "t.yaml:5: learning_rate: unknown key; did you mean \"training.learning_rate\" (it belongs under training:)?");
   // Axolotl / PEFT names get ours, top level or inside a section
   EXPECT_EQ(error_of(std::string(kMinimal) + "lora_alpha: 32\n"),
-            "t.yaml:5: lora_alpha: unknown key; Axolotl / Hugging Face / torchtune's \"lora_alpha\" is \"lora.alpha\" here "
-            "(docs/config.md)");
+            "t.yaml:5: lora_alpha: unknown key; Axolotl / Hugging Face / torchtune's \"lora_alpha\" is "
+            "\"lora.alpha\" here (docs/config.md)");
   EXPECT_EQ(error_of(kMinimal, {"model.base_model=x"}),
             "--set model.base_model=x: model.base_model: unknown key; Axolotl / Hugging Face's \"base_model\" is "
             "\"model.path\" here (docs/config.md)");
@@ -344,14 +344,16 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
                 "qlora is method: nf4, adapter: lora is method: none) (docs/config.md)");
   for (const char* k : {"optimizer", "optim"})
     EXPECT_EQ(top(std::string(k) + ": paged_adamw_8bit"),
-              p + k + ": unknown key; " + (k == std::string("optim") ? "Axolotl / Hugging Face" : "Axolotl / Hugging Face / torchtune") +
-                  "'s \"" + k + "\" has no key here: qlora-cpp trains with AdamW only, tuned by training.learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, "
-              "max_grad_norm (docs/config.md)");
+              p + k + ": unknown key; " +
+                  (k == std::string("optim") ? "Axolotl / Hugging Face" : "Axolotl / Hugging Face / torchtune") +
+                  "'s \"" + k + "\" has no key here: qlora-cpp trains with AdamW only, tuned by "
+                  "training.learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm "
+                  "(docs/config.md)");
   // A top-level seed: both seeds, and what each drives (config/config.h, data/options.h).
   EXPECT_EQ(top("seed: 7"),
-            p + "seed: unknown key; Axolotl / Hugging Face / torchtune's \"seed\" is two keys here: \"training.seed\" (LoRA "
-                "initialisation and dropout) and \"data.seed\" (the epoch shuffle and the val_set_size hold-out) "
-                "(docs/config.md)");
+            p + "seed: unknown key; Axolotl / Hugging Face / torchtune's \"seed\" is two keys here: "
+                "\"training.seed\" (LoRA initialisation and dropout) and \"data.seed\" (the epoch shuffle and the "
+                "val_set_size hold-out) (docs/config.md)");
   EXPECT_EQ(top("torch_dtype: bfloat16"),
             p + "torch_dtype: unknown key; Axolotl / Hugging Face's \"torch_dtype\" is \"model.dtype\" here "
                 "(docs/config.md)");
@@ -494,8 +496,8 @@ TEST(Config, TorchtuneNamesGetOurs) {
       {"num_warmup_steps: 100", "is \"training.warmup_steps\" here"},
       {"clip_grad_norm: 1.0", "is \"training.max_grad_norm\" here (null: 0, no clipping)"},
       {"loss: {_component_: torchtune.modules.loss.CEWithChunkedOutputLoss}",
-       "has no key here: the loss is cross-entropy over the label tokens (prompt tokens count only with "
-       "data.train_on_inputs), what torchtune's CE losses compute"},
+       "has no key here: the loss is cross-entropy, the token-weighted mean over a step's label tokens (prompt "
+       "tokens count only with data.train_on_inputs), as torchtune's CE losses"},
       {"log_every_n_steps: 1", "is \"training.logging_steps\" here (a console line every N optimizer steps; "
                                "metrics.jsonl has every step)"},
       {"metric_logger: {log_dir: logs}", "has no key here: nothing is sent to a tracker; every step's loss, lr, "
@@ -542,8 +544,8 @@ TEST(Config, TorchtuneNamesGetOurs) {
                 "here (docs/config.md)");
   // checkpoint.resume written as a boolean: the value that does the same.
   EXPECT_EQ(error_of(std::string(kMinimal) + "checkpoint: {resume: false}\n"),
-            "t.yaml:5: checkpoint.resume: expected auto, never or a checkpoint path, got false; did you mean \"never\"? "
-            "(a boolean resume_from_checkpoint: true is auto, false is never)");
+            "t.yaml:5: checkpoint.resume: expected auto, never or a checkpoint path, got false; did you mean "
+            "\"never\"? (a boolean resume_from_checkpoint: true is auto, false is never)");
   EXPECT_EQ(error_of(kMinimal, {"checkpoint.resume=True"}),
             "--set checkpoint.resume=True: checkpoint.resume: expected auto, never or a checkpoint path, got True; did "
             "you mean \"auto\"? (a boolean resume_from_checkpoint: true is auto, false is never)");
@@ -552,7 +554,8 @@ TEST(Config, TorchtuneNamesGetOurs) {
   EXPECT_EQ(parse(kMinimal, {"checkpoint.resume=never"}).checkpoint.resume, ResumeMode::kNever);
   // torchtune's module names in target_modules (its lora_attn_modules; FeedForward w1, w2, w3).
   EXPECT_EQ(error_of(std::string(kMinimal) + "lora: {target_modules: [q_proj, v_proj, output_proj, w1, w2, w3]}\n"),
-            "t.yaml:5: lora.target_modules[2]: unknown module \"output_proj\"; torchtune's \"output_proj\" is \"o_proj\" here\n"
+            "t.yaml:5: lora.target_modules[2]: unknown module \"output_proj\"; torchtune's \"output_proj\" is "
+            "\"o_proj\" here\n"
             "t.yaml:5: lora.target_modules[3]: unknown module \"w1\"; torchtune's \"w1\" is \"gate_proj\" here\n"
             "t.yaml:5: lora.target_modules[4]: unknown module \"w2\"; torchtune's \"w2\" is \"down_proj\" here\n"
             "t.yaml:5: lora.target_modules[5]: unknown module \"w3\"; torchtune's \"w3\" is \"up_proj\" here");
