@@ -41,7 +41,7 @@ TEST(Cli, PositionalOverrideSaysSet) {
   CliRun r = run("train base.yaml training.max_steps=5");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_EQ(r.out, "error: use --set training.max_steps=5 (overrides are --set section.key=value)\n");
-  r = run("train base.yaml training.max_steps=5 --set lora.r=8 lora.alpha=16");
+  r = run("train base.yaml training.max_steps=5 lora.alpha=16 --set lora.r=8");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_EQ(r.out, "error: use --set training.max_steps=5 (overrides are --set section.key=value)\n"
                    "error: use --set lora.alpha=16 (overrides are --set section.key=value)\n");
