@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
 #include <csignal>
 #include <iostream>
 
@@ -31,6 +33,38 @@ CLI::Validator dtype_names() {
         return std::string();
       },
       "DTYPE");
+}
+
+/// After a CLI11 ExtrasError: "use --set ARG (...)" for each unexpected argument of the form
+/// section.key=value (torchtune's `tune run ... key=value` override style), where the command run
+/// takes --set; empty when there is none, or when another unexpected argument is not of that form
+/// (CLI11's own message is then the one said).
+std::vector<std::string> override_hints(const CLI::App& app) {
+  const CLI::App* cmd = &app;  // the innermost subcommand given (data preview: data, then preview)
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (const CLI::App* sub : cmd->get_subcommands())
+      if (sub->parsed()) {
+        cmd = sub;
+        deeper = true;
+        break;
+      }
+  }
+  if (!cmd->get_option_no_throw("--set")) return {};
+  std::vector<std::string> hints;
+  for (const std::string& arg : app.remaining(true)) {
+    const size_t eq = arg.find('=');
+    const std::string key = arg.substr(0, eq);
+    const bool override_like =
+        eq != std::string::npos && !key.empty() && key.find('.') != std::string::npos &&
+        (std::isalpha(static_cast<unsigned char>(key[0])) || key[0] == '_') &&
+        std::all_of(key.begin(), key.end(), [](char ch) {
+          return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.';
+        });
+    if (!override_like) return {};
+    hints.push_back("use --set " + arg + " (overrides are --set section.key=value)");
+  }
+  return hints;
 }
 
 int run(int argc, char** argv) {
@@ -251,6 +285,14 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // An override written torchtune's way (`tune run ... key=value`): say it is --set here.
+    if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
+      const std::vector<std::string> hints = override_hints(app);
+      if (!hints.empty()) {
+        for (const std::string& h : hints) std::cerr << "error: " << h << "\n";
+        return qlora::kExitUsage;
+      }
+    }
     // --help / --version: 0; a usage error (unknown option, missing or malformed argument): CLI11's
     // message and exit 2, the usual code for a command-line usage error (README).
     return app.exit(e) == 0 ? 0 : qlora::kExitUsage;

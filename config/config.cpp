@@ -666,9 +666,20 @@ class Section {
     return nullptr;
   }
 
+  /// Another tool's key and what does the same here: `ours` in quotes is the key (or key: value)
+  /// that does it; one starting with a space is said as it is. `who`: whose name it is (nullptr:
+  /// the table's own, Axolotl / Hugging Face for keys, Axolotl for data-file entry keys).
+  struct PeerName {
+    PeerName(std::string o, const char* w = nullptr) : ours(std::move(o)), who(w) {}  // NOLINT: a table row
+    PeerName(const char* o, const char* w = nullptr) : ours(o), who(w) {}             // NOLINT: a table row
+    std::string ours;
+    const char* who;
+  };
+
   std::string unknown_key_message(const std::string& name) const {
-    // Axolotl / PEFT / transformers names a user brings along, with ours: a value in quotes is the
-    // key (or key: value) that does the same here; one starting with a space is said as it is.
+    // Axolotl / PEFT / transformers and torchtune names a user brings along, with ours.
+    static const char* const kTorchtune = "torchtune";
+    static const char* const kAll = "Axolotl / Hugging Face / torchtune";
     static const std::string kAdamKeys =
         "training.learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm";
     static const std::string kSeeds =
@@ -694,11 +705,11 @@ class Section {
       "lowest eval_loss besides the newest \"checkpoint.keep_last\" (summary.json best_eval.checkpoint names it), "
       "and output_dir's adapter stays the last step's; that checkpoint directory is an adapter: qlora eval CONFIG "
       "--adapter DIR, qlora generate MODEL --adapter DIR, qlora merge --base MODEL --adapter DIR --out OUT";
-  static const std::map<std::string, std::string> kPeerNames = {
+  static const std::map<std::string, PeerName> kPeerNames = {
         {"base_model", "model.path"},
         {"lora_r", "lora.r"},
-        {"lora_alpha", "lora.alpha"},
-        {"lora_dropout", "lora.dropout"},
+        {"lora_alpha", {"lora.alpha", kAll}},
+        {"lora_dropout", {"lora.dropout", kAll}},
         {"lora_target_modules", "lora.target_modules"},
         {"lora_target_linear", "lora.target_modules: all-linear"},
         {"load_in_4bit", "quantization.method: nf4"},
@@ -714,14 +725,15 @@ class Section {
         {"per_device_train_batch_size", "training.micro_batch_size"},
         {"num_train_epochs", "training.num_epochs"},
         {"lr_scheduler_type", "training.lr_scheduler"},
-        {"optimizer", " has no key here: qlora-cpp trains with AdamW only, tuned by " + kAdamKeys},
+        {"optimizer", {" has no key here: qlora-cpp trains with AdamW only, tuned by " + kAdamKeys, kAll}},
         {"optim", " has no key here: qlora-cpp trains with AdamW only, tuned by " + kAdamKeys},
-        {"seed", kSeeds},
+        {"seed", {kSeeds, kAll}},
         {"evaluation_strategy", " is \"training.eval_steps\" here (we count optimizer steps; 0: at the end of each epoch)"},
         {"eval_strategy", " is \"training.eval_steps\" here (we count optimizer steps; 0: at the end of each epoch)"},
         {"save_strategy", " is \"checkpoint.save_steps\" here (we count optimizer steps; checkpoint.save_minutes saves by wall time)"},
         {"save_total_limit", "checkpoint.keep_last"},
-        {"resume_from_checkpoint", "checkpoint.resume"},
+        {"resume_from_checkpoint", {" is \"checkpoint.resume\" here: true is auto (the newest checkpoint of "
+                                    "output_dir), false is never, or a checkpoint path", kAll}},
         {"bf16", "model.dtype: bf16"},
         {"torch_dtype", "model.dtype"},
         {"evals_per_epoch", " has no key here: set \"training.eval_steps\" to S / evals_per_epoch, S being an "
@@ -771,10 +783,57 @@ class Section {
         {"load_best_model_at_end", kLoadBest},
         {"greater_is_better", kNoBestModel},
         {"early_stopping_patience", kNoBestModel},
+        // torchtune's recipe config (recipes/configs/*/*_lora_single_device.yaml, read by
+        // lora_finetune_single_device.py; issue: a torchtune user's trial).
+        {"_component_", {" has no key here: nothing is built from a class name: the architecture comes from "
+                         "\"model.path\"'s config.json (or \"model.preset\"), data from local files "
+                         "(\"data.train\"); the optimizer is AdamW, the loss cross-entropy", kTorchtune}},
+        {"lora_rank", {"lora.r", kTorchtune}},
+        {"lora_attn_modules", {" is \"lora.target_modules\" here: q_proj, k_proj, v_proj as named, output_proj "
+                               "is o_proj", kTorchtune}},
+        {"apply_lora_to_mlp", {" is \"lora.target_modules\" here: true is gate_proj, up_proj, down_proj in its "
+                               "list (torchtune's w1, w3, w2); all-linear is all seven", kTorchtune}},
+        {"apply_lora_to_output", {" has no key here: LoRA on the output projection (lm_head) is not supported; "
+                                  "\"lora.target_modules\" lists the decoder layers' projections", kTorchtune}},
+        {"tokenizer", {" is \"model.tokenizer\" here for its path (unset: the tokenizer in model.path), and its "
+                       "max_seq_len is \"data.sequence_len\"", kTorchtune}},
+        {"checkpointer", {" is \"model.path\" here for its checkpoint_dir (the model directory: config.json, "
+                          "*.safetensors, found there without checkpoint_files), and its output_dir is the top-level "
+                          "\"output_dir\"", kTorchtune}},
+        {"dataset", {" is the \"data\" section here: \"data.train\" is a local file (.json, .jsonl or .txt), "
+                     "its format \"data.format\"; column_map is \"data.field_map\", packed is "
+                     "\"data.sample_packing\"", kTorchtune}},
+        {"packed", {" is \"data.sample_packing\" here (rows filled up to data.sequence_len, attention kept "
+                    "within each example)", kTorchtune}},
+        {"batch_size", {" is \"training.micro_batch_size\" here (rows a forward pass, as torchtune's per-device "
+                        "batch; gradient_accumulation_steps is ours too)", kTorchtune}},
+        {"epochs", {"training.num_epochs", kTorchtune}},
+        {"max_steps_per_epoch", {" has no key here: \"training.max_steps\" caps the whole run's optimizer steps, "
+                                 "not each epoch's", kTorchtune}},
+        {"lr", {"training.learning_rate", kTorchtune}},
+        {"num_warmup_steps", {"training.warmup_steps", kTorchtune}},
+        {"lr_scheduler", {" is \"training.lr_scheduler\" here (cosine, linear, ...; torchtune's "
+                          "get_cosine_schedule_with_warmup is cosine, its num_warmup_steps \"training.warmup_steps\")",
+                          kAll}},
+        {"max_seq_len", {"data.sequence_len", kTorchtune}},
+        {"clip_grad_norm", {" is \"training.max_grad_norm\" here (null: 0, no clipping)", kTorchtune}},
+        {"loss", {" has no key here: the loss is cross-entropy, the token-weighted mean over a step's label "
+                  "tokens (prompt tokens count only with data.train_on_inputs), as torchtune's CE losses",
+                  kTorchtune}},
+        {"log_every_n_steps", {" is \"training.logging_steps\" here (a console line every N optimizer steps; "
+                               "metrics.jsonl has every step)", kTorchtune}},
+        {"metric_logger", {kMetricsFile, kTorchtune}},
+        {"enable_activation_checkpointing", {" is \"training.gradient_checkpointing\" here (default true)",
+                                             kTorchtune}},
+        {"enable_activation_offloading", {" has no key here: activations stay on the GPU; "
+                                          "\"training.gradient_checkpointing\" (default true) saves their memory",
+                                          kTorchtune}},
+        {"compile", {" has no key here: there is no torch.compile in LibTorch; the model runs eagerly",
+                     kTorchtune}},
     };
     // Axolotl's `datasets:` entry keys (in an entry of data.train / data.eval, or written flat
     // into the data section), and the data section's keys, which apply to every file.
-    static const std::map<std::string, std::string> kEntryNames = {
+    static const std::map<std::string, PeerName> kEntryNames = {
         {"type", "\"format\" here (alpaca|sharegpt|messages|completion; Axolotl's chat_template type is messages)"},
         {"ds_type", "\"format\" here; the file type comes from the extension (.json, .jsonl, .txt)"},
         {"data_files", "\"path\" here (one local file an entry; list several entries for several files)"},
@@ -787,11 +846,14 @@ class Section {
         {"message_property_mappings",
          "\"field_map\" here, the same way round: {role: YOUR_ROLE_FIELD, content: YOUR_CONTENT_FIELD} for "
          "format: messages ({from: ..., value: ...} for sharegpt); the role names themselves go in \"role_map\""},
+        {"column_map", {"\"field_map\" here, the same way round: {instruction: YOUR_COLUMN, output: YOUR_COLUMN} "
+                        "(our field: the column in your file)", kTorchtune}},
     };
     const bool entry = !path_.empty() && path_.back() == ']';  // an entry of data.train / data.eval
     if (entry || (path_ == "data" && name != "data_files"))  // the section's file key is "train"
       if (auto it = kEntryNames.find(name); it != kEntryNames.end())
-        return "unknown key; Axolotl's \"" + name + "\" is " + it->second + " (docs/config.md)";
+        return "unknown key; " + std::string(it->second.who ? it->second.who : "Axolotl") + "'s \"" + name +
+               "\" is " + it->second.ours + " (docs/config.md)";
     if (entry) {
       const std::string near = closest(name, keys_);
       if (!near.empty()) return "unknown key; did you mean \"" + near + "\"?";
@@ -801,8 +863,9 @@ class Section {
       return "unknown key (expected one of: " + join(keys_, ", ") + ")";
     }
     if (auto it = kPeerNames.find(name); it != kPeerNames.end()) {
-      const std::string& ours = it->second;
-      return "unknown key; Axolotl / Hugging Face's \"" + name + "\"" +
+      const std::string& ours = it->second.ours;
+      return "unknown key; " + std::string(it->second.who ? it->second.who : "Axolotl / Hugging Face") + "'s \"" +
+             name + "\"" +
              (ours[0] == ' ' ? ours : " is \"" + ours + "\" here") + " (docs/config.md)";
     }
     const std::string near = closest(name, keys_);
@@ -975,9 +1038,17 @@ void read_target_modules(const Section& s, const char* key, LoraConfig& l) {
     return;
   }
   const std::vector<std::string>& known = llama_linear_names();
+  // torchtune's module names (lora_attn_modules; its FeedForward's w1, w2, w3) for ours.
+  static const std::map<std::string, std::string> kTorchtuneModules = {
+      {"output_proj", "o_proj"}, {"w1", "gate_proj"}, {"w2", "down_proj"}, {"w3", "up_proj"}};
   for (size_t i = 0; i < names.size(); ++i) {  // every unknown name is reported
     const std::string& name = names[i];
     if (contains(known, name)) continue;
+    if (auto it = kTorchtuneModules.find(name); it != kTorchtuneModules.end()) {
+      s.item_error(key, i,
+                   "unknown module \"" + name + "\"; torchtune's \"" + name + "\" is \"" + it->second + "\" here");
+      continue;
+    }
     const std::string near = closest(name, known);
     s.item_error(key, i,
                  "unknown module \"" + one_line(name) + "\"" +
@@ -996,7 +1067,12 @@ void read_resume(const Section& s, const char* key, CheckpointConfig& c) {
   if (!r) return;
   if (r->is_scalar() && is_plain(*r) &&
       (is_true_word(r->value) || is_false_word(r->value) || is_yaml11_bool_word(r->value))) {
-    s.error(key, "expected auto, never or a checkpoint path, got " + describe(*r));
+    // torchtune's resume_from_checkpoint and HF's take a boolean: say which of ours it is.
+    std::string l;
+    for (char ch : r->value) l += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const bool yes = l == "true" || l == "yes" || l == "on" || l == "y";
+    s.error(key, "expected auto, never or a checkpoint path, got " + describe(*r) + "; did you mean \"" +
+                     (yes ? "auto" : "never") + "\"? (a boolean resume_from_checkpoint: true is auto, false is never)");
     return;
   }
   std::string v;

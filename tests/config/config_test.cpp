@@ -209,7 +209,8 @@ TEST(Config, ErrorsNameFileLineAndKey) {
             "t.yaml:5: learning_rate: unknown key; did you mean \"training.learning_rate\" (it belongs under training:)?");
   // Axolotl / PEFT names get ours, top level or inside a section
   EXPECT_EQ(error_of(std::string(kMinimal) + "lora_alpha: 32\n"),
-            "t.yaml:5: lora_alpha: unknown key; Axolotl / Hugging Face's \"lora_alpha\" is \"lora.alpha\" here (docs/config.md)");
+            "t.yaml:5: lora_alpha: unknown key; Axolotl / Hugging Face / torchtune's \"lora_alpha\" is "
+            "\"lora.alpha\" here (docs/config.md)");
   EXPECT_EQ(error_of(kMinimal, {"model.base_model=x"}),
             "--set model.base_model=x: model.base_model: unknown key; Axolotl / Hugging Face's \"base_model\" is "
             "\"model.path\" here (docs/config.md)");
@@ -358,14 +359,16 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
                 "qlora is method: nf4, adapter: lora is method: none) (docs/config.md)");
   for (const char* k : {"optimizer", "optim"})
     EXPECT_EQ(top(std::string(k) + ": paged_adamw_8bit"),
-              p + k + ": unknown key; Axolotl / Hugging Face's \"" + k + "\" has no key here: qlora-cpp trains with "
-              "AdamW only, tuned by training.learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, "
-              "max_grad_norm (docs/config.md)");
+              p + k + ": unknown key; " +
+                  (k == std::string("optim") ? "Axolotl / Hugging Face" : "Axolotl / Hugging Face / torchtune") +
+                  "'s \"" + k + "\" has no key here: qlora-cpp trains with AdamW only, tuned by "
+                  "training.learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm "
+                  "(docs/config.md)");
   // A top-level seed: both seeds, and what each drives (config/config.h, data/options.h).
   EXPECT_EQ(top("seed: 7"),
-            p + "seed: unknown key; Axolotl / Hugging Face's \"seed\" is two keys here: \"training.seed\" (LoRA "
-                "initialisation and dropout) and \"data.seed\" (the epoch shuffle and the val_set_size hold-out) "
-                "(docs/config.md)");
+            p + "seed: unknown key; Axolotl / Hugging Face / torchtune's \"seed\" is two keys here: "
+                "\"training.seed\" (LoRA initialisation and dropout) and \"data.seed\" (the epoch shuffle and the "
+                "val_set_size hold-out) (docs/config.md)");
   EXPECT_EQ(top("torch_dtype: bfloat16"),
             p + "torch_dtype: unknown key; Axolotl / Hugging Face's \"torch_dtype\" is \"model.dtype\" here "
                 "(docs/config.md)");
@@ -479,6 +482,121 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
   EXPECT_EQ(parse(kMinimal, {"data.template=auto"}).data.template_name, "auto");
   EXPECT_EQ(parse(kMinimal, {"quantization.method=none"}).quantization.quant_type, std::nullopt);
+}
+
+// torchtune's recipe config names (issue: a torchtune user's trial of a llama3_2/1B_lora_single_device
+// config got no hint, or a wrong one: checkpointer -> "checkpoint", loss -> "lora"): each answered
+// with the key(s) that do the same here, where they sit in torchtune's config (top level, or in
+// its model / tokenizer / checkpointer / dataset / lr_scheduler sections).
+TEST(Config, TorchtuneNamesGetOurs) {
+  auto top = [](const std::string& line) { return error_of(std::string(kMinimal) + line + "\n"); };
+  const std::string p = "t.yaml:5: ";
+  const std::map<std::string, std::string> hints = {
+      {"lora_rank: 64", "is \"lora.r\" here"},
+      {"lora_attn_modules: [q_proj, v_proj, output_proj]",
+       "is \"lora.target_modules\" here: q_proj, k_proj, v_proj as named, output_proj is o_proj"},
+      {"apply_lora_to_mlp: true", "is \"lora.target_modules\" here: true is gate_proj, up_proj, down_proj in its "
+                                  "list (torchtune's w1, w3, w2); all-linear is all seven"},
+      {"apply_lora_to_output: false", "has no key here: LoRA on the output projection (lm_head) is not supported; "
+                                      "\"lora.target_modules\" lists the decoder layers' projections"},
+      {"tokenizer: {path: /tmp/m/original/tokenizer.model, max_seq_len: null}",
+       "is \"model.tokenizer\" here for its path (unset: the tokenizer in model.path), and its max_seq_len is "
+       "\"data.sequence_len\""},
+      {"max_seq_len: 2048", "is \"data.sequence_len\" here"},
+      {"checkpointer: {checkpoint_dir: /tmp/m, output_dir: o}",
+       "is \"model.path\" here for its checkpoint_dir (the model directory: config.json, *.safetensors, found "
+       "there without checkpoint_files), and its output_dir is the top-level \"output_dir\""},
+      {"dataset: {packed: false}", "is the \"data\" section here: \"data.train\" is a local file (.json, .jsonl or "
+                                   ".txt), its format \"data.format\"; column_map is \"data.field_map\", packed is "
+                                   "\"data.sample_packing\""},
+      {"packed: true", "is \"data.sample_packing\" here (rows filled up to data.sequence_len, attention kept within "
+                       "each example)"},
+      {"batch_size: 4", "is \"training.micro_batch_size\" here (rows a forward pass, as torchtune's per-device batch; "
+                        "gradient_accumulation_steps is ours too)"},
+      {"epochs: 1", "is \"training.num_epochs\" here"},
+      {"max_steps_per_epoch: 100", "has no key here: \"training.max_steps\" caps the whole run's optimizer steps, not "
+                                   "each epoch's"},
+      {"lr: 3e-4", "is \"training.learning_rate\" here"},
+      {"num_warmup_steps: 100", "is \"training.warmup_steps\" here"},
+      {"clip_grad_norm: 1.0", "is \"training.max_grad_norm\" here (null: 0, no clipping)"},
+      {"loss: {_component_: torchtune.modules.loss.CEWithChunkedOutputLoss}",
+       "has no key here: the loss is cross-entropy, the token-weighted mean over a step's label tokens (prompt "
+       "tokens count only with data.train_on_inputs), as torchtune's CE losses"},
+      {"log_every_n_steps: 1", "is \"training.logging_steps\" here (a console line every N optimizer steps; "
+                               "metrics.jsonl has every step)"},
+      {"metric_logger: {log_dir: logs}", "has no key here: nothing is sent to a tracker; every step's loss, lr, "
+                                         "grad_norm, tokens and eval_loss are one JSON line in metrics.jsonl in "
+                                         "output_dir (summary.json: the run's totals)"},
+      {"enable_activation_checkpointing: false", "is \"training.gradient_checkpointing\" here (default true)"},
+      {"enable_activation_offloading: false", "has no key here: activations stay on the GPU; "
+                                              "\"training.gradient_checkpointing\" (default true) saves their memory"},
+      {"compile: false", "has no key here: there is no torch.compile in LibTorch; the model runs eagerly"},
+  };
+  for (const auto& [line, hint] : hints) {
+    const std::string k = line.substr(0, line.find(':'));
+    EXPECT_EQ(top(line), p + k + ": unknown key; torchtune's \"" + k + "\" " + hint + " (docs/config.md)");
+  }
+  // Where torchtune's config has them: in the model section (a torchtune model section as written).
+  const std::string model =
+      "output_dir: o\ndata: {train: t}\nmodel:\n  path: m\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n"
+      "  lora_rank: 64\n";
+  EXPECT_EQ(error_of(model),
+            "t.yaml:5: model._component_: unknown key; torchtune's \"_component_\" has no key here: nothing is built "
+            "from a class name: the architecture comes from \"model.path\"'s config.json (or \"model.preset\"), data "
+            "from local files (\"data.train\"); the optimizer is AdamW, the loss cross-entropy (docs/config.md)\n"
+            "t.yaml:6: model.lora_rank: unknown key; torchtune's \"lora_rank\" is \"lora.r\" here (docs/config.md)");
+  // column_map: in the data section or a data.train entry, as Axolotl's entry keys.
+  const std::string column_map = "unknown key; torchtune's \"column_map\" is \"field_map\" here, the same way round: "
+                                 "{instruction: YOUR_COLUMN, output: YOUR_COLUMN} (our field: the column in your file) "
+                                 "(docs/config.md)";
+  EXPECT_EQ(error_of("output_dir: o\nmodel: {path: m}\ndata:\n  train: a.jsonl\n  column_map: {output: answer}\n"),
+            "t.yaml:5: data.column_map: " + column_map);
+  EXPECT_EQ(error_of("output_dir: o\nmodel: {path: m}\ndata:\n  train:\n    - path: a.jsonl\n"
+                     "      column_map: {output: answer}\n"),
+            "t.yaml:6: data.train[0].column_map: " + column_map);
+  // Keys torchtune shares with Axolotl / HF: one hint, which names all three.
+  EXPECT_EQ(top("resume_from_checkpoint: false"),
+            p + "resume_from_checkpoint: unknown key; Axolotl / Hugging Face / torchtune's \"resume_from_checkpoint\" "
+                "is \"checkpoint.resume\" here: true is auto (the newest checkpoint of output_dir), false is never, or "
+                "a checkpoint path (docs/config.md)");
+  EXPECT_EQ(top("lr_scheduler: {num_warmup_steps: 100}"),
+            p + "lr_scheduler: unknown key; Axolotl / Hugging Face / torchtune's \"lr_scheduler\" is "
+                "\"training.lr_scheduler\" here (cosine, linear, ...; torchtune's get_cosine_schedule_with_warmup is "
+                "cosine, its num_warmup_steps \"training.warmup_steps\") (docs/config.md)");
+  EXPECT_EQ(top("lora_dropout: 0.0"),
+            p + "lora_dropout: unknown key; Axolotl / Hugging Face / torchtune's \"lora_dropout\" is \"lora.dropout\" "
+                "here (docs/config.md)");
+  // checkpoint.resume written as a boolean: the value that does the same.
+  EXPECT_EQ(error_of(std::string(kMinimal) + "checkpoint: {resume: false}\n"),
+            "t.yaml:5: checkpoint.resume: expected auto, never or a checkpoint path, got false; did you mean "
+            "\"never\"? (a boolean resume_from_checkpoint: true is auto, false is never)");
+  EXPECT_EQ(error_of(kMinimal, {"checkpoint.resume=True"}),
+            "--set checkpoint.resume=True: checkpoint.resume: expected auto, never or a checkpoint path, got True; did "
+            "you mean \"auto\"? (a boolean resume_from_checkpoint: true is auto, false is never)");
+  EXPECT_NE(error_of(kMinimal, {"checkpoint.resume=no"}).find("did you mean \"never\"?"), std::string::npos);
+  // ... and what it says works.
+  EXPECT_EQ(parse(kMinimal, {"checkpoint.resume=never"}).checkpoint.resume, ResumeMode::kNever);
+  // torchtune's module names in target_modules (its lora_attn_modules; FeedForward w1, w2, w3).
+  EXPECT_EQ(error_of(std::string(kMinimal) + "lora: {target_modules: [q_proj, v_proj, output_proj, w1, w2, w3]}\n"),
+            "t.yaml:5: lora.target_modules[2]: unknown module \"output_proj\"; torchtune's \"output_proj\" is "
+            "\"o_proj\" here\n"
+            "t.yaml:5: lora.target_modules[3]: unknown module \"w1\"; torchtune's \"w1\" is \"gate_proj\" here\n"
+            "t.yaml:5: lora.target_modules[4]: unknown module \"w2\"; torchtune's \"w2\" is \"down_proj\" here\n"
+            "t.yaml:5: lora.target_modules[5]: unknown module \"w3\"; torchtune's \"w3\" is \"up_proj\" here");
+  // Every hint names keys that exist.
+  std::vector<std::string> keys;
+  for (const ConfigKey& k : config_keys()) keys.push_back(k.key);
+  for (const char* k : {"lora.r", "lora.target_modules", "model.tokenizer", "data.sequence_len", "model.path",
+                        "output_dir", "data.train", "data.format", "data.field_map", "data.sample_packing",
+                        "training.micro_batch_size", "training.gradient_accumulation_steps", "training.num_epochs",
+                        "training.max_steps", "training.learning_rate", "training.warmup_steps",
+                        "training.max_grad_norm", "data.train_on_inputs", "training.logging_steps",
+                        "training.gradient_checkpointing", "checkpoint.resume", "lora.dropout",
+                        "training.lr_scheduler"})
+    EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
+  EXPECT_EQ(parse(kMinimal, {"lora.target_modules=[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"})
+                .lora.target_modules.size(),
+            7u);
 }
 
 // model.dtype takes Hugging Face's torch_dtype spellings too, through the one dtype parser

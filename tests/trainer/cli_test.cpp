@@ -34,6 +34,30 @@ void expect_clean_error(const CliRun& r, const std::string& fragment) {
   EXPECT_EQ(r.out.find("Exception raised from"), std::string::npos) << r.out;
 }
 
+// torchtune's override style (`tune run ... --config C key=value`): a positional section.key=value
+// is a usage error (exit 2) that names --set, one line each (issue: a torchtune user's trial got
+// only CLI11's "The following argument was not expected"). Parsing fails before any file is read.
+TEST(Cli, PositionalOverrideSaysSet) {
+  CliRun r = run("train base.yaml training.max_steps=5");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out, "error: use --set training.max_steps=5 (overrides are --set section.key=value)\n");
+  r = run("train base.yaml training.max_steps=5 lora.alpha=16 --set lora.r=8");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out, "error: use --set training.max_steps=5 (overrides are --set section.key=value)\n"
+                   "error: use --set lora.alpha=16 (overrides are --set section.key=value)\n");
+  r = run("data preview base.yaml data.sequence_len=64");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out, "error: use --set data.sequence_len=64 (overrides are --set section.key=value)\n");
+  // Another unexpected argument, or a command without --set: CLI11's message, no --set named.
+  for (const char* args : {"train base.yaml extra", "train base.yaml training.max_steps=5 extra",
+                           "generate m --prompt x training.max_steps=5"}) {
+    r = run(args);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find("not expected"), std::string::npos) << args << ": " << r.out;
+    EXPECT_EQ(r.out.find("--set"), std::string::npos) << args << ": " << r.out;
+  }
+}
+
 TEST(Cli, InitInspectGenerateOnTinyPreset) {
   fs::path d = temp_dir("tiny");
   fs::path corpus = d / "corpus.txt";
