@@ -234,8 +234,13 @@ struct BenchOptions {
 /// finishes (flushed; the SVG is rewritten too), so a killed sweep keeps the points it finished;
 /// each finished point is also logged. Points run micro-batch-major (all of the first batch size
 /// first). With max_time_s, a point starts only when the previous point's time scaled by tokens
-/// says it ends inside the budget; points not started are listed. Nothing is downloaded.
-/// Returns the printed text.
+/// says it ends inside the budget (the first point: one step as predicted below); points not
+/// started are listed. Before making the weights it measures the device (about a second:
+/// matmul FLOP/s, the weight-making and dequantization rates) and logs how long one step of the
+/// largest point and the whole bench will take (training_step_seconds, random_weights_seconds);
+/// without max_time_s a bench predicted over 600 s is refused (qlora::Error naming --max-time-s).
+/// The env variable QLORA_BENCH_TEST_MATMUL_GFLOPS replaces the measured matmul speed (tests).
+/// Nothing is downloaded. Returns the printed text.
 std::string cmd_bench(const BenchOptions& o);
 
 }  // namespace qlora

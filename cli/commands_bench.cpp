@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -16,6 +17,7 @@
 #include "common/format.h"
 #include "common/log.h"
 #include "data/batch.h"
+#include "kernels/quant_tensor.h"
 #include "cli/commands.h"
 #include "cli/svg_chart.h"
 #include "trainer/estimate.h"
@@ -25,6 +27,9 @@
 
 namespace qlora {
 namespace {
+
+/// A bench predicted to take longer than this without --max-time-s is refused (seconds).
+constexpr double kUnboundedBenchLimitS = 600;
 
 struct BenchPoint {
   int64_t seq_len = 0, micro_batch_size = 0;
@@ -150,12 +155,79 @@ BenchPoint run_point(LlamaModel& model, const BenchOptions& o, int64_t seq, int6
   return p;
 }
 
+/// Seconds one call of `f` takes: one untimed warm-up call, then calls until `budget_s` has passed
+/// (at least one, at most 50), averaged; CUDA work is synchronised before each clock read.
+double seconds_per_call(const std::function<void()>& f, bool cuda, double budget_s) {
+  auto sync = [&] {
+    if (cuda) torch::cuda::synchronize();
+  };
+  f();
+  sync();
+  const auto t0 = std::chrono::steady_clock::now();
+  int calls = 0;
+  double s = 0;
+  do {
+    f();
+    sync();
+    ++calls;
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (s < budget_s && calls < 50);
+  return s / calls;
+}
+
+/// The environment variable that replaces the measured matmul throughput (GFLOP/s), for tests of
+/// the refusal logic without a slow bench (docs/memory.md, "How long a bench takes").
+constexpr const char* kTestMatmulGflopsEnv = "QLORA_BENCH_TEST_MATMUL_GFLOPS";
+
+/// What `dev` does per second, measured in about a second before anything slow (DeviceRates):
+/// a [min(tokens, 256 CPU / 4096 CUDA), H] × [H, min(I, 4096 CPU / 16384 CUDA)] matmul in `dtype`;
+/// drawing a 4M-element random tensor as LlamaModel::random_init does (CPU generator, or the
+/// device's when `draw_on_device`) and converting it to `dtype` (plain) or also quantizing it to
+/// NF4 bs64 double quant; and dequantizing that to `dtype`.
+DeviceRates measure_rates(const ModelConfig& cfg, const torch::Device& dev, torch::Dtype dtype, int64_t tokens,
+                          bool draw_on_device) {
+  const bool cuda = dev.is_cuda();
+  DeviceRates r;
+  const int64_t m = std::min<int64_t>(tokens, cuda ? 4096 : 256), k = cfg.hidden_size,
+                n = std::min<int64_t>(cfg.intermediate_size, cuda ? 16384 : 4096);
+  const auto opts = torch::TensorOptions().dtype(dtype).device(dev);
+  const torch::Tensor a = torch::randn({m, k}, opts), b = torch::randn({k, n}, opts);
+  r.matmul_flops = 2.0 * static_cast<double>(m * k * n) / seconds_per_call([&] { (void)torch::mm(a, b); }, cuda, 0.3);
+  if (const char* g = std::getenv(kTestMatmulGflopsEnv); g && *g) r.matmul_flops = std::stod(g) * 1e9;
+
+  const bool on_device = draw_on_device && cuda;
+  at::Generator gen = on_device ? at::globalContext().defaultGenerator(dev).clone()
+                                : at::make_generator<at::CPUGeneratorImpl>(uint64_t{0});
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(on_device ? dev : torch::Device(torch::kCPU));
+  const int64_t sample = int64_t{4} << 20;
+  const double plain_s =
+      seconds_per_call([&] { (void)at::normal(0.0, 0.02, {sample}, gen, f32).to(dev, dtype); }, cuda, 0.1);
+  QuantizedWeight qw;
+  const double quant_s = seconds_per_call(
+      [&] { qw = quantize(at::normal(0.0, 0.02, {sample}, gen, f32).to(dev, dtype), kernels::Quant4Type::NF4, 64, true); },
+      cuda, 0.1);
+  const double deq_s = seconds_per_call([&] { (void)qw.dequantize(dtype); }, cuda, 0.1);
+  r.plain_init_elements = static_cast<double>(sample) / plain_s;
+  r.quantized_init_elements = static_cast<double>(sample) / quant_s;
+  r.dequant_elements = static_cast<double>(sample) / deq_s;
+  return r;
+}
+
+/// Seconds as "940 s" below 10 minutes, else "1.3 h" / "25 min".
+std::string duration_text(double s);
+
 /// `x` with `digits` decimals ("107.6"), or as the stream prints it by default when digits < 0 ("30").
 std::string format_number(double x, int digits = -1) {
   std::ostringstream os;
   if (digits >= 0) os << std::fixed << std::setprecision(digits);
   os << x;
   return os.str();
+}
+
+std::string duration_text(double s) {
+  if (s < 600) return format_number(s, s < 10 ? 1 : 0) + " s";
+  if (s < 7200) return format_number(s / 60, 0) + " min";
+  return format_number(s / 3600, 1) + " h";
 }
 
 std::string pct(double x) {
@@ -220,7 +292,43 @@ std::string cmd_bench(const BenchOptions& o) {
   q.double_quant = true;
   const bool cuda = dev.is_cuda();
   const std::string what = o.preset.empty() ? o.model_dir : o.preset;
-  // The CSV is opened before anything slow, and every row is appended as its point finishes.
+  reset_peak_memory(dev);  // initialises CUDA first (memory.h)
+  // How long this bench will take, from what this device does per second (about a second to
+  // measure): the weights, and every step of every point. Without --max-time-s a bench predicted
+  // over kUnboundedBenchLimitS is refused before anything slow.
+  int64_t max_tokens = 0;
+  for (const auto& [t, mb] : grid) max_tokens = std::max(max_tokens, t * mb);
+  const DeviceRates rates = measure_rates(cfg, dev, dtype, max_tokens, /*draw_on_device=*/cuda);
+  const std::string here = cuda ? "this GPU (" + device_name(dev) + ")" : std::string("this CPU");
+  const double weights_est = random_weights_seconds(cfg, /*quantized=*/true, rates);
+  auto step_est = [&](int64_t t, int64_t mb) {
+    return training_step_seconds(cfg, point_options(o, t, mb, dev, dtype), rates);
+  };
+  double bench_est = weights_est, largest_step = 0;
+  std::pair<int64_t, int64_t> largest{grid[0]};
+  for (const auto& [t, mb] : grid) {
+    const double s = step_est(t, mb);
+    bench_est += static_cast<double>(o.steps) * s;
+    if (s >= largest_step) {
+      largest_step = s;
+      largest = {t, mb};
+    }
+  }
+  const std::string tokens_text = (largest.second > 1 ? std::to_string(largest.second) + " × " : std::string()) +
+                                  std::to_string(largest.first) + " tokens";
+  log::info("bench: one step of ", what, " at ", tokens_text, ": about ", duration_text(largest_step), " on ", here,
+            " (measured ", format_number(rates.matmul_flops / 1e9, 1), " GFLOP/s", !cuda ? " in fp32" : "",
+            "; the FLOPs at that speed plus the 4-bit dequantizations)");
+  log::info("bench: the whole bench: about ", duration_text(bench_est), " (random weights about ",
+            duration_text(weights_est), " + ", grid.size() * static_cast<size_t>(o.steps),
+            grid.size() * static_cast<size_t>(o.steps) == 1 ? " step)" : " steps)");
+  if (o.max_time_s <= 0 && bench_est > kUnboundedBenchLimitS)
+    fail("bench: ", what, " would take about ", duration_text(bench_est), " on ", here, " (weights about ",
+         duration_text(weights_est), ", one step at ", tokens_text, " about ", duration_text(largest_step),
+         "), over the ", format_number(kUnboundedBenchLimitS), " s a bench runs without a limit; pass --max-time-s S "
+         "to run it anyway (the whole command stops by S s), or use a smaller --preset or --seq-len");
+  // The CSV is opened before anything slow (after the refusal above, which leaves no file), and
+  // every row is appended as its point finishes.
   std::ofstream csv;
   if (o.sweep) {
     csv.open(o.out_prefix + ".csv", std::ios::trunc);
@@ -229,19 +337,31 @@ std::string cmd_bench(const BenchOptions& o) {
            "estimated_bytes,relative_error,cost_per_million_tokens,estimated_allocated_bytes,start_unix_s,end_unix_s\n";
     csv.flush();
   }
-  reset_peak_memory(dev);  // initialises CUDA first (memory.h)
   const int64_t rss_base = memory_snapshot(dev).value("rss_bytes", int64_t{0});
   torch::manual_seed(o.seed);
   const auto t0 = std::chrono::steady_clock::now();
-  // On CUDA the random weights are drawn on the device (one CPU thread needs ~70-110 s for 7B).
+  // On CUDA the random weights are drawn on the device (one CPU thread needs ~70-200 s for 7-8B).
   log::info("bench: making random NF4 weights for ", what, " (", cfg.num_parameters(), " parameters) on ", dev.str(),
             o.max_time_s > 0 ? ", within --max-time-s " + format_number(o.max_time_s) + " s" : std::string(),
-            "; the time it needs is said after the first layer's worth");
+            "; expect about ", duration_text(weights_est), " (from a 4M-element sample: ",
+            format_number(rates.quantized_init_elements / 1e6, 1), " M elements/s drawn and quantized, ",
+            format_number(rates.plain_init_elements / 1e6, 1), " M/s drawn only); rechecked after the first layer");
   bool told = false;
+  // The first tensor is the embedding, drawn but not quantized (faster per element than the
+  // layers); the layers' own rate, from the calls after it, predicts the rest.
+  double first_s = -1;
+  int64_t first_done = 0;
   auto progress = [&](int64_t done, int64_t total) {
     const double made_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const bool known = done * cfg.num_hidden_layers >= total || done == total;  // about one layer made
-    const double expect = made_s * static_cast<double>(total) / static_cast<double>(done);
+    if (first_s < 0) {
+      first_s = made_s;
+      first_done = done;
+    }
+    const int64_t layer_done = done - first_done;
+    const bool known = layer_done * cfg.num_hidden_layers >= total || done == total;  // about one layer made
+    const double per_element = layer_done > 0 ? (made_s - first_s) / static_cast<double>(layer_done)
+                                              : made_s / static_cast<double>(done);
+    const double expect = made_s + per_element * static_cast<double>(total - done);
     const double pct_done = 100.0 * static_cast<double>(done) / static_cast<double>(total);
     if (known && !told && expect > 5 && done < total) {
       told = true;
@@ -285,7 +405,10 @@ std::string cmd_bench(const BenchOptions& o) {
   auto out_of_time = [&] { return o.max_time_s > 0 && since_start() > o.max_time_s; };
   for (const auto& [t, mb] : grid) {
     const double elapsed = since_start();
-    const double predicted = last_tokens > 0 ? last_wall * static_cast<double>(t * mb) / static_cast<double>(last_tokens) : 0;
+    // From the last point's time per token; before any point ran, one step as measure_rates predicts
+    // it (a running point stops after the step in which the budget ends).
+    const double predicted =
+        last_tokens > 0 ? last_wall * static_cast<double>(t * mb) / static_cast<double>(last_tokens) : step_est(t, mb);
     if (o.max_time_s > 0 && elapsed + predicted > o.max_time_s) {
       not_started.push_back(std::to_string(t) + "x" + std::to_string(mb));
       continue;

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "cli/commands.h"
 #include "model/import_gguf.h"
+#include "model/model_config.h"
 #include "model/options.h"
 #include "trainer/launch.h"
 #include "trainer/train.h"
@@ -69,6 +70,8 @@ std::vector<std::string> override_hints(const CLI::App& app) {
 
 int run(int argc, char** argv) {
   CLI::App app{"qlora: LoRA / QLoRA fine-tuning of Llama-family models"};
+  std::string presets;  // "tiny|small|...": every preset, from the one list (model/model_config.h)
+  for (const std::string& n : qlora::preset_names()) presets += (presets.empty() ? "" : "|") + n;
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "debug logging");
@@ -161,7 +164,7 @@ int run(int argc, char** argv) {
 
   qlora::InitModelOptions init;
   auto* init_model = app.add_subcommand("init-model", "write a random-init HF model directory");
-  init_model->add_option("--preset", init.preset, "tiny|small|llama2-7b|...")->required();
+  init_model->add_option("--preset", init.preset, presets)->required();
   init_model->add_option("--out", init.out_dir, "output directory (must not exist or be empty)")->required();
   auto* tok_opt = init_model->add_option("--tokenizer", init.tokenizer, "tokenizer.model to copy");
   init_model->add_option("--train-tokenizer", init.train_tokenizer, "train a tokenizer on this text corpus")
@@ -219,8 +222,7 @@ int run(int argc, char** argv) {
   qlora::EstimateCliOptions est;
   auto* estimate = app.add_subcommand("estimate", "memory per component, cards that fit, cost (docs/memory.md)");
   auto* est_src = estimate->add_option_group("source", "model shape");
-  est_src->add_option("--preset", est.preset, "tiny|small|llama2-7b|llama2-13b|mistral-7b|llama3-8b|qwen2.5-7b|"
-                      "qwen3-8b|codellama-34b|llama2-70b (with --config: the shape when model.path is not there yet)");
+  est_src->add_option("--preset", est.preset, presets + " (with --config: the shape when model.path is not there yet)");
   est_src->add_option("--model", est.model_dir, "Hugging Face model directory (reads config.json only)");
   est_src->add_option("--config", est.config_path, "training config (YAML): its values, overridden by the options "
                       "given here");
@@ -257,7 +259,7 @@ int run(int argc, char** argv) {
   qlora::BenchOptions bench;
   auto* bench_cmd = app.add_subcommand("bench", "synthetic-shape QLoRA training: tokens/s, MFU, peak memory");
   auto* bench_src = bench_cmd->add_option_group("source", "model shape");
-  bench_src->add_option("--preset", bench.preset, "tiny|small|llama2-7b|...");
+  bench_src->add_option("--preset", bench.preset, presets);
   bench_src->add_option("--model", bench.model_dir, "model directory (only config.json is read)");
   bench_src->require_option(1);
   bench_cmd->add_option("--seq-len", bench.seq_len, "tokens per row")->capture_default_str();

@@ -39,18 +39,51 @@ const char* to_string(EstimateOptions::Method m) {
 }
 
 const std::vector<GpuCard>& common_gpu_cards() {
-  // nvidia-smi memory.total (MiB) of the smallest common card of each class: T4 15360 (V100-16
-  // 16160, A4000 16376), A10G 23028 (RTX 4090 24564, L4 23034), A100-40 40960, L40S 46068 (A6000
-  // 49140), H100 81559 (A100-80 81920), H200 143771.
-  static const std::vector<GpuCard> cards = {
-      {"16 GB (T4 / V100-16 / A4000)", 15360LL << 20},
-      {"24 GB (RTX 4090 / A10G / L4)", 23028LL << 20},
-      {"40 GB (A100-40)", 40960LL << 20},
-      {"48 GB (A6000 / L40S)", 46068LL << 20},
-      {"80 GB (A100-80 / H100)", 81559LL << 20},
-      {"141 GB (H200)", 143771LL << 20},
-  };
+  // nvidia-smi memory.total (MiB) of each model: T4 15360, V100-16 16160, A4000 16376; A10G 23028,
+  // L4 23034, RTX 4090 24564; A100-40 40960; L40S 46068, A6000 49140; H100 81559, A100-80 81920;
+  // H200 143771. A class's capacity is its smallest model's.
+  static const std::vector<GpuCard> cards = [] {
+    const std::vector<std::pair<std::string, std::vector<GpuModel>>> classes = {
+        {"16 GB (T4 / V100-16 / A4000)", {{"T4", 15360LL << 20}, {"V100-16", 16160LL << 20}, {"A4000", 16376LL << 20}}},
+        {"24 GB (RTX 4090 / A10G / L4)", {{"A10G", 23028LL << 20}, {"L4", 23034LL << 20}, {"RTX 4090", 24564LL << 20}}},
+        {"40 GB (A100-40)", {{"A100-40", 40960LL << 20}}},
+        {"48 GB (A6000 / L40S)", {{"L40S", 46068LL << 20}, {"A6000", 49140LL << 20}}},
+        {"80 GB (A100-80 / H100)", {{"H100", 81559LL << 20}, {"A100-80", 81920LL << 20}}},
+        {"141 GB (H200)", {{"H200", 143771LL << 20}}},
+    };
+    std::vector<GpuCard> out;
+    for (const auto& [name, models] : classes) out.push_back({name, models.front().capacity_bytes, models});
+    return out;
+  }();
   return cards;
+}
+
+namespace {
+/// "23,028 MiB": bytes in whole MiB with thousands separators.
+std::string mib_text(int64_t bytes) {
+  std::string d = std::to_string(bytes >> 20);
+  for (int i = static_cast<int>(d.size()) - 3; i > 0; i -= 3) d.insert(static_cast<size_t>(i), ",");
+  return d + " MiB";
+}
+}  // namespace
+
+std::string card_verdict(const GpuCard& card, int64_t total_bytes) {
+  std::vector<GpuModel> no, yes;
+  for (const GpuModel& m : card.models) (total_bytes <= m.capacity_bytes ? yes : no).push_back(m);
+  if (no.empty() || yes.empty()) {
+    const int64_t headroom = card.capacity_bytes - total_bytes;
+    return headroom >= 0 ? "yes, " + human_bytes(static_cast<double>(headroom)) + " spare"
+                         : "no, " + human_bytes(static_cast<double>(-headroom)) + " short";
+  }
+  auto names = [](const std::vector<GpuModel>& ms) {
+    std::string s;
+    for (const GpuModel& m : ms) s += (s.empty() ? "" : " / ") + m.name + " (" + mib_text(m.capacity_bytes) + ")";
+    return s;
+  };
+  // Models ascend, so no.front() is the shortest of the too-small ones and yes.front() the tightest fit.
+  return "no on " + names(no) + ": " + human_bytes(static_cast<double>(total_bytes - no.front().capacity_bytes)) +
+         " short on the " + no.front().name + "; yes on " + names(yes) + ": " +
+         human_bytes(static_cast<double>(yes.front().capacity_bytes - total_bytes)) + " spare";
 }
 
 int64_t MemoryEstimate::component(const std::string& name) const {
@@ -411,11 +444,19 @@ json estimate_to_json(const MemoryEstimate& e) {
     per_layer.push_back({{"name", c.name}, {"bytes", c.bytes}, {"formula", c.note}});
   json fits = json::array();
   if (o.cuda)
-    for (const GpuCard& g : common_gpu_cards())
-    fits.push_back({{"card", g.name},
-                    {"capacity_bytes", g.capacity_bytes},
-                    {"headroom_bytes", g.capacity_bytes - e.total_bytes},
-                    {"fits", e.total_bytes <= g.capacity_bytes}});
+    for (const GpuCard& g : common_gpu_cards()) {
+      json models = json::array();
+      for (const GpuModel& m : g.models)
+        models.push_back({{"model", m.name},
+                          {"capacity_bytes", m.capacity_bytes},
+                          {"headroom_bytes", m.capacity_bytes - e.total_bytes},
+                          {"fits", e.total_bytes <= m.capacity_bytes}});
+      fits.push_back({{"card", g.name},
+                      {"capacity_bytes", g.capacity_bytes},
+                      {"headroom_bytes", g.capacity_bytes - e.total_bytes},
+                      {"fits", e.total_bytes <= g.capacity_bytes},
+                      {"models", models}});
+    }
   json j = {{"model",
            {{"architecture", e.model.architecture}, {"hidden_size", e.model.hidden_size},
             {"intermediate_size", e.model.intermediate_size}, {"num_hidden_layers", e.model.num_hidden_layers},
@@ -469,14 +510,12 @@ std::string format_estimate(const MemoryEstimate& e) {
        << " without checkpointing, " << human_bytes(static_cast<double>(e.activation_bytes_per_layer_checkpointed))
        << " with\n";
   if (!o.cuda) os << "\nfits on: " << kCpuFitsNote << "\n";
-  else os << "\nfits on (capacity: nvidia-smi memory.total of the class's smallest card):\n";
-  for (const GpuCard& g : o.cuda ? common_gpu_cards() : std::vector<GpuCard>{}) {
-    const int64_t headroom = g.capacity_bytes - e.total_bytes;
-    const std::string verdict = headroom >= 0 ? "yes, " + human_bytes(static_cast<double>(headroom)) + " spare"
-                                              : "no, " + human_bytes(static_cast<double>(-headroom)) + " short";
+  else
+    os << "\nfits on (capacity: nvidia-smi memory.total of the class's smallest card; where the class's cards "
+          "disagree, each is named with its own):\n";
+  for (const GpuCard& g : o.cuda ? common_gpu_cards() : std::vector<GpuCard>{})
     os << "  " << std::left << std::setw(36) << g.name << std::setw(12)
-       << human_bytes(static_cast<double>(g.capacity_bytes)) << verdict << "\n";
-  }
+       << human_bytes(static_cast<double>(g.capacity_bytes)) << card_verdict(g, e.total_bytes) << "\n";
   os << "\nrules of thumb (for comparison):\n";
   for (const json& r : rule_of_thumb(e))
     os << "  " << std::left << std::setw(46) << r["rule"].get<std::string>()
@@ -516,6 +555,29 @@ TrainingFlops training_flops_per_token(const ModelConfig& cfg, const EstimateOpt
   if (o.gradient_checkpointing)
     f.hardware_flops += 2.0 * static_cast<double>(base) + 2.0 * static_cast<double>(f.lora_params) + attn_fwd;
   return f;
+}
+
+double training_step_seconds(const ModelConfig& cfg, const EstimateOptions& o, const DeviceRates& r) {
+  QLORA_CHECK(r.matmul_flops > 0, "bench: no matmul throughput to predict a step from (got ", r.matmul_flops, " FLOP/s)");
+  const double tokens = static_cast<double>(o.micro_batch_size * o.seq_len);
+  double s = training_flops_per_token(cfg, o).hardware_flops * tokens / r.matmul_flops;
+  if (o.bits == 4 && r.dequant_elements > 0) {
+    int64_t n = 0;
+    for (const LinearShape& l : layer_linears(cfg)) n += cfg.num_hidden_layers * l.in * l.out;
+    const double passes = o.gradient_checkpointing ? 3 : 2;  // forward, backward (+ the recompute)
+    s += passes * static_cast<double>(n) / r.dequant_elements;
+  }
+  return s;
+}
+
+double random_weights_seconds(const ModelConfig& cfg, bool quantized, const DeviceRates& r) {
+  int64_t linear = 0;
+  for (const LinearShape& l : layer_linears(cfg)) linear += cfg.num_hidden_layers * l.in * l.out;
+  const int64_t q = quantized ? linear : 0, plain = cfg.num_parameters() - q;
+  QLORA_CHECK(r.plain_init_elements > 0 && (q == 0 || r.quantized_init_elements > 0),
+              "bench: no weight-making rate to predict from");
+  return static_cast<double>(plain) / r.plain_init_elements +
+         (q > 0 ? static_cast<double>(q) / r.quantized_init_elements : 0.0);
 }
 
 double peak_flops_for_device_name(const std::string& name) {

@@ -85,14 +85,26 @@ struct MemoryComponent {
   std::string note;  ///< formula, in words
 };
 
-/// A class of memory card, by its smallest common model.
+/// One card model and its nvidia-smi memory.total, bytes ("RTX 4090", 24564 MiB).
+struct GpuModel {
+  std::string name;
+  int64_t capacity_bytes;
+};
+/// A class of memory card: its models, smallest first.
 struct GpuCard {
   std::string name;        ///< "24 GB (RTX 4090 / A10G / L4)"
   int64_t capacity_bytes;  ///< nvidia-smi memory.total of the class's smallest card (16 GB: T4, 15360 MiB)
+  std::vector<GpuModel> models;  ///< every model of the class with its own total, ascending (models[0]: capacity_bytes)
 };
-/// 16, 24, 40, 48, 80, 141 GB classes (nvidia-smi totals of the smallest card of each; docs/memory.md
-/// lists the models). An estimate fits when its total is at most capacity_bytes.
+/// 16, 24, 40, 48, 80, 141 GB classes (nvidia-smi totals of each model; docs/memory.md lists them).
+/// An estimate fits a model when its total is at most that model's capacity_bytes, and fits the class
+/// (`fits` in --json) when it fits the smallest.
 const std::vector<GpuCard>& common_gpu_cards();
+/// The fits-table verdict of one class for `total_bytes`: "yes, X spare" / "no, X short" when every
+/// model of the class agrees (X against the smallest), otherwise which models it does not fit and
+/// which it fits, each with its nvidia-smi MiB: "no on A10G (23,028 MiB) / L4 (23,034 MiB): 129.28 MiB
+/// short on the A10G; yes on RTX 4090 (24,564 MiB): 1.37 GiB spare".
+std::string card_verdict(const GpuCard& card, int64_t total_bytes);
 
 struct MemoryEstimate {
   ModelConfig model;
@@ -149,6 +161,27 @@ struct TrainingFlops {
 /// LoRA 6·N_lora, lm_head 4·V·H, causal attention 2·nh·hd·T per layer forward (×3 with backward);
 /// checkpointing adds a forward of the layers (2N + 2·N_lora + attention) to hardware_flops only.
 TrainingFlops training_flops_per_token(const ModelConfig& cfg, const EstimateOptions& o);
+
+/// What a device measured just before `qlora bench` (cli/commands_bench.cpp, a second or less):
+/// the rates a bench's time is predicted from. All per second; 0 = not measured (that term is left out).
+struct DeviceRates {
+  double matmul_flops = 0;            ///< dense [tokens, H] × [H, I]-shaped matmul in the compute dtype, FLOP/s
+  double dequant_elements = 0;        ///< 4-bit weight elements dequantized to the compute dtype per s
+  double quantized_init_elements = 0; ///< random weight elements drawn and quantized to NF4 per s
+  double plain_init_elements = 0;     ///< random weight elements drawn and kept in the compute dtype per s
+};
+/// Predicted seconds of one training step of `cfg` under `o` (micro_batch_size × seq_len tokens):
+/// hardware FLOPs (training_flops_per_token, recompute included) × tokens / matmul_flops, plus the
+/// 4-bit base's dequantizations (each decoder linear once in forward, once in backward, and once in
+/// the recompute when checkpointing; a 16-bit base: none) / dequant_elements. Elementwise ops,
+/// attention kernels below matmul speed and the optimizer are not counted: a lower bound of sorts
+/// (docs/memory.md, "How long a bench takes"). Throws qlora::Error when matmul_flops ≤ 0.
+double training_step_seconds(const ModelConfig& cfg, const EstimateOptions& o, const DeviceRates& r);
+/// Predicted seconds to make `cfg`'s random weights as `qlora bench` does (LlamaModel::random_init):
+/// the 7·L decoder linears drawn and quantized (`quantized` true) at quantized_init_elements, the rest
+/// (embeddings, lm_head, norms; all of it when not quantized) at plain_init_elements. Throws
+/// qlora::Error when a rate it needs is ≤ 0.
+double random_weights_seconds(const ModelConfig& cfg, bool quantized, const DeviceRates& r);
 
 /// Dense bf16 peak of a CUDA device by name (H100/H200 989e12, A100 312e12, ...), 0 when unknown.
 double peak_flops_for_device_name(const std::string& name);

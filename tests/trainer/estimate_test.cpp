@@ -6,10 +6,12 @@
 
 #include "test_util.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 #include <unistd.h>
 #include <regex>
@@ -228,6 +230,39 @@ TEST(Estimate, FlopsCountFrozenBaseAsFourN) {
   EXPECT_DOUBLE_EQ(g.model_flops, f.model_flops);
   EXPECT_DOUBLE_EQ(g.hardware_flops - g.model_flops,
                    2.0 * (g.matmul_params - 32000.0 * 4096) + 2.0 * g.lora_params + attn);
+}
+
+// The predicted bench time (docs/memory.md, "How long a bench takes"): a step is its hardware FLOPs
+// at the measured matmul speed plus each decoder linear dequantized 3 times (forward, recompute,
+// backward; 2 without checkpointing); the weights are the 7·L linears at the quantize rate and the
+// rest (embeddings, lm_head, norms) at the plain rate. Before: no prediction of a step at all, and
+// the weights' time extrapolated from the embedding (drawn, not quantized): 105 s said, 200 s taken.
+TEST(Estimate, BenchStepAndWeightSecondsFromMeasuredRates) {
+  const ModelConfig c = preset_config("llama3-8b");
+  EstimateOptions o = qlora_opts(4);
+  o.seq_len = 2048;
+  DeviceRates r;
+  r.matmul_flops = 100e9;
+  const double flops = training_flops_per_token(c, o).hardware_flops * 2048;
+  EXPECT_DOUBLE_EQ(training_step_seconds(c, o, r), flops / 100e9);  // no dequant rate: that term left out
+  r.dequant_elements = 1e9;
+  const double linear = static_cast<double>(estimate_memory(c, o).quantizable_parameters);
+  EXPECT_DOUBLE_EQ(training_step_seconds(c, o, r), flops / 100e9 + 3 * linear / 1e9);
+  o.gradient_checkpointing = false;
+  EXPECT_DOUBLE_EQ(training_step_seconds(c, o, r),
+                   training_flops_per_token(c, o).hardware_flops * 2048 / 100e9 + 2 * linear / 1e9);
+  // llama3-8b at 2048 tokens on a 2-core CPU (~100 GFLOP/s): over 15 minutes a step (docs/memory.md).
+  EXPECT_NEAR(flops / 2048 / 1e9, 46.5, 0.05);
+  EXPECT_NEAR(flops / 1e12, 95.2, 0.05);
+  EXPECT_GT(flops / 100e9, 900);
+  r.quantized_init_elements = 40e6;
+  r.plain_init_elements = 160e6;
+  const double plain = static_cast<double>(c.num_parameters()) - linear;
+  EXPECT_GT(plain, 2 * 128256.0 * 4096);  // embed_tokens + lm_head (untied)
+  EXPECT_DOUBLE_EQ(random_weights_seconds(c, true, r), linear / 40e6 + plain / 160e6);
+  EXPECT_DOUBLE_EQ(random_weights_seconds(c, false, r), static_cast<double>(c.num_parameters()) / 160e6);
+  EXPECT_THROW(training_step_seconds(c, o, DeviceRates{}), Error);
+  EXPECT_THROW(random_weights_seconds(c, true, DeviceRates{}), Error);
 }
 
 using CliRun = qlora::test::CommandResult;
@@ -508,6 +543,114 @@ TEST(EstimateCli, FitsStatesCapacityAndHeadroom) {
   EXPECT_NE(r.out.find("yes, " + spare80 + " spare"), std::string::npos) << r.out;
 }
 
+// A class whose cards disagree names each (before: "24 GB (RTX 4090 / A10G / L4) no, 129.28 MiB
+// short" for codellama-34b, judged on the A10G's 23,028 MiB while an RTX 4090's 24,564 MiB fits).
+TEST(EstimateCli, SplitCardClassNamesWhichCardsFit) {
+  CliRun r = run("estimate --preset codellama-34b --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const int64_t total = j["total_bytes"].get<int64_t>();
+  const nlohmann::json& c24 = j["fits"][1];
+  ASSERT_EQ(c24["card"], "24 GB (RTX 4090 / A10G / L4)");
+  EXPECT_FALSE(c24["fits"].get<bool>());  // the class: its smallest card
+  ASSERT_EQ(c24["models"].size(), 3u);
+  for (const nlohmann::json& m : c24["models"]) {
+    EXPECT_EQ(m["headroom_bytes"].get<int64_t>(), m["capacity_bytes"].get<int64_t>() - total) << m;
+    EXPECT_EQ(m["fits"].get<bool>(), m["model"] == "RTX 4090") << m;
+  }
+  EXPECT_EQ(c24["models"][2]["capacity_bytes"], int64_t{24564} << 20);
+  r = run("estimate --preset codellama-34b");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string row = "24 GB (RTX 4090 / A10G / L4)        22.49 GiB   no on A10G (23,028 MiB) / L4 (23,034 MiB): " +
+                          human_bytes(static_cast<double>(total - (int64_t{23028} << 20))) +
+                          " short on the A10G; yes on RTX 4090 (24,564 MiB): " +
+                          human_bytes(static_cast<double>((int64_t{24564} << 20) - total)) + " spare\n";
+  EXPECT_NE(r.out.find(row), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("22.49 GiB   no, "), std::string::npos) << r.out;
+  // docs/memory.md's numbers for it
+  EXPECT_EQ(human_bytes(static_cast<double>(total)), "22.61 GiB");
+  EXPECT_EQ(human_bytes(static_cast<double>(total - (int64_t{23028} << 20))), "129.28 MiB");
+  EXPECT_EQ(human_bytes(static_cast<double>((int64_t{24564} << 20) - total)), "1.37 GiB");
+}
+
+// docs/memory.md states every card's nvidia-smi MiB as the code has it ("Fits"), and its 7B / 13B /
+// 34B / 70B table's params, totals and smallest card that fits are what `qlora estimate` says.
+TEST(EstimateCli, MemoryDocCardsAndTableAreTheCodes) {
+  std::ifstream f(test::source_dir() / "docs" / "memory.md");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string doc = ss.str();
+  ASSERT_FALSE(doc.empty());
+  const size_t fits_at = doc.find("**Fits.**");
+  ASSERT_NE(fits_at, std::string::npos);
+  std::string fits = doc.substr(fits_at, doc.find("\n\n", fits_at) - fits_at);
+  std::replace(fits.begin(), fits.end(), '\n', ' ');
+  int models = 0;
+  for (const GpuCard& g : common_gpu_cards()) {
+    const std::string cls = g.name.substr(0, g.name.find(" ("));  // "24 GB"
+    std::string list;
+    for (const GpuModel& m : g.models) list += (list.empty() ? "" : ", ") + m.name + " " + std::to_string(m.capacity_bytes >> 20);
+    EXPECT_NE(fits.find(cls + ": " + list + " MiB"), std::string::npos) << cls + ": " + list << "\n" << fits;
+    models += static_cast<int>(g.models.size());
+  }
+  EXPECT_EQ(models, 12);
+  const std::regex row(R"(\| \d+B \(`([a-z0-9.-]+)`\) \| ([0-9.]+) B \|.*\| \*\*([0-9.]+)\*\* \| ([^|]+) \|)");
+  int rows = 0;
+  for (std::sregex_iterator it(doc.begin(), doc.end(), row), end; it != end; ++it, ++rows) {
+    const std::smatch& m = *it;
+    SCOPED_TRACE(m.str());
+    const CliRun r = run("estimate --preset " + m[1].str() + " --method qlora --lora-r 16 --seq-len 2048 "
+                         "--micro-batch-size 1 --double-quant --json");
+    ASSERT_EQ(r.status, 0) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    std::ostringstream params;
+    params << std::fixed << std::setprecision(2) << j["model"]["num_parameters"].get<double>() / 1e9;
+    EXPECT_EQ(m[2].str(), params.str());
+    std::ostringstream total;
+    total << std::fixed << std::setprecision(2) << j["total_bytes"].get<double>() / (1 << 30);
+    EXPECT_EQ(m[3].str(), total.str());
+    // the first class with a card that fits: "16 GB", or "24 GB: RTX 4090 only (A10G / L4: no)"
+    std::string smallest;
+    for (const nlohmann::json& c : j["fits"]) {
+      std::string yes, no;
+      for (const nlohmann::json& mo : c["models"])
+        (mo["fits"].get<bool>() ? yes : no) += ((mo["fits"].get<bool>() ? yes : no).empty() ? "" : " / ") +
+                                                mo["model"].get<std::string>();
+      if (yes.empty()) continue;
+      const std::string name = c["card"].get<std::string>();
+      smallest = name.substr(0, name.find(" ("));
+      if (!no.empty()) smallest += ": " + yes + " only (" + no + ": no)";
+      break;
+    }
+    EXPECT_EQ(m[4].str(), smallest);
+  }
+  EXPECT_EQ(rows, 4);
+}
+
+// The presets the code accepts (preset_names(), the one list) are the README's "Presets:" line and
+// every --preset help text; no command line in the README lists only some of them (before: `qlora
+// bench --preset tiny|small|llama2-7b`, while llama3-8b and the rest were accepted).
+TEST(EstimateCli, ReadmeAndHelpListEveryPreset) {
+  std::ifstream f(test::source_dir() / "README.md");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string readme = ss.str();
+  std::string ticks, bars;
+  for (const std::string& n : preset_names()) {
+    ticks += (ticks.empty() ? "`" : ", `") + n + "`";
+    bars += (bars.empty() ? "" : "|") + n;
+  }
+  std::string line = readme.substr(readme.find("Presets ("));
+  line = line.substr(line.find(": ") + 2);
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  EXPECT_EQ(line.substr(0, ticks.size() + 1), ticks + ".") << line.substr(0, 300);
+  EXPECT_EQ(readme.find("--preset tiny|"), std::string::npos);
+  for (const std::string cmd : {"bench", "estimate", "init-model"}) {
+    const CliRun r = run(cmd + " --help");
+    EXPECT_NE(r.out.find(bars), std::string::npos) << cmd << ":\n" << r.out;
+  }
+}
+
 // Cost: the config's cost.gpu_hour_price applies (a flag overrides it); incomplete inputs say what
 // is missing and how to measure tokens/s, and the memory estimate still prints; token counts are
 // integers with separators; utilization 1 prints one line.
@@ -660,6 +803,40 @@ TEST(BenchCli, MaxTimeBoundsTheWeightBuildAndNothingMeasuredIsAnError) {
               std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("tokens/s"), std::string::npos) << r.out;
   }
+}
+
+// Before the weights, bench says how long a step and the whole bench will take here; predicted over
+// 10 minutes without --max-time-s it refuses (exit 1) naming --max-time-s, and --max-time-s lets the
+// same bench run. The matmul speed is forced (QLORA_BENCH_TEST_MATMUL_GFLOPS) so that one step of
+// tiny at 32 tokens is predicted at ~40 s and 20 steps at ~800 s; the real steps take milliseconds.
+// Before: no prediction, and llama3-8b at 2048 tokens ran 10 minutes on 2 cores until killed.
+TEST(BenchCli, RefusesABenchPredictedOverTenMinutesUnlessMaxTimeIsGiven) {
+  EstimateOptions e;
+  e.seq_len = 32;
+  e.compute_bytes = 4;
+  const double flops = training_flops_per_token(preset_config("tiny"), e).hardware_flops * 32;
+  std::ostringstream gflops;
+  gflops << std::setprecision(17) << flops / 40 / 1e9;
+  const std::string cmd = "QLORA_BENCH_TEST_MATMUL_GFLOPS=" + gflops.str() + " " + test::qlora_bin() +
+                          " bench --preset tiny --steps 20 --seq-len 32";
+  CliRun r = qlora::test::run_command(cmd);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("bench: one step of tiny at 32 tokens: about 40 s on this CPU (measured "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("bench: the whole bench: about 13 min (random weights about "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("error: bench: tiny would take about 13 min on this CPU"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("over the 600 s a bench runs without a limit; pass --max-time-s S to run it anyway"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("making random NF4 weights"), std::string::npos) << r.out;  // refused before the slow part
+  r = qlora::test::run_command(cmd + " --max-time-s 60");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("making random NF4 weights for tiny"), std::string::npos) << r.out;
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(r.out, m, std::regex(R"(\n\s+32\s+1\s+[0-9.]+\s+[0-9]+)"))) << r.out;
+  // a 2-step bench predicted at ~80 s runs without --max-time-s
+  r = qlora::test::run_command("QLORA_BENCH_TEST_MATMUL_GFLOPS=" + gflops.str() + " " + test::qlora_bin() +
+                               " bench --preset tiny --steps 2 --seq-len 32");
+  EXPECT_EQ(r.status, 0) << r.out;
 }
 
 // The activation term against a measurement: `qlora bench --preset small` (H 256, I 688, 4 layers,
