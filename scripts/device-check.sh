@@ -359,8 +359,8 @@ if ((DRY)); then P7=tiny; P13=tiny; SEQS=(32 64 128 256); STEPS=2; P13_SEQ=128; 
 else P7=llama2-7b; P13=llama2-13b; SEQS=(512 1024 2048 4096 8192); STEPS=3; P13_SEQ=2048; BL_PRESET=llama2-7b; BL_SEQ=2048; fi
 s_bench_7b() {
   local mt=$(( $(ds_left) - RESERVE ))
-  ((DEADLINE > 0)) || mt=0
-  ((DEADLINE == 0 || mt >= 60)) || mt=60
+  ((DEADLINE > 0)) || mt=3600  # no deadline: an hour (without --max-time-s, bench refuses over 10 minutes)
+  ((mt >= 60)) || mt=60
   echo "max-time-s $mt (deadline ${DEADLINE}s, ${RESERVE}s reserved for the next steps)"
   with_smi bench-7b "$Q" bench --preset "$P7" --sweep --seq-lens "${SEQS[@]}" --batch-sizes 1 2 4 \
     --lora-r 16 --steps "$STEPS" --max-time-s "$mt" --out "$RUN/bench-7b"
@@ -380,8 +380,13 @@ s_baseline_peft() {
 }
 
 s_bench_13b() {
+  # a budget as bench-7b's: without --max-time-s, bench refuses a run it estimates over 10 minutes
+  local mt=$(( $(ds_left) - RESERVE ))
+  ((DEADLINE > 0)) || mt=3600
+  ((mt >= 60)) || mt=60
+  echo "max-time-s $mt (deadline ${DEADLINE}s, ${RESERVE}s reserved for the next steps)"
   with_smi bench-13b "$Q" bench --preset "$P13" --sweep --seq-lens "$P13_SEQ" --batch-sizes 1 --lora-r 16 \
-    --steps "$STEPS" --out "$RUN/bench-13b"
+    --steps "$STEPS" --max-time-s "$mt" --out "$RUN/bench-13b"
 }
 
 s_report() { "$TPY" "$ROOT/scripts/device-report.py" --run "$RUN" --out "$RESDIR" --mode "$MODE"; }

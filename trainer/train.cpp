@@ -308,27 +308,28 @@ extern "C" void on_setup_signal(int) {
   }
   ::_exit(75);
 }
-/// Installs on_setup_signal for SIGTERM, SIGINT and SIGUSR1 for its lifetime (Trainer::setup).
-struct SetupSignals {
+/// Installs `handler` for SIGTERM, SIGINT and SIGUSR1 for its lifetime and restores the previous
+/// dispositions after: on_setup_signal during Trainer::setup, on_stop_signal during the steps.
+struct StopHandlers {
   struct sigaction old_[3];
   static constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
-  explicit SetupSignals(bool announce) {
-    g_announce_setup_stop.store(announce);
+  explicit StopHandlers(void (*handler)(int)) {
     struct sigaction sa {};
-    sa.sa_handler = on_setup_signal;
+    sa.sa_handler = handler;
     sigemptyset(&sa.sa_mask);
     for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old_[i]);
   }
-  ~SetupSignals() {
+  ~StopHandlers() {
     for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_[i], nullptr);
   }
-  SetupSignals(const SetupSignals&) = delete;
-  SetupSignals& operator=(const SetupSignals&) = delete;
+  StopHandlers(const StopHandlers&) = delete;
+  StopHandlers& operator=(const StopHandlers&) = delete;
 };
 }  // namespace
 
 void Trainer::setup() {
-  const SetupSignals setup_signals(run_.dist.rank == 0);
+  g_announce_setup_stop.store(run_.dist.rank == 0);
+  const StopHandlers setup_signals(on_setup_signal);
   setup_start_ = std::chrono::steady_clock::now();
   const TrainingConfig& t = cfg_.training;
   device_ = training_device(run_.dist);  // CPU, or CUDA (cuda:LOCAL_RANK in a launched job)
@@ -629,22 +630,6 @@ extern "C" void on_stop_signal(int sig) {
   }
 }
 
-/// Installs the stop handlers for SIGTERM, SIGINT and SIGUSR1 for its lifetime.
-struct StopSignals {
-  struct sigaction old_[3];
-  static constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
-  StopSignals() {
-    g_stop_signal.store(0);
-    g_phase.store(kInStep);
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old_[i]);
-  }
-  ~StopSignals() {
-    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_[i], nullptr);
-  }
-};
 }  // namespace
 
 // summary.json of this run at step_ and the adapter beside it: what save_outputs() writes last.
@@ -679,7 +664,9 @@ void Trainer::train() {
 void Trainer::train_steps() {
   const TrainingConfig& t = cfg_.training;
   const CheckpointConfig& c = cfg_.checkpoint;
-  StopSignals signals;
+  g_stop_signal.store(0);
+  g_phase.store(kInStep);
+  const StopHandlers signals(on_stop_signal);
   g_announce_stop.store(dist_->is_main());
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };

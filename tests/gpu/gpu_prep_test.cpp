@@ -275,7 +275,9 @@ TEST(GpuPrepBench, KilledSweepKeepsTheRowsItFinished) {
     dup2(null, 2);
     const char* bin = ::qlora::test::qlora_bin().c_str();
     execl(bin, bin, "bench", "--preset", "tiny", "--steps", "2", "--sweep", "--seq-lens", "32", "64",
-          "1024", "2048", "4096", "8192", "--batch-sizes", "1", "4", "--out", prefix.c_str(), (char*)nullptr);
+          "1024", "2048", "4096", "8192", "--batch-sizes", "1", "4", "--out", prefix.c_str(),
+          // the whole sweep is estimated at far over bench's 10-minute default refusal: a budget
+          "--max-time-s", "3600", (char*)nullptr);
     _exit(127);
   }
   // wait for two finished rows, then kill -9 (the remaining points take far longer)
