@@ -830,6 +830,20 @@ class Section {
                                           kTorchtune}},
         {"compile", {" has no key here: there is no torch.compile in LibTorch; the model runs eagerly",
                      kTorchtune}},
+        {"save_adapter_weights_only", {" has no key here: output_dir gets the PEFT adapter only "
+                                       "(adapter_model.safetensors, adapter_config.json); \"qlora merge\" writes "
+                                       "the merged model", kTorchtune}},
+        {"log_peak_memory_stats", {" has no key here: every run measures its memory (peak allocated and reserved "
+                                   "on CUDA, RSS on the CPU), logs it beside the estimate and writes "
+                                   "memory_report.json in output_dir; every step's metrics.jsonl line has it",
+                                   kTorchtune}},
+        {"profiler", {" has no key here: there is no profiler; metrics.jsonl has every step's time and tokens/s, "
+                      "\"qlora bench\" times steps and memory", kTorchtune}},
+        {"device", {" has no key here: training runs on the GPU when CUDA sees one (cuda:LOCAL_RANK in a "
+                    "data-parallel job), else on the CPU; CUDA_VISIBLE_DEVICES=\"\" makes it the CPU", kTorchtune}},
+        {"optimizer_in_bwd", {" has no key here: AdamW steps after the backward of every "
+                              "\"training.gradient_accumulation_steps\" micro-batches; the LoRA gradients and "
+                              "AdamW states are small beside the 4-bit base", kTorchtune}},
     };
     // Axolotl's `datasets:` entry keys (in an entry of data.train / data.eval, or written flat
     // into the data section), and the data section's keys, which apply to every file.

@@ -282,6 +282,12 @@ std::string digest_changes(const std::map<std::string, std::string>& before,
   return list;
 }
 
+// The entry of a config_differences() list about `key` ("lora.r: 16 -> 8" for "lora.r"); end() when
+// the key does not differ.
+std::vector<std::string>::iterator find_difference(std::vector<std::string>& diffs, const std::string& key) {
+  return std::find_if(diffs.begin(), diffs.end(), [&](const std::string& d) { return d.rfind(key + ": ", 0) == 0; });
+}
+
 // What claim_output_dir's decision reads: the used entries, run.json's run id and the checkpoints.
 std::string output_dir_state(const std::string& output_dir, const std::string& checkpoint_dir) {
   std::string s;
@@ -1404,8 +1410,7 @@ std::vector<std::string> Trainer::run_differences(const RecordedRun& saved, std:
   // the same run: the path differs, the content hash recorded equals the new file's.
   for (const char* key : {"train", "eval"}) {
     const std::string dotted = std::string("data.") + key;
-    const auto it = std::find_if(diffs.begin(), diffs.end(),
-                                 [&](const std::string& d) { return d.rfind(dotted + ": ", 0) == 0; });
+    const auto it = find_difference(diffs, dotted);
     if (it == diffs.end()) continue;
     std::vector<data::DataSource> before;
     try {
@@ -1424,8 +1429,7 @@ std::vector<std::string> Trainer::run_differences(const RecordedRun& saved, std:
   // same run when the files a load reads have the digests recorded (model_file_digests); the same
   // path holding other files is another run.
   for (const std::string key : {"model.path", "model.tokenizer"}) {
-    const auto it =
-        std::find_if(diffs.begin(), diffs.end(), [&](const std::string& d) { return d.rfind(key + ": ", 0) == 0; });
+    const auto it = find_difference(diffs, key);
     if (!saved.has_model_files) {  // an older version's record: the plain difference stands
       if (it != diffs.end())
         *it += " (" + saved.what + " records no digest of the model's files: written by an older version)";
@@ -1491,9 +1495,7 @@ void Trainer::check_resume_settings(const std::string& ckpt) const {
     // lora.r and lora.target_modules make other adapter tensors (shapes, names): the checkpoint's
     // weights and AdamW moments cannot continue them, so --force is not offered (it would fail
     // after the model load, at the adapter's shapes).
-    const auto differs = [&](const std::string& key) {
-      return std::any_of(diffs.begin(), diffs.end(), [&](const std::string& d) { return d.rfind(key + ": ", 0) == 0; });
-    };
+    const auto differs = [&](const std::string& key) { return find_difference(diffs, key) != diffs.end(); };
     if (differs("lora.r") || differs("lora.target_modules")) {
       std::string why = differs("lora.target_modules") ? "lora.target_modules changes which modules have adapters" : "";
       if (differs("lora.r")) {  // one tensor's shapes as the checkpoint has it and as this run makes it

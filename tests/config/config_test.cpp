@@ -531,6 +531,20 @@ TEST(Config, TorchtuneNamesGetOurs) {
       {"enable_activation_offloading: false", "has no key here: activations stay on the GPU; "
                                               "\"training.gradient_checkpointing\" (default true) saves their memory"},
       {"compile: false", "has no key here: there is no torch.compile in LibTorch; the model runs eagerly"},
+      {"save_adapter_weights_only: true",
+       "has no key here: output_dir gets the PEFT adapter only (adapter_model.safetensors, adapter_config.json); "
+       "\"qlora merge\" writes the merged model"},
+      {"log_peak_memory_stats: true",
+       "has no key here: every run measures its memory (peak allocated and reserved on CUDA, RSS on the CPU), logs "
+       "it beside the estimate and writes memory_report.json in output_dir; every step's metrics.jsonl line has it"},
+      {"profiler: {_component_: torchtune.training.setup_torch_profiler, enabled: false}",
+       "has no key here: there is no profiler; metrics.jsonl has every step's time and tokens/s, \"qlora bench\" "
+       "times steps and memory"},
+      {"device: cuda", "has no key here: training runs on the GPU when CUDA sees one (cuda:LOCAL_RANK in a "
+                       "data-parallel job), else on the CPU; CUDA_VISIBLE_DEVICES=\"\" makes it the CPU"},
+      {"optimizer_in_bwd: false",
+       "has no key here: AdamW steps after the backward of every \"training.gradient_accumulation_steps\" "
+       "micro-batches; the LoRA gradients and AdamW states are small beside the 4-bit base"},
   };
   for (const auto& [line, hint] : hints) {
     const std::string k = line.substr(0, line.find(':'));
