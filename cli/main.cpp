@@ -216,7 +216,7 @@ int run(int argc, char** argv) {
   data_cmd->require_subcommand(1);
   auto* data_preview = data_cmd->add_subcommand("preview", "rendered examples, masked spans, statistics");
   data_preview->add_option("config", preview.config_path, "training config (YAML)")->required();
-  data_preview->add_option("--n", preview.n, "examples to show")->capture_default_str();
+  data_preview->add_option("--n", preview.n, "examples to show (of each data.train file)")->capture_default_str();
   data_preview->add_option("--set", preview.overrides, "override a config key: section.key=value");
 
   qlora::EstimateCliOptions est;

@@ -555,10 +555,19 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
     for (const SourceStats& f : *v)
       for (const std::string& note : {tools_note(f.stats, opts.template_name), reasoning_note(f.stats, opts.template_name)})
         if (!note.empty()) o << "warning: data: " << f.source.path << ": " << note << "\n";
-  for (int i = 0; i < n && size_t(i) < d.train.size(); ++i) {
-    const Example& e = d.train[size_t(i)];
-    const int64_t trainable = trained_targets(e.labels);
-    o << "---- example " << e.id << ": " << e.input_ids.size() << " tokens, " << trainable << " trainable\n"
+  // The first n examples of each train file (several files: each file's, so a later file's
+  // format and template rendering is seen too), each headed by the file:line of its record.
+  const size_t files = std::max<size_t>(d.train_sources.size(), 1);
+  std::vector<int> shown(files, 0);
+  for (const Example& e : d.train) {
+    size_t f = 0;  // the file of its record: the last whose first record is at or before it
+    while (f + 1 < d.train_sources.size() && e.record >= d.train_sources[f + 1].first_record) ++f;
+    if (shown[f] >= n) continue;
+    if (shown[f]++ == 0 && d.train_sources.size() > 1)
+      o << "==== data.train[" << f << "] " << d.train_sources[f].source.path << ": its first " << n << (n == 1 ? " example\n" : " examples\n");
+    const std::string where = record_location(d.train_sources, e.record);
+    o << "---- example " << e.id << ": " << e.input_ids.size() << " tokens, " << trained_targets(e.labels)
+      << " trainable" << (where.empty() ? "" : " (" + where + ")") << "\n"
       << render_masked(e, tok) << "\n";
   }
   o << "----\n" << d.stats.summary();

@@ -167,7 +167,8 @@ std::string listed_records(const DataStats& st);
 /// Loads the data as load_datasets does and returns a header (format completion: "format:
 /// completion, sequence_len L, truncation T (raw text: ...)", what applies to raw text; else
 /// "template: NAME, sequence_len L, truncation T, train_on_inputs B"), the first `n` training
-/// examples rendered with masked spans in [[double brackets]], their token counts, and
+/// examples of each data.train file (several files: under a "==== data.train[i] PATH" line)
+/// rendered with masked spans in [[double brackets]], their token counts and record's file:line, and
 /// stats.summary() (with the first records of each drop reason: listed_records); with a
 /// `plan`, also how the first epoch is batched (micro-batches, rows, examples a row, padding) and
 /// the optimizer steps `qlora train` runs on one rank (as Trainer counts them: ceil(micro-batches /

@@ -544,7 +544,8 @@ TEST(Length, TrainableCountsTheShiftedLossTargets) {
     const std::string prev = render_preview(o, tok, 2);
     EXPECT_NE(prev.find("tokens (train): 186273 total, 185388 trainable"), std::string::npos) << prev;
     EXPECT_NE(prev.find("---- example 1: " + std::to_string(d.train[1].input_ids.size()) + " tokens, " +
-                        std::to_string(d.train[1].input_ids.size() - 1) + " trainable\n"),
+                        std::to_string(d.train[1].input_ids.size() - 1) + " trainable (" +
+                        record_location(d.train_sources, d.train[1].record) + ")\n"),
               std::string::npos)
         << prev;
   }
@@ -836,6 +837,25 @@ TEST(DataList, RecordLocationNamesEachExamplesFileAndLine) {
   EXPECT_EQ(seen.size(), want.size());
   EXPECT_EQ(record_location(d.train_sources, -1), "");
   EXPECT_EQ(record_location(d.train_sources, 5), "");
+  // data preview shows the first examples of each file (not only the first file's), each with the
+  // file:line of its record.
+  const std::string prev = render_preview(o, tok, 1);
+  for (size_t f = 0; f < 2; ++f) {
+    const std::string file = f == 0 ? a : b;
+    const auto first = std::find_if(d.train.begin(), d.train.end(), [&](const Example& e) {
+      return record_location(d.train_sources, e.record).rfind(file + ":", 0) == 0;
+    });
+    ASSERT_NE(first, d.train.end()) << file;
+    EXPECT_NE(prev.find("==== data.train[" + std::to_string(f) + "] " + file + ": its first 1 example\n---- example " +
+                        std::to_string(first->id) + ": " + std::to_string(first->input_ids.size()) + " tokens, " +
+                        std::to_string(trained_targets(first->labels)) + " trainable (" +
+                        record_location(d.train_sources, first->record) + ")\n"),
+              std::string::npos)
+        << prev;
+  }
+  size_t shown = 0;
+  for (size_t at = prev.find("---- example "); at != std::string::npos; at = prev.find("---- example ", at + 1)) ++shown;
+  EXPECT_EQ(shown, 2u) << prev;
 }
 
 // The batching the preview reports is the loader's: every example once per epoch, every token of
