@@ -289,6 +289,40 @@ TEST_F(DataParallel, SigkilledRankMakesTheOtherFailNamingItAndTheRerunResumes) {
   EXPECT_EQ(steps(out).size(), 6u);
 }
 
+// Rank 0 killed while rank 1 waits for a value from it outside a collective (here the 'lock' after
+// the model load: rank 0 is held before its load by the load-delay hook and killed 3 s into it, when
+// rank 1, which has no delay, has loaded the tiny model):
+// rank 1 says that rank 0's connection closed (not a timeout), exits 1 at once, nothing of the run
+// is written, and the rerun runs.
+TEST_F(DataParallel, RankZeroKilledWhileAnotherWaitsForItIsNamedAndTheRerunRuns) {
+  const fs::path out = root / "kill0";
+  const std::string ex = "--set training.num_epochs=1 --set training.gradient_accumulation_steps=1";
+  const std::string log0 = out.string() + ".rank0.log";  // rank 1 is quiet until its error: rank 0's says when
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = two_ranks(out, {ex, ex},
+                     {"QLORA_FAULT_LOAD_DELAY_MS=30000 sh -c '\"$0\" \"$@\" > " + log0 + " 2>&1 & p=$!; until grep -q "
+                          "QLORA_FAULT_LOAD_DELAY_MS " + log0 + "; do kill -0 $p 2>/dev/null || exit 3; sleep 0.05; "
+                          "done; sleep 3; kill -9 $p; wait $p' ",
+                      ""});
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r[0].status, 137) << r[0].out;
+  EXPECT_EQ(r[1].status, 1) << r[1].out;
+  EXPECT_LT(secs, 50.0) << "rank 1 must not wait for QLORA_DIST_TIMEOUT_S (60 s)";
+  EXPECT_NE(r[1].out.find("error: distributed: rank 1 got no 'lock' from rank 0: rank 0's connection closed after "),
+            std::string::npos)
+      << r[1].out;
+  EXPECT_NE(r[1].out.find("before this rank got 'lock': rank 0 exited or was killed (its log says why)"),
+            std::string::npos)
+      << r[1].out;
+  EXPECT_EQ(r[1].out.find("nothing within"), std::string::npos) << r[1].out;
+  EXPECT_FALSE(fs::exists(out / "run.lock"));
+  EXPECT_FALSE(fs::exists(out / "adapter_model.safetensors"));
+  r = two_ranks(out, {ex, ex});
+  ASSERT_EQ(r[0].status, 0) << r[0].out;
+  ASSERT_EQ(r[1].status, 0) << r[1].out;
+  EXPECT_EQ(steps(out).size(), 6u);
+}
+
 // `qlora train --nproc-per-node 2` starts both ranks itself (torchrun's environment, a free port):
 // the adapter is byte-identical to the hand-launched 2-rank run's. SIGTERM to the launcher alone is
 // forwarded: both ranks stop at the same step with one checkpoint and exit 75, the launcher exits
