@@ -209,6 +209,13 @@ PeftConfig read_peft_config(const std::string& dir) {
     QLORA_CHECK(it == j.end() || it->is_null() || it->empty(), path, ": field '", k,
                 "' is not empty: per-module ranks / alphas are not supported");
   }
+  // PEFT's modules_to_save (Axolotl's lora_modules_to_save): whole trained copies of modules
+  // (lm_head, embed_tokens) saved beside the LoRA tensors; without this check they surfaced as an
+  // "unexpected key" of adapter_model.safetensors.
+  if (auto ms = j.find("modules_to_save"); ms != j.end() && !ms->is_null() && !(ms->is_array() && ms->empty()))
+    fail(path, ": field 'modules_to_save' is ", ms->dump(), ": not supported (whole trained copies of modules, as PEFT's "
+         "modules_to_save and Axolotl's lora_modules_to_save save them beside the LoRA tensors; only lora_A / lora_B "
+         "are read)");
   for (const char* k : {"use_dora", "fan_in_fan_out"}) {
     auto it = j.find(k);
     QLORA_CHECK(it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()), path, ": field '", k,

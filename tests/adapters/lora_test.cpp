@@ -130,6 +130,33 @@ TEST(Peft, RefusesEmptyAndListsMismatches) {
   // not LoRA
   std::ofstream(d / "adapter_config.json") << R"({"peft_type": "IA3", "r": 2})";
   EXPECT_THROW(load_peft_adapter(d.string(), nullptr, kExpected), Error);
+  // PEFT LoraConfig fields that would change the result and are not implemented: one line naming the
+  // field, never ignored (modules_to_save's tensors once surfaced as an "unexpected key").
+  const std::string cfg = (d / "adapter_config.json").string();
+  const std::map<std::string, std::string> refused = {
+      {R"("modules_to_save": ["lm_head"])",
+       cfg + ": field 'modules_to_save' is [\"lm_head\"]: not supported (whole trained copies of modules, as PEFT's "
+             "modules_to_save and Axolotl's lora_modules_to_save save them beside the LoRA tensors; only lora_A / "
+             "lora_B are read)"},
+      {R"("bias": "lora_only")", cfg + ": field 'bias': only \"none\" is supported, got \"lora_only\""},
+      {R"("use_dora": true)", cfg + ": field 'use_dora' is true: not supported"},
+      {R"("rank_pattern": {"q_proj": 4})",
+       cfg + ": field 'rank_pattern' is not empty: per-module ranks / alphas are not supported"},
+  };
+  for (const auto& [field, want] : refused) {
+    std::ofstream(d / "adapter_config.json") << R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, )" << field << "}";
+    try {
+      load_peft_adapter(d.string(), nullptr, kExpected);
+      ADD_FAILURE() << field;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), want);
+    }
+  }
+  // Their empty values, as PEFT writes them by default, are read.
+  std::ofstream(d / "adapter_config.json")
+      << R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "v_proj"], )"
+      << R"("modules_to_save": null, "bias": "none", "use_dora": false, "rank_pattern": {}, "alpha_pattern": {}})";
+  EXPECT_EQ(load_peft_adapter(d.string(), nullptr, kExpected).size(), kExpected.size());
 }
 
 }  // namespace
