@@ -712,6 +712,10 @@ class Section {
         {"lora_dropout", {"lora.dropout", kAll}},
         {"lora_target_modules", "lora.target_modules"},
         {"lora_target_linear", "lora.target_modules: all-linear"},
+        {"peft_use_rslora", "lora.use_rslora"},
+        {"peft_use_dora", " has no key here: DoRA is not supported (plain LoRA, optionally lora.use_rslora)"},
+        {"lora_modules_to_save", " has no key here: only LoRA adapters train (no whole trained copy of lm_head or "
+                                 "embed_tokens), so no token can be added to the vocabulary"},
         {"load_in_4bit", "quantization.method: nf4"},
         {"bnb_4bit_quant_type", "quantization.method"},
         {"bnb_4bit_use_double_quant", "quantization.double_quant"},

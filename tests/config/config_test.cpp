@@ -369,6 +369,13 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
             p + "seed: unknown key; Axolotl / Hugging Face / torchtune's \"seed\" is two keys here: "
                 "\"training.seed\" (LoRA initialisation and dropout) and \"data.seed\" (the epoch shuffle and the "
                 "val_set_size hold-out) (docs/config.md)");
+  EXPECT_EQ(top("peft_use_rslora: true"),
+            p + "peft_use_rslora: unknown key; Axolotl / Hugging Face's \"peft_use_rslora\" is \"lora.use_rslora\" "
+                "here (docs/config.md)");
+  EXPECT_EQ(top("lora_modules_to_save: [embed_tokens, lm_head]"),
+            p + "lora_modules_to_save: unknown key; Axolotl / Hugging Face's \"lora_modules_to_save\" has no key "
+                "here: only LoRA adapters train (no whole trained copy of lm_head or embed_tokens), so no token can "
+                "be added to the vocabulary (docs/config.md)");
   EXPECT_EQ(top("torch_dtype: bfloat16"),
             p + "torch_dtype: unknown key; Axolotl / Hugging Face's \"torch_dtype\" is \"model.dtype\" here "
                 "(docs/config.md)");
