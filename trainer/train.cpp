@@ -1386,21 +1386,24 @@ std::string Trainer::claim_output_dir() {
 std::string Trainer::resume_advice(const std::string& ckpt) const {
   const CheckpointConfig& c = cfg_.checkpoint;
   const std::string cmd = run_.command.empty() ? "qlora train CONFIG" : run_.command;
+  // Ranks started by another launcher (by hand, torchrun, srun) each rerun their own command;
+  // --nproc-per-node's command starts them all.
+  const std::string every = dist_->world_size() > 1 && !run_.launched ? " on every rank" : "";
   // resume: auto considers <output_dir>/checkpoints beside resume_from_dir, so it finds this one.
   if (c.resume == ResumeMode::kAuto)
-    return run_.overwrite_output_dir ? "to resume, run the same command without --overwrite-output-dir: " + cmd
-                                     : "run the same command again to resume: " + cmd;
+    return run_.overwrite_output_dir ? "to resume, run the same command" + every + " without --overwrite-output-dir: " + cmd
+                                     : "run the same command" + every + " again to resume: " + cmd;
   // The invocation's own checkpoint.resume / resume_from_dir overrides give way to these (each key once).
   std::string how = (run_.command_without_resume.empty() ? cmd : run_.command_without_resume) +
                     " --set checkpoint.resume=" + shell_quote(ckpt);
   if (!c.resume_from_dir.empty()) how += " --set checkpoint.resume_from_dir=";
   if (c.resume == ResumeMode::kNever)
     return "checkpoint.resume is never, so the same command will NOT resume (it refuses the used output_dir); "
-           "to resume, run: " + how;
+           "to resume, run" + every + ": " + how;
   if (c.resume == ResumeMode::kPath)
     return "checkpoint.resume names " + c.resume_path + ", so the same command would go back to it; to resume from " +
-           "this checkpoint, run: " + how;
-  return "to resume, run: " + how;
+           "this checkpoint, run" + every + ": " + how;
+  return "to resume, run" + every + ": " + how;
 }
 
 std::vector<std::string> Trainer::run_differences(const RecordedRun& saved, std::vector<std::string>* moved) const {

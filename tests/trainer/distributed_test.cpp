@@ -210,6 +210,9 @@ TEST_F(DataParallel, SigtermOnOneRankStopsAllAtTheSameStepAndResumesExactly) {
   EXPECT_EQ(r[1].status, 75) << r[1].out;
   EXPECT_NE(r[0].out.find("stopped at step 4 by signal"), std::string::npos) << r[0].out;
   EXPECT_NE(r[1].out.find("stopped at step 4 by signal"), std::string::npos) << r[1].out;
+  // Ranks started by hand: each reruns its own command (rank 0's line says so, as rank 1's does).
+  EXPECT_NE(r[0].out.find("; run the same command on every rank again to resume: "), std::string::npos) << r[0].out;
+  EXPECT_NE(r[1].out.find("; run the same command on every rank again to resume"), std::string::npos) << r[1].out;
   EXPECT_TRUE(fs::exists(out / "checkpoints" / "checkpoint-4" / "manifest.json"));
   EXPECT_FALSE(fs::exists(out / "adapter_model.safetensors"));
   r = two_ranks(out, {ex, ex});
