@@ -71,6 +71,13 @@ Config eval_config(const EvalOptions& o) {
   if (!o.adapter.empty()) run = read_adapter_run(o.adapter, "eval");
   if (run) apply_adapter_run(run->config, base, /*prompt_only=*/false);
   Config cfg = config_with_overrides(base, o.overrides, "eval (no config)");
+  // The default quantization (no run brought one, no --set): said, since it changes the number.
+  if (!run && set_override_for(o.overrides, "quantization").empty()) {
+    const QuantOptions& q = cfg.quantization;
+    log::info("eval: quantization ", quant_method_name(q.quant_type), " (blocksize ", q.blocksize, ", double_quant ",
+              q.double_quant ? "true" : "false", ") by default: the model is evaluated as a QLoRA run computes it, "
+              "not as stored; --set quantization.method=none evaluates it as transformers loads it");
+  }
   if (run) {
     for (const std::string& line :
          adapter_run_log(*run, cfg, false, [&](const std::string& k) { return set_override_for(o.overrides, k); }))
@@ -261,7 +268,8 @@ std::string cmd_eval(const EvalOptions& o) {
             {"perplexity", std::exp(loss)}};
   std::ostringstream os;
   os << std::fixed << std::setprecision(4) << "eval: " << exs.size() << " examples (template " << dopts.template_name
-     << ", sequence_len " << dopts.sequence_len << "), " << targets << " target tokens: loss " << loss
+     << ", sequence_len " << dopts.sequence_len << ", quantization " << quant_method_name(q.quant_type) << "), "
+     << targets << " target tokens: loss " << loss
      << "  perplexity " << std::exp(loss) << "\n";
   if (o.metric == "exact_match") {
     const ExactMatch em = exact_match(model, tok, em_exs, eval_file ? ds.eval_sources : ds.train_sources);

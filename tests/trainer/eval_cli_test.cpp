@@ -44,7 +44,8 @@ TEST(EvalCli, CheckpointDirGivesItsRunsTemplateAndLength) {
             " --max-examples 2 --out " + q(d.path / "eval.json"));
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("eval: data.template alpaca, data.sequence_len 256, "), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("(template alpaca, sequence_len 256)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("(template alpaca, sequence_len 256, quantization nf4)"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("by default: the model is evaluated as a QLoRA run"), std::string::npos) << r.out;
     EXPECT_EQ(read_json(d.path / "eval.json")["template"], "alpaca") << adapter;
     EXPECT_EQ(read_json(d.path / "eval.json")["sequence_len"], 256) << adapter;
     // and the run's quantization (no double quant here), not the NF4 double-quant default
@@ -378,6 +379,14 @@ TEST(EvalCli, ExactMatchStaysGreedyWhateverGenerationConfigSays) {
     CliRun r = run("eval --model " + q(model) + " --data " + q(data) + " --set data.template=chatml --set model.dtype=fp32"
                    " --metric exact_match --max-examples 2 --out " + q(d.path / "e.json") + " --predictions " + q(p));
     ASSERT_EQ(r.status, 0) << r.out;
+    // No config, no run, no --set: the default NF4 quantization is said (a trial read an NF4 loss as
+    // the stored model's), in a line of its own and in the result line.
+    EXPECT_NE(r.out.find("eval: quantization nf4 (blocksize 64, double_quant true) by default: the model is evaluated "
+                         "as a QLoRA run computes it, not as stored; --set quantization.method=none evaluates it as "
+                         "transformers loads it"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find(", sequence_len 2048, quantization nf4), "), std::string::npos) << r.out;
     std::ifstream in(p);
     json lines = json::array();
     for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
