@@ -228,7 +228,12 @@ LoraWeights load_peft_adapter(const std::string& dir, PeftConfig* cfg,
                               const std::map<std::string, std::pair<int64_t, int64_t>>& expected) {
   const PeftConfig c = read_peft_config(dir);
   const std::string path = (fs::path(dir) / "adapter_model.safetensors").string();
-  QLORA_CHECK(fs::exists(path), path, ": not found");
+  // PEFT's save_pretrained(safe_serialization=False) writes adapter_model.bin, a pickle: never read.
+  QLORA_CHECK(fs::exists(path), path, ": not found",
+              fs::exists(fs::path(dir) / "adapter_model.bin")
+                  ? " (adapter_model.bin is there: a pickle, which is not read; save the adapter with PEFT's default "
+                    "safe_serialization=True, or convert it with safetensors.torch.save_file)"
+                  : "");
   st::SafetensorsFile f(path);
   QLORA_CHECK(!f.tensors().empty(), path, ": the adapter has no tensors");
   std::vector<std::string> problems;

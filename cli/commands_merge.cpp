@@ -35,14 +35,12 @@ DType merge_dtype(const std::string& d, const ModelConfig& base) {
 /// Refuses adapter features a plain W + s·B·A merge cannot represent, and a LoRA on lm_head
 /// (tied to embed_tokens it would change the input embeddings too; untied we never train one).
 void check_adapter_mergeable(const std::string& dir, const ModelConfig& base) {
+  // What no command reads (DoRA, per-module ranks, a bias, modules_to_save, ...): refused by
+  // name there, before anything is loaded, as eval and generate refuse it.
+  (void)read_peft_config(dir);
   const fs::path cfg_path = fs::path(dir) / "adapter_config.json";
   const json j = json::parse(read_file(cfg_path.string()), nullptr, /*allow_exceptions=*/false);
   QLORA_CHECK(j.is_object(), cfg_path.string(), ": not a JSON object");
-  QLORA_CHECK(!j.value("use_dora", false), cfg_path.string(), ": use_dora is true; DoRA adapters cannot be merged ",
-              "as W + s·B·A");
-  for (const char* k : {"rank_pattern", "alpha_pattern"})
-    QLORA_CHECK(!j.contains(k) || j[k].is_null() || j[k].empty(), cfg_path.string(), ": ", k,
-                " is set; per-module ranks/alphas are not supported");
   bool lm_head = false;
   if (j.contains("target_modules") && j["target_modules"].is_array())
     for (const json& t : j["target_modules"]) lm_head = lm_head || (t.is_string() && t.get<std::string>() == "lm_head");
@@ -50,7 +48,7 @@ void check_adapter_mergeable(const std::string& dir, const ModelConfig& base) {
   if (fs::exists(st_path)) {
     st::SafetensorsFile f(st_path.string());
     for (const st::TensorInfo& t : f.tensors())
-      lm_head = lm_head || t.name.find("lm_head.") != std::string::npos;
+      lm_head = lm_head || t.name.find("lm_head.lora_") != std::string::npos;
   }
   QLORA_CHECK(!lm_head || !base.tie_word_embeddings, dir,
               ": the adapter has a LoRA on lm_head but the base ties lm_head to embed_tokens "

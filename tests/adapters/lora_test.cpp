@@ -157,6 +157,22 @@ TEST(Peft, RefusesEmptyAndListsMismatches) {
       << R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "v_proj"], )"
       << R"("modules_to_save": null, "bias": "none", "use_dora": false, "rank_pattern": {}, "alpha_pattern": {}})";
   EXPECT_EQ(load_peft_adapter(d.string(), nullptr, kExpected).size(), kExpected.size());
+  // An adapter saved with safe_serialization=False: the pickle is named, not read.
+  {
+    const fs::path bin = tmp.path / "bin";
+    fs::create_directories(bin);
+    fs::copy_file(d / "adapter_config.json", bin / "adapter_config.json");
+    std::ofstream(bin / "adapter_model.bin") << "PK";
+    try {
+      load_peft_adapter(bin.string(), nullptr, kExpected);
+      ADD_FAILURE() << "adapter_model.bin only";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), (bin / "adapter_model.safetensors").string() +
+                                           ": not found (adapter_model.bin is there: a pickle, which is not read; "
+                                           "save the adapter with PEFT's default safe_serialization=True, or convert "
+                                           "it with safetensors.torch.save_file)");
+    }
+  }
 }
 
 }  // namespace

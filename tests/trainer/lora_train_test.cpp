@@ -505,6 +505,18 @@ TEST(LoraMerge, RefusesLmHeadAdapter) {
   EXPECT_FALSE(fs::exists(tmp.path / "out"));
   err = error_of([&] { cmd_merge(merge_opts(root / "base", tmp.path / "adapter", tmp.path / "out", "fp32")); });
   EXPECT_NE(err.find("lm_head"), std::string::npos) << err;
+  // PEFT's modules_to_save: a whole lm_head saved beside the LoRA tensors is not "a LoRA on lm_head"
+  // (a trial's merge said so); it is refused by its field, as eval and generate refuse it.
+  json ac = json::parse(read_file((tmp.path / "adapter" / "adapter_config.json").string()));
+  ac["target_modules"] = {"q_proj"};
+  ac["modules_to_save"] = {"lm_head"};
+  std::ofstream(tmp.path / "adapter" / "adapter_config.json") << ac.dump();
+  err = error_of([&] { cmd_merge(merge_opts(root / "base_tied", tmp.path / "adapter", tmp.path / "out", "fp32")); });
+  EXPECT_EQ(err, (tmp.path / "adapter" / "adapter_config.json").string() +
+                     ": field 'modules_to_save' is [\"lm_head\"]: not supported (whole trained copies of modules, as "
+                     "PEFT's modules_to_save and Axolotl's lora_modules_to_save save them beside the LoRA tensors; "
+                     "only lora_A / lora_B are read)");
+  EXPECT_FALSE(fs::exists(tmp.path / "out"));
 }
 
 // The CLI: `qlora merge` writes the directory; an existing non-empty --out is one error line, exit 1.
