@@ -7,6 +7,7 @@
 #endif
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <ATen/Parallel.h>
 // ProcessGroupNCCL: only in builds with QLORA_WITH_NCCL (CMakeLists.txt, QLORA_NCCL), which also
 // define USE_C10D_NCCL and put the wheel's nccl.h on this file's include path. The code is in
 // libtorch_cuda.
@@ -50,6 +51,16 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
+}  // namespace
+
+namespace {
+/// What made this process a rank, for its first log line: "qlora --nproc-per-node" (our launcher),
+/// "RANK/WORLD_SIZE" (torchrun's variables, whoever set them), "SLURM", or "QLORA_DIST_FORCE_PG".
+std::string started_by(const DistEnv& env) {
+  if (env.source.empty()) return "QLORA_DIST_FORCE_PG";
+  if (std::getenv("QLORA_LAUNCHED_NPROC")) return "qlora --nproc-per-node";
+  return env.source == "torchrun" ? "RANK/WORLD_SIZE" : env.source;
+}
 }  // namespace
 
 DistEnv read_dist_env(const std::function<const char*(const char*)>& getenv) {
@@ -168,7 +179,7 @@ Distributed::Distributed(const DistEnv& env, const torch::Device& device) : env_
            " ranks, rendezvous ", where, ", ", device.str(), "): ", first_line(e.what()));
     }
     log::info("distributed: rank ", env_.rank, " of ", env_.world_size, " (local rank ", env_.local_rank, ", from ",
-              env_.source.empty() ? "QLORA_DIST_FORCE_PG" : env_.source, "), NCCL on ", device.str(),
+              started_by(env_), "), NCCL on ", device.str(),
               ", rendezvous ", where);
     return;
   }
@@ -187,7 +198,13 @@ Distributed::Distributed(const DistEnv& env, const torch::Device& device) : env_
          " ranks, rendezvous ", where, "): ", first_line(e.what()));
   }
   log::info("distributed: rank ", env_.rank, " of ", env_.world_size, " (local rank ", env_.local_rank, ", from ",
-            env_.source.empty() ? "QLORA_DIST_FORCE_PG" : env_.source, "), Gloo on CPU, rendezvous ", where);
+            started_by(env_), "), Gloo on CPU, rendezvous ", where);
+  // torch's default is every core for every process: N ranks on one host then oversubscribe it N
+  // times (torchrun and qlora --nproc-per-node set 1 per rank).
+  if (env_.world_size > 1 && !std::getenv("OMP_NUM_THREADS"))
+    log::warn("distributed: OMP_NUM_THREADS is not set, so each rank computes with all ", at::get_num_threads(),
+              " threads torch found on its host; with several ranks on a host set OMP_NUM_THREADS to the cores of "
+              "the host / its ranks, as torchrun (1) and qlora --nproc-per-node (1) do");
 }
 
 namespace {

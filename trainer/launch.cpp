@@ -202,6 +202,11 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // A rank killed by a signal (SIGKILL from outside, the OOM killer) is the one failure that no
+  // rank's own log explains or follows with a resume line: the launcher says it.
+  if (first_failure > 128 && first_failure != 128 + SIGINT)
+    log::warn("launch: a rank was killed by signal ", first_failure - 128, "; the checkpoints already written are "
+              "kept: run the same command again to resume from the newest complete one");
   if (first_failure >= 0) return first_failure;
   if (quit > 0) return 128 + SIGINT;
   return interrupted > 0 ? kExitInterrupted : 0;

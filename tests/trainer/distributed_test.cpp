@@ -342,6 +342,8 @@ TEST_F(DataParallel, NprocPerNodeLaunchesTheRanksAndForwardsSigterm) {
   EXPECT_NE(o.out.find("launch: starting 2 local ranks (WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="),
             std::string::npos) << o.out;
   EXPECT_NE(o.out.find("OMP_NUM_THREADS=1)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("distributed: rank 0 of 2 (local rank 0, from qlora --nproc-per-node), Gloo on CPU"),
+            std::string::npos) << o.out;
   EXPECT_NE(o.out.find("global batch 5 x 1 x 2 = 10 rows"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("launch: rank 0 exited with status 0"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("launch: rank 1 exited with status 0"), std::string::npos) << o.out;
@@ -479,6 +481,9 @@ TEST_F(DataParallel, NprocPerNodeStopsTheOtherRanksWhenOneDies) {
   EXPECT_NE(o.out.find("rc=137"), std::string::npos) << o.out << lg;
   EXPECT_NE(lg.find("launch: rank 1 was killed by signal 9"), std::string::npos) << lg;
   EXPECT_NE(lg.find("sending SIGTERM"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("warning: launch: a rank was killed by signal 9; the checkpoints already written are kept: run "
+                    "the same command again to resume from the newest complete one"),
+            std::string::npos) << lg;
   EXPECT_LT(secs, 45.0) << lg;
 }
 
@@ -519,8 +524,12 @@ TEST_F(DataParallel, DivergedReplicaIsAnErrorNamingTheStepAndTheRank) {
 // Rank 1 with another lora.r: it fails naming the key, and rank 0 fails too (nothing trained).
 TEST_F(DataParallel, ConfigDifferingBetweenRanksIsRefusedNamingTheKey) {
   const fs::path out = root / "differ";
-  auto r = two_ranks(out, {"", "--set lora.r=8"});
+  auto r = two_ranks(out, {"", "--set lora.r=8"}, {"env -u OMP_NUM_THREADS", ""});
   EXPECT_EQ(r[1].status, 1) << r[1].out;
+  // rank 0 without OMP_NUM_THREADS (a launcher that does not set it): said; rank 1 has it: nothing.
+  EXPECT_NE(r[0].out.find("warning: distributed: OMP_NUM_THREADS is not set, so each rank computes with all "),
+            std::string::npos) << r[0].out;
+  EXPECT_EQ(r[1].out.find("OMP_NUM_THREADS is not set"), std::string::npos) << r[1].out;
   EXPECT_NE(r[1].out.find("error: distributed: rank 1's config differs from rank 0's"), std::string::npos) << r[1].out;
   EXPECT_NE(r[1].out.find("lora.r: 4 -> 8"), std::string::npos) << r[1].out;
   EXPECT_NE(r[0].status, 0) << r[0].out;
@@ -540,7 +549,7 @@ TEST_F(DataParallel, ForcedProcessGroupAtWorldSizeOneEqualsTheSingleProcess) {
   Out f = qlora::test::run_command(env + "RANK=0 WORLD_SIZE=1 MASTER_PORT=" + std::to_string(free_tcp_port()) + " " +
                                    train_cmd(forced, ex));
   ASSERT_EQ(f.status, 0) << f.out;
-  EXPECT_NE(f.out.find("distributed: rank 0 of 1 (local rank 0, from torchrun), Gloo on CPU"), std::string::npos)
+  EXPECT_NE(f.out.find("distributed: rank 0 of 1 (local rank 0, from RANK/WORLD_SIZE), Gloo on CPU"), std::string::npos)
       << f.out;
   Out b = qlora::test::run_command("env -u RANK -u WORLD_SIZE " + env + "MASTER_PORT=" + std::to_string(free_tcp_port()) +
                                    " " + train_cmd(bare, ex));
