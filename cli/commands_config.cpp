@@ -17,6 +17,7 @@ namespace qlora {
 
 std::string cmd_data_preview(const DataPreviewOptions& o) {
   const Config cfg = load_config(o.config_path, o.overrides);
+  for (const std::string& w : config_warnings(cfg)) log::warn(w);
   const std::string tok_src = with_key_sources(cfg, [&] { return tokenizer_source(cfg.model); });
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   QLORA_CHECK(o.n >= 0, "data preview: --n must be >= 0, got ", o.n);
@@ -58,7 +59,10 @@ void cmd_train(const TrainCliOptions& o) {
   }
   run.command += tail;
   run.command_without_resume += tail;
-  Trainer trainer(load_config(o.config_path, o.overrides), run);
+  Config cfg = load_config(o.config_path, o.overrides);
+  if (run.dist.rank == 0)
+    for (const std::string& w : config_warnings(cfg)) log::warn(w);
+  Trainer trainer(std::move(cfg), run);
   trainer.setup();
   trainer.train();
 }

@@ -54,7 +54,11 @@ constexpr int64_t kDequantCacheBytes = int64_t{2} << 30;
 Config eval_config(const EvalOptions& o) {
   std::vector<std::string> ov = o.overrides;
   if (!o.model_dir.empty()) ov.insert(ov.begin(), "model.path=" + json(o.model_dir).dump());
-  if (!o.config_path.empty()) return load_config(o.config_path, ov);
+  if (!o.config_path.empty()) {
+    Config c = load_config(o.config_path, ov);
+    for (const std::string& w : config_warnings(c)) log::warn(w);
+    return c;
+  }
   QLORA_CHECK(!o.model_dir.empty() && !o.data.empty(), "eval: give a CONFIG, or both --model DIR and --data FILE");
   Config base;
   base.output_dir = "eval";

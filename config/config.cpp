@@ -11,7 +11,6 @@
 #include "common/safetensors.h"
 #include "model/model_config.h"
 
-#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>  // the emitter only (to_yaml); parsing is common/yaml.h (libyaml)
 
 #include <algorithm>
@@ -1212,8 +1211,6 @@ void check_data(const Section& s, Config& c) {
                              "completion) into pieces (a conversation piece would train an answer without its "
                              "prompt): use drop or truncate");
   }
-  if (!d.eval.empty() && d.val_set_size > 0)
-    spdlog::warn("config: data.val_set_size ({}) is ignored because data.eval is set", d.val_set_size);
 }
 
 void check_training(const Section& s, Config& c) {
@@ -1232,9 +1229,6 @@ void check_training(const Section& s, Config& c) {
                              "(transformers' lr_end)");
   if (t.eval_steps > 0 && d.eval.empty() && d.val_set_size <= 0)
     s.error("eval_steps", "no eval data: set data.eval or data.val_set_size > 0, or eval_steps: 0");
-  if (t.max_steps > 0 && t.warmup_steps >= t.max_steps)
-    spdlog::warn("config: training.warmup_steps ({}) >= training.max_steps ({}): the run never leaves warmup",
-                 t.warmup_steps, t.max_steps);
 }
 
 void check_checkpoint(const Section& s, Config& c) {
@@ -1654,6 +1648,18 @@ const char* to_string(ResumeMode v) {
 const std::vector<std::string>& known_model_presets() {
   static const std::vector<std::string> presets = preset_names();  // model/model_config.h
   return presets;
+}
+
+std::vector<std::string> config_warnings(const Config& c) {
+  std::vector<std::string> out;
+  if (!c.data.eval.empty() && c.data.val_set_size > 0)
+    out.push_back("config: data.val_set_size (" + format_double(c.data.val_set_size) +
+                  ") is ignored because data.eval is set");
+  const TrainingConfig& t = c.training;
+  if (t.max_steps > 0 && t.warmup_steps >= t.max_steps)
+    out.push_back("config: training.warmup_steps (" + std::to_string(t.warmup_steps) + ") >= training.max_steps (" +
+                  std::to_string(t.max_steps) + "): the run never leaves warmup");
+  return out;
 }
 
 Config parse_config_string(const std::string& yaml_text, const std::string& source_name,

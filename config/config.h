@@ -126,6 +126,13 @@ inline bool operator!=(const Config& a, const Config& b) { return !(a == b); }
 /// On error nothing is returned.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
+/// What a valid config does that its writer may not mean, each a line without a prefix:
+/// data.val_set_size ignored because data.eval is set; training.warmup_steps >= max_steps (the run
+/// never leaves warmup). Logged as warnings by the commands that use the config as the user's
+/// (train, data preview, eval CONFIG), not when a command reads an earlier run's config (eval /
+/// generate / merge --adapter RUN). Never throws.
+std::vector<std::string> config_warnings(const Config& c);
+
 /// As load_config, on YAML text; `source_name` stands for the file name in error messages.
 Config parse_config_string(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides = {});

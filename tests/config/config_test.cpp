@@ -105,6 +105,18 @@ TEST(Config, ShippedModelConfigsAreCoherent) {
   }
 }
 
+// What a valid config does that its writer may not mean: a line each, for the commands that use the
+// config as the user's to log (train, data preview, eval CONFIG); nothing for the defaults.
+TEST(Config, WarningsNameWhatIsIgnoredOrNeverLeft) {
+  EXPECT_TRUE(config_warnings(parse_config_string(kMinimal, "t.yaml")).empty());
+  const Config c = parse_config_string(kMinimal, "t.yaml",
+                                       {"data.eval=e.jsonl", "data.val_set_size=0.05", "training.max_steps=10"});
+  EXPECT_EQ(config_warnings(c),
+            (std::vector<std::string>{
+                "config: data.val_set_size (0.05) is ignored because data.eval is set",
+                "config: training.warmup_steps (10) >= training.max_steps (10): the run never leaves warmup"}));
+}
+
 TEST(Config, DefaultsMatchTheDocumentedSchema) {
   const Config c = parse(kMinimal);
   EXPECT_EQ(c.output_dir, "runs/t");

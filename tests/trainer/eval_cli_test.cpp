@@ -36,6 +36,9 @@ TEST(EvalCli, CheckpointDirGivesItsRunsTemplateAndLength) {
                      << "checkpoint:\n  save_steps: 1\n  save_minutes: 0\n  resume: never\n";
   r = run("train " + q(cfg));
   ASSERT_EQ(r.status, 0) << r.out;
+  // the run's own config warning is train's (warmup_steps 10 >= max_steps 2), not eval's below
+  const std::string warmup = "config: training.warmup_steps (10) >= training.max_steps (2): the run never leaves warmup";
+  EXPECT_NE(r.out.find("warning: " + warmup), std::string::npos) << r.out;
   const fs::path ck = d.path / "run" / "checkpoints" / "checkpoint-2";
   ASSERT_TRUE(fs::exists(ck / "trainer_state.json")) << r.out;
   ASSERT_FALSE(fs::exists(ck / "config.resolved.yaml"));
@@ -45,6 +48,7 @@ TEST(EvalCli, CheckpointDirGivesItsRunsTemplateAndLength) {
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("eval: data.template alpaca, data.sequence_len 256, "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("(template alpaca, sequence_len 256, quantization nf4)"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(warmup), std::string::npos) << "a trial: the run's config warned in eval: " << r.out;
     EXPECT_EQ(r.out.find("by default: the model is evaluated as a QLoRA run"), std::string::npos) << r.out;
     EXPECT_EQ(read_json(d.path / "eval.json")["template"], "alpaca") << adapter;
     EXPECT_EQ(read_json(d.path / "eval.json")["sequence_len"], 256) << adapter;
