@@ -380,7 +380,12 @@ int64_t load_initial_adapter(LlamaModel& model, const std::string& dir) {
   try {
     w = load_peft_adapter(dir, &pc, shapes);
   } catch (const Error& e) {
-    fail("lora.model_dir: ", e.what(), " (lora.target_modules must adapt exactly the modules the adapter holds)");
+    // load_peft_adapter's `expected` here is what this config adapts, not what the adapter's own
+    // target_modules selects: its note on an unexpected key is said in our terms.
+    std::string msg = e.what();
+    static const std::string kTheirs = " (not a module of this model that adapter_config.json's target_modules selects)";
+    for (size_t at; (at = msg.find(kTheirs)) != std::string::npos;) msg.replace(at, kTheirs.size(), " (not adapted here)");
+    fail("lora.model_dir: ", msg, " (lora.target_modules must adapt exactly the modules the adapter holds)");
   }
   torch::NoGradGuard ng;
   for (FrozenLinear* f : model.linears()) {

@@ -986,7 +986,8 @@ data:
   train: ${QLORA_T_DATA}/train.jsonl
   eval: $QLORA_T_DATA/eval.jsonl
 checkpoint: {resume_from_dir: ~/bucket/$QLORA_T_RUN}
-lora: {model_dir: ~/adapters/${QLORA_T_RUN}}
+lora:
+  model_dir: ~/adapters/${QLORA_T_RUN}
 )");
   EXPECT_EQ(c.output_dir, "/home/tester/runs/r1");
   EXPECT_EQ(c.model.path, "/data/sets/model");
