@@ -411,8 +411,6 @@ void Trainer::setup() {
   // Errors naming a config key (model.path, data.val_set_size, ...) name its file:line too.
   const std::string tok_src = with_key_sources(cfg_, [&] { return tokenizer_source(cfg_.model); });
   with_key_sources(cfg_, [&] { check_model_weights(cfg_.model); });
-  // lora.model_dir: its adapter_config.json must fit this lora section; refused in seconds, nothing written.
-  if (!cfg_.lora.model_dir.empty()) with_key_sources(cfg_, [&] { check_initial_adapter(cfg_.lora); });
   tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::from_pretrained(tok_src));
   with_key_sources(cfg_, [&] {
     cfg_.data.template_name = data::resolve_template(cfg_.data.template_name, tok_src);  // "auto" -> a name
@@ -489,6 +487,11 @@ void Trainer::setup() {
   });
   run_id_ = claim.substr(0, claim.find('\n'));
   const std::string ckpt = claim.substr(claim.find('\n') + 1);
+  // lora.model_dir: its adapter_config.json must fit this lora section; refused in seconds, before
+  // the model loads, nothing written. A resume takes the checkpoint's weights: the adapter is not
+  // read then (it may be gone; a changed lora.model_dir was refused by check_resume_settings).
+  if (!cfg_.lora.model_dir.empty() && ckpt.empty())
+    with_key_sources(cfg_, [&] { check_initial_adapter(cfg_.lora); });
   if (fault_.load_delay_ms > 0) {
     log::info("fault: QLORA_FAULT_LOAD_DELAY_MS: sleeping ", fault_.load_delay_ms, " ms before the model loads");
     std::this_thread::sleep_for(std::chrono::milliseconds(fault_.load_delay_ms));

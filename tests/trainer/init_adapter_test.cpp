@@ -147,20 +147,22 @@ TEST_F(InitAdapter, AdapterThatDoesNotFitIsRefusedWritingNothing) {
 
 // lora.model_dir is a setting that changes the run: a checkpoint's run resumed with another (or no)
 // lora.model_dir is refused like any changed setting; with the same one it resumes from the
-// checkpoint's weights and does not read the adapter again.
+// checkpoint's weights and does not read the adapter again (it may be gone by then).
 TEST_F(InitAdapter, ResumeComparesModelDirAndTheCheckpointWins) {
-  const fs::path out = root / "resumed";
-  const std::string dir = "--set lora.model_dir=" + (root / "peft").string();
+  const fs::path out = root / "resumed", adapter = root / "peft_gone";
+  fs::copy(root / "peft", adapter);
+  const std::string dir = "--set lora.model_dir=" + adapter.string();
   CommandResult o = train(out, dir + " --set checkpoint.save_steps=1");
   ASSERT_EQ(o.status, 0) << o.out;
+  fs::remove_all(adapter);
   o = run_command(qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() + " --set output_dir=" +
                   out.string() + " --set training.max_steps=2 --set checkpoint.save_steps=1");
   EXPECT_EQ(o.status, 1) << o.out;
-  EXPECT_TRUE(contains(o.out, "lora.model_dir: " + (root / "peft").string() + " -> (absent)")) << o.out;
+  EXPECT_TRUE(contains(o.out, "lora.model_dir: " + adapter.string() + " -> (absent)")) << o.out;
   o = run_command(qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() + " --set output_dir=" +
                   out.string() + " --set training.max_steps=2 --set checkpoint.save_steps=1 " + dir);
   ASSERT_EQ(o.status, 0) << o.out;
-  EXPECT_TRUE(contains(o.out, "lora: lora.model_dir " + (root / "peft").string() + " not read: the run resumes from"))
+  EXPECT_TRUE(contains(o.out, "lora: lora.model_dir " + adapter.string() + " not read: the run resumes from"))
       << o.out;
   EXPECT_FALSE(contains(o.out, "lora: initialised from")) << o.out;
 }
