@@ -721,8 +721,7 @@ class Section {
         {"adapter", " is \"quantization.method\" here (adapter: qlora is method: nf4, adapter: lora is method: none)"},
         {"datasets", " is \"data.train\" here: a path, or a list of files whose examples are concatenated in "
                      "order, each a path or {path: FILE, format: sharegpt, field_map: {...}, role_map: {...}}"},
-        {"lora_model_dir", " has no key here: a run starts from a new adapter (an interrupted run of ours "
-                           "continues with \"checkpoint.resume\")"},
+        {"lora_model_dir", "lora.model_dir"},
         {"chat_template", " is \"data.template\" here (its tokenizer_default is template: auto)"},
         {"default_system_message", "data.default_system_message"},
         {"per_device_train_batch_size", "training.micro_batch_size"},
@@ -1283,6 +1282,7 @@ void visit_fields(V& v, LoraConfig*) {
   v("target_modules", &LoraConfig::target_modules,
     CustomSpec<LoraConfig>{read_target_modules, emit_target_modules, equal_target_modules});
   v("use_rslora", &LoraConfig::use_rslora, BoolSpec{});
+  v("model_dir", &LoraConfig::model_dir, PathSpec{false, /*omit_empty=*/true});
 }
 
 template <class V>

@@ -50,6 +50,10 @@ struct LoraConfig {
   /// (YAML `target_modules: all-linear`; adapters/target_modules.h).
   std::vector<std::string> target_modules = {kAllLinear};
   bool use_rslora = false;  ///< rank-stabilised scale alpha/√r
+  /// A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) a new run
+  /// starts from instead of a fresh adapter (Axolotl's lora_model_dir); "" = a new adapter. Its
+  /// r, lora_alpha and use_rslora must equal this section's (trainer/train.cpp). `~` and ${VAR} expanded.
+  std::string model_dir;
 };
 
 /// `training:` — the optimisation loop.

@@ -333,6 +333,71 @@ struct StopHandlers {
 };
 }  // namespace
 
+namespace {
+/// `lora.model_dir`'s adapter_config.json, checked against this config's lora section before the
+/// base model loads: read_peft_config's errors (a missing directory or file, a field PEFT would use
+/// that we do not support), and r / lora_alpha / use_rslora other than lora.r / lora.alpha /
+/// lora.use_rslora, each thrown as one qlora::Error line starting "lora.model_dir: " (placed at the
+/// key's file:line by with_key_sources). lora_dropout and target_modules are not compared here:
+/// dropout stays the config's; the modules are checked with the tensors (load_initial_adapter).
+PeftConfig check_initial_adapter(const LoraConfig& l) {
+  PeftConfig pc;
+  try {
+    pc = read_peft_config(l.model_dir);
+  } catch (const ErrorList&) {
+    throw;
+  } catch (const Error& e) {
+    fail("lora.model_dir: ", e.what());
+  }
+  const std::string file = (fs::path(l.model_dir) / "adapter_config.json").string();
+  auto num = [](double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  auto tf = [](bool b) { return std::string(b ? "true" : "false"); };
+  auto refuse = [&](const char* field, const std::string& theirs, const char* key, const std::string& ours) {
+    fail("lora.model_dir: ", file, " has ", field, " ", theirs, ", this config's lora.", key, " is ", ours,
+         " (set lora.", key, ": ", theirs, " to continue it)");
+  };
+  if (pc.r != l.r) refuse("r", std::to_string(pc.r), "r", std::to_string(l.r));
+  if (pc.lora_alpha != l.alpha) refuse("lora_alpha", num(pc.lora_alpha), "alpha", num(l.alpha));
+  if (pc.use_rslora != l.use_rslora) refuse("use_rslora", tf(pc.use_rslora), "use_rslora", tf(l.use_rslora));
+  return pc;
+}
+
+/// Copies the PEFT adapter in `dir` into `model`'s LoRA tensors in place (the optimizer, made
+/// after, holds these very tensors; as Trainer::resume_from). The adapter must hold exactly the
+/// modules this config's lora.target_modules adapts, in their shapes: load_peft_adapter lists the
+/// missing / unexpected keys and wrong shapes (nothing is copied then). Returns the modules loaded.
+/// Throws qlora::Error starting "lora.model_dir: ".
+int64_t load_initial_adapter(LlamaModel& model, const std::string& dir) {
+  std::map<std::string, std::pair<int64_t, int64_t>> shapes;
+  for (const FrozenLinear* f : const_cast<const LlamaModel&>(model).linears())
+    if (f->lora) shapes[f->name] = {f->in_features(), f->out_features()};
+  LoraWeights w;
+  PeftConfig pc;
+  try {
+    w = load_peft_adapter(dir, &pc, shapes);
+  } catch (const Error& e) {
+    // load_peft_adapter's `expected` here is what this config adapts, not what the adapter's own
+    // target_modules selects: its note on an unexpected key is said in our terms.
+    std::string msg = e.what();
+    static const std::string kTheirs = " (not a module of this model that adapter_config.json's target_modules selects)";
+    for (size_t at; (at = msg.find(kTheirs)) != std::string::npos;) msg.replace(at, kTheirs.size(), " (not adapted here)");
+    fail("lora.model_dir: ", msg, " (lora.target_modules must adapt exactly the modules the adapter holds)");
+  }
+  torch::NoGradGuard ng;
+  for (FrozenLinear* f : model.linears()) {
+    if (!f->lora) continue;
+    const auto& ab = w.at(f->name);
+    f->lora->A.copy_(ab.first);
+    f->lora->B.copy_(ab.second);
+  }
+  return static_cast<int64_t>(w.size());
+}
+}  // namespace
+
 void Trainer::setup() {
   g_announce_setup_stop.store(run_.dist.rank == 0);
   const StopHandlers setup_signals(on_setup_signal);
@@ -422,6 +487,11 @@ void Trainer::setup() {
   });
   run_id_ = claim.substr(0, claim.find('\n'));
   const std::string ckpt = claim.substr(claim.find('\n') + 1);
+  // lora.model_dir: its adapter_config.json must fit this lora section; refused in seconds, before
+  // the model loads, nothing written. A resume takes the checkpoint's weights: the adapter is not
+  // read then (it may be gone; a changed lora.model_dir was refused by check_resume_settings).
+  if (!cfg_.lora.model_dir.empty() && ckpt.empty())
+    with_key_sources(cfg_, [&] { check_initial_adapter(cfg_.lora); });
   if (fault_.load_delay_ms > 0) {
     log::info("fault: QLORA_FAULT_LOAD_DELAY_MS: sleeping ", fault_.load_delay_ms, " ms before the model loads");
     std::this_thread::sleep_for(std::chrono::milliseconds(fault_.load_delay_ms));
@@ -446,6 +516,15 @@ void Trainer::setup() {
   for (const auto& [name, n] : counts) matched += (matched.empty() ? "" : ", ") + name + " ×" + std::to_string(n);
   for (const torch::Tensor& p : model_->lora_parameters()) n_params += p.numel();
   log::info("lora: r=", l.r, " alpha=", l.alpha, " on ", matched, " (", n_params, " trainable parameters)");
+  // lora.model_dir: the run starts from that adapter (Axolotl's lora_model_dir, PEFT's
+  // PeftModel.from_pretrained(..., is_trainable=True)), before output_dir is locked; a resume's
+  // checkpoint weights win (resume_from), so a resumed run does not read the tensors again.
+  if (!l.model_dir.empty() && ckpt.empty()) {
+    const int64_t n = with_key_sources(cfg_, [&] { return load_initial_adapter(*model_, l.model_dir); });
+    log::info("lora: initialised from ", l.model_dir, " (", n, " modules)");
+  } else if (!l.model_dir.empty()) {
+    log::info("lora: lora.model_dir ", l.model_dir, " not read: the run resumes from ", ckpt, ", whose adapter continues it");
+  }
   model_->gradient_checkpointing = t.gradient_checkpointing;
   memory_.record("after_load");  // memory_report.json (trainer/estimate.h)
 

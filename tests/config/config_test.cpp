@@ -361,8 +361,8 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
                 "of files whose examples are concatenated in order, each a path or {path: FILE, format: sharegpt, "
                 "field_map: {...}, role_map: {...}} (docs/config.md)");
   EXPECT_EQ(top("lora_model_dir: ./old"),
-            p + "lora_model_dir: unknown key; Axolotl / Hugging Face's \"lora_model_dir\" has no key here: a run starts "
-                "from a new adapter (an interrupted run of ours continues with \"checkpoint.resume\") (docs/config.md)");
+            p + "lora_model_dir: unknown key; Axolotl / Hugging Face's \"lora_model_dir\" is \"lora.model_dir\" "
+                "here (docs/config.md)");
   EXPECT_EQ(top("chat_template: tokenizer_default"),
             p + "chat_template: unknown key; Axolotl / Hugging Face's \"chat_template\" is \"data.template\" here (its "
                 "tokenizer_default is template: auto) (docs/config.md)");
@@ -805,7 +805,7 @@ TEST(Config, ToYamlRoundTripsNonDefaultValues) {
       "model.dtype=auto", "model.tokenizer=tok/tokenizer.model", "quantization.method=fp4",
       "quantization.double_quant=false", "quantization.blocksize=4096", "quantization.keep_16bit=[]",
       "lora.r=64", "lora.alpha=0.1", "lora.dropout=0.3333333333333333", "lora.target_modules=[down_proj]",
-      "lora.use_rslora=true", "data.eval=e.jsonl", "data.format=sharegpt", "data.template=none",
+      "lora.use_rslora=true", "lora.model_dir=runs/old/checkpoints/checkpoint-40", "data.eval=e.jsonl", "data.format=sharegpt", "data.template=none",
       "data.truncation=truncate", "data.padding_side=left", "data.seed=18446744073",
       "data.role_map={human: user, gpt: assistant}", "data.field_map={'yes': 'null'}",
       "training.learning_rate=3.14159e-5", "training.lr_scheduler=linear", "training.warmup_ratio=0.05",
@@ -998,6 +998,8 @@ data:
   train: ${QLORA_T_DATA}/train.jsonl
   eval: $QLORA_T_DATA/eval.jsonl
 checkpoint: {resume_from_dir: ~/bucket/$QLORA_T_RUN}
+lora:
+  model_dir: ~/adapters/${QLORA_T_RUN}
 )");
   EXPECT_EQ(c.output_dir, "/home/tester/runs/r1");
   EXPECT_EQ(c.model.path, "/data/sets/model");
@@ -1005,6 +1007,12 @@ checkpoint: {resume_from_dir: ~/bucket/$QLORA_T_RUN}
   EXPECT_EQ(data::source_paths(c.data.train), "/data/sets/train.jsonl");
   EXPECT_EQ(data::source_paths(c.data.eval), "/data/sets/eval.jsonl");
   EXPECT_EQ(c.checkpoint.resume_from_dir, "/home/tester/bucket/r1");
+  EXPECT_EQ(c.lora.model_dir, "/home/tester/adapters/r1");
+  EXPECT_NE(to_yaml(c).find("model_dir: /home/tester/adapters/r1"), std::string::npos) << to_yaml(c);
+  // Unset (a new adapter): left out of the resolved config, so a run recorded before the key existed
+  // compares equal to one without it on resume.
+  EXPECT_EQ(parse(kMinimal).lora.model_dir, "");
+  EXPECT_EQ(to_yaml(parse(kMinimal)).find("model_dir"), std::string::npos);
   // checkpoint.resume as a path, and the literal forms: "$$", a "$" before a non-name, "~user", "a~b".
   const Config p = parse(kMinimal, {"checkpoint.resume=${QLORA_T_DATA}/ckpt/checkpoint-5", "data.train=a$$b$-c~/x",
                                     "model.path=~user/m", "output_dir=a~b"});
