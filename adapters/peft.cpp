@@ -224,9 +224,8 @@ PeftConfig read_peft_config(const std::string& dir) {
   return c;
 }
 
-LoraWeights load_peft_adapter(const std::string& dir, PeftConfig* cfg,
-                              const std::map<std::string, std::pair<int64_t, int64_t>>& expected) {
-  const PeftConfig c = read_peft_config(dir);
+LoraWeights load_peft_adapter(const std::string& dir, const PeftConfig& c, const ModuleShapes& expected,
+                              const std::string& selected_by) {
   const std::string path = (fs::path(dir) / "adapter_model.safetensors").string();
   // PEFT's save_pretrained(safe_serialization=False) writes adapter_model.bin, a pickle: never read.
   QLORA_CHECK(fs::exists(path), path, ": not found",
@@ -248,8 +247,8 @@ LoraWeights load_peft_adapter(const std::string& dir, PeftConfig* cfg,
     const std::string module = t.name.substr(kPrefix.size(), t.name.size() - kPrefix.size() - kSuffixA.size());
     auto it = expected.find(module);
     if (it == expected.end()) {
-      problems.push_back("unexpected key '" + t.name +
-                         "' (not a module of this model that adapter_config.json's target_modules selects)");
+      problems.push_back("unexpected key '" + t.name + "' (not a module of this model that " + selected_by +
+                         " selects)");
       continue;
     }
     const auto [in, out_f] = it->second;
@@ -275,7 +274,6 @@ LoraWeights load_peft_adapter(const std::string& dir, PeftConfig* cfg,
     if (problems.size() > show) msg += "; and " + std::to_string(problems.size() - show) + " more";
     fail(path, ": adapter does not fit the model: ", msg);
   }
-  if (cfg) *cfg = c;
   return out;
 }
 

@@ -62,14 +62,25 @@ std::string peft_key(const std::string& module, bool is_a);
 /// is empty, when a pair's shapes disagree with r, or on an I/O error.
 void save_peft_adapter(const std::string& dir, const PeftConfig& cfg, const LoraWeights& weights);
 
-/// Reads a PEFT LoRA directory. `expected`: module path → {in_features, out_features}. Every key
-/// is checked before anything is returned: a missing module, an unexpected key, a wrong shape, a
-/// non-LORA peft_type, bias other than "none", or an adapter with no tensors throws one
-/// qlora::Error listing the problems (never a partial load). Tensors come back fp32 on CPU.
-LoraWeights load_peft_adapter(const std::string& dir, PeftConfig* cfg,
-                              const std::map<std::string, std::pair<int64_t, int64_t>>& expected);
+/// Module path → {in_features, out_features}: the LoRA modules an adapter must hold, in their shapes.
+using ModuleShapes = std::map<std::string, std::pair<int64_t, int64_t>>;
 
-/// Parses adapter_config.json alone (target_modules as a list or a regex string, layers_to_transform
+/// Reads the tensors of the PEFT LoRA directory `dir`, whose adapter_config.json the caller has
+/// read into `cfg` (read_peft_config; r gives the expected shapes: lora_A [r, in], lora_B
+/// [out, r]). `expected`: the modules it must hold; `selected_by` says where that set comes from
+/// ("adapter_config.json's target_modules", "lora.target_modules"), for the note on an unexpected
+/// key. Every key is checked before anything is returned: a missing module, an unexpected key, a
+/// wrong shape, or an adapter with no tensors throws one qlora::Error naming
+/// adapter_model.safetensors and listing the problems (never a partial load); a directory with only
+/// adapter_model.bin (a pickle) is named as such. Tensors come back fp32 on CPU.
+LoraWeights load_peft_adapter(const std::string& dir, const PeftConfig& cfg, const ModuleShapes& expected,
+                              const std::string& selected_by);
+
+/// load_peft_adapter's `selected_by` when `expected` is what the adapter's own config selects in
+/// the model (peft_module_shapes): eval, generate, merge.
+inline const std::string kSelectedByAdapterConfig = "adapter_config.json's target_modules";
+
+/// Parses `dir`/adapter_config.json (target_modules as a list or a regex string, layers_to_transform
 /// as an int or a list, layers_pattern as a string or a list, exclude_modules). Throws qlora::Error
 /// naming the file and field, also for fields that would change the result and are not supported
 /// (non-empty rank_pattern / alpha_pattern, use_dora, fan_in_fan_out true).

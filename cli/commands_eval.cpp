@@ -30,9 +30,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 PeftConfig attach_peft_adapter(LlamaModel& model, const std::string& adapter_dir) {
-  QLORA_CHECK(fs::is_directory(adapter_dir), adapter_dir, ": adapter directory not found");
-  PeftConfig pc = read_peft_config(adapter_dir);
-  LoraWeights w = load_peft_adapter(adapter_dir, &pc, peft_module_shapes(model, pc));
+  const PeftConfig pc = read_peft_config(adapter_dir);
+  LoraWeights w = load_peft_adapter(adapter_dir, pc, peft_module_shapes(model, pc), kSelectedByAdapterConfig);
   LoraOptions lo = lora_options(pc);
   lo.dropout = 0.0;
   model.set_lora(w, lo);

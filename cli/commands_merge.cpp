@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -32,18 +33,12 @@ DType merge_dtype(const std::string& d, const ModelConfig& base) {
   return *t == DType::kAuto ? stored_dtype(base.torch_dtype) : *t;
 }
 
-/// Refuses adapter features a plain W + s·B·A merge cannot represent, and a LoRA on lm_head
-/// (tied to embed_tokens it would change the input embeddings too; untied we never train one).
-void check_adapter_mergeable(const std::string& dir, const ModelConfig& base) {
-  // What no command reads (DoRA, per-module ranks, a bias, modules_to_save, ...): refused by
-  // name there, before anything is loaded, as eval and generate refuse it.
-  (void)read_peft_config(dir);
-  const fs::path cfg_path = fs::path(dir) / "adapter_config.json";
-  const json j = json::parse(read_file(cfg_path.string()), nullptr, /*allow_exceptions=*/false);
-  QLORA_CHECK(j.is_object(), cfg_path.string(), ": not a JSON object");
-  bool lm_head = false;
-  if (j.contains("target_modules") && j["target_modules"].is_array())
-    for (const json& t : j["target_modules"]) lm_head = lm_head || (t.is_string() && t.get<std::string>() == "lm_head");
+/// Refuses a LoRA on lm_head, by the adapter's config `pc` (read_peft_config of `dir`, which has
+/// already refused what no command reads: DoRA, per-module ranks, a bias, modules_to_save, ...) or
+/// by a tensor of its adapter_model.safetensors: tied to embed_tokens it would change the input
+/// embeddings too; untied we never train one.
+void check_adapter_mergeable(const std::string& dir, const PeftConfig& pc, const ModelConfig& base) {
+  bool lm_head = std::find(pc.target_modules.begin(), pc.target_modules.end(), "lm_head") != pc.target_modules.end();
   const fs::path st_path = fs::path(dir) / "adapter_model.safetensors";
   if (fs::exists(st_path)) {
     st::SafetensorsFile f(st_path.string());
@@ -59,10 +54,9 @@ void check_adapter_mergeable(const std::string& dir, const ModelConfig& base) {
 /// Warnings about what the merged model will be, from what the adapter dir says of its training:
 /// adapter_config.json's base_model_name_or_path (when it is a local dir) other than --base, and a
 /// run trained on a 4-bit base (its config.resolved.yaml) merged into unquantized weights.
-void warn_about_merge_base(const MergeOptions& o, bool base_is_4bit) {
+void warn_about_merge_base(const MergeOptions& o, const PeftConfig& pc, bool base_is_4bit) {
   std::error_code ec;
-  const json ac = json::parse(read_file((fs::path(o.adapter_dir) / "adapter_config.json").string()));
-  const std::string named = ac.value("base_model_name_or_path", std::string());
+  const std::string& named = pc.base_model_name_or_path;
   if (!named.empty() && fs::is_directory(named, ec) && !fs::equivalent(named, o.base_dir, ec))
     log::warn("merge: ", o.adapter_dir, "/adapter_config.json names the base ", named, ", not --base ", o.base_dir,
               "; merging into another model (an already merged one merges the adapter twice)");
@@ -87,16 +81,16 @@ void cmd_merge(const MergeOptions& o) {
   const ModelConfig base_cfg = load_model_config(o.base_dir);
   const DType out_type = merge_dtype(o.dtype, base_cfg);
   const torch::Dtype out_dtype = torch_dtype(out_type, torch::kCPU);
-  check_adapter_mergeable(o.adapter_dir, base_cfg);
+  const PeftConfig pc = read_peft_config(o.adapter_dir);
+  check_adapter_mergeable(o.adapter_dir, pc, base_cfg);
 
   // fp32 holds bf16/fp16/fp32 stored values exactly; a 4-bit base is read as stored (never
   // re-quantized) and dequantized below.
   LlamaModel model = LlamaModel::load(o.base_dir, torch::kFloat32, torch::kCPU);
   bool base_is_4bit = false;
   for (const FrozenLinear* f : model.linears()) base_is_4bit |= f->quantized();
-  warn_about_merge_base(o, base_is_4bit);
-  PeftConfig pc = read_peft_config(o.adapter_dir);
-  const LoraWeights lw = load_peft_adapter(o.adapter_dir, &pc, peft_module_shapes(model, pc));
+  warn_about_merge_base(o, pc, base_is_4bit);
+  const LoraWeights lw = load_peft_adapter(o.adapter_dir, pc, peft_module_shapes(model, pc), kSelectedByAdapterConfig);
   const double s = lora_scale(pc.r, pc.lora_alpha, pc.use_rslora);
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors;

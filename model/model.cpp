@@ -676,11 +676,18 @@ std::map<std::string, int64_t> LlamaModel::add_lora(const LoraOptions& o) {
   return counts;
 }
 
-std::map<std::string, std::pair<int64_t, int64_t>> LlamaModel::lora_shapes(const std::vector<std::string>& targets) const {
+ModuleShapes LlamaModel::lora_shapes(const std::vector<std::string>& targets) const {
   check_lora_targets(cfg_, targets);
-  std::map<std::string, std::pair<int64_t, int64_t>> out;
+  ModuleShapes out;
   for (const FrozenLinear* f : linears())
     if (lora_targets_module(f->name, targets)) out[f->name] = {f->in_features(), f->out_features()};
+  return out;
+}
+
+ModuleShapes LlamaModel::adapted_shapes() const {
+  ModuleShapes out;
+  for (const FrozenLinear* f : linears())
+    if (f->lora) out[f->name] = {f->in_features(), f->out_features()};
   return out;
 }
 

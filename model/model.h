@@ -173,7 +173,10 @@ class LlamaModel {
   void set_lora(const LoraWeights& w, const LoraOptions& o);
   /// Module path → {in, out} for the linears a PEFT config with these targets would adapt. Throws
   /// qlora::Error, with the reason, when a target names lm_head or embed_tokens (as add_lora).
-  std::map<std::string, std::pair<int64_t, int64_t>> lora_shapes(const std::vector<std::string>& targets) const;
+  ModuleShapes lora_shapes(const std::vector<std::string>& targets) const;
+  /// Module path → {in, out} for the linears that carry a LoRA now (add_lora / set_lora): what a
+  /// checkpoint or an initial adapter of this run must hold.
+  ModuleShapes adapted_shapes() const;
   /// Dequantizes every 4-bit decoder linear once into FrozenLinear::dequantized (compute dtype)
   /// so that inference (generate, exact-match eval) stops dequantizing all weights again at every
   /// decode step: the same values, so the same logits bit for bit. Does nothing, and returns 0,

@@ -329,12 +329,12 @@ TrainerState read_trainer_state(const std::string& ckpt_dir, std::vector<int64_t
   return s;
 }
 
-LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
-                                 const std::map<std::string, std::pair<int64_t, int64_t>>& shapes) {
+LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir, const ModuleShapes& shapes) {
   const std::string why = verify_checkpoint(ckpt_dir);
   QLORA_CHECK(why.empty(), ckpt_dir, ": checkpoint does not verify: ", why);
   LoadedCheckpoint c;
-  c.adapter = load_peft_adapter(ckpt_dir, &c.peft, shapes);
+  c.peft = read_peft_config(ckpt_dir);
+  c.adapter = load_peft_adapter(ckpt_dir, c.peft, shapes, "lora.target_modules");
   c.state = read_trainer_state(ckpt_dir, &c.opt.steps);
   const fs::path op = fs::path(ckpt_dir) / "optimizer.safetensors";
   if (!c.opt.steps.empty()) {

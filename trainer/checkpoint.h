@@ -221,10 +221,10 @@ struct LoadedCheckpoint {
   std::vector<RngState> rng;
 };
 
-/// Reads a checkpoint (verifying its manifest first). `shapes`: LoRA module → {in, out} as in
-/// load_peft_adapter. Throws qlora::Error naming the file and the problem.
-LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir,
-                                 const std::map<std::string, std::pair<int64_t, int64_t>>& shapes);
+/// Reads a checkpoint (verifying its manifest first). `shapes`: the LoRA modules of this run
+/// (lora.target_modules) → {in, out}, as load_peft_adapter's `expected`. Throws qlora::Error naming
+/// the file and the problem.
+LoadedCheckpoint read_checkpoint(const std::string& ckpt_dir, const ModuleShapes& shapes);
 
 /// `ckpt_dir`/trainer_state.json alone (no tensors, no manifest check; metrics_jsonl left ""):
 /// what a resume decides on before the model loads. `optimizer_steps`, when given, receives the

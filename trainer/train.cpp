@@ -143,8 +143,8 @@ std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vec
 
 // ---------------------------------------------------------------------------------------------
 
-std::map<std::string, std::pair<int64_t, int64_t>> peft_module_shapes(const LlamaModel& model, const PeftConfig& pc) {
-  std::map<std::string, std::pair<int64_t, int64_t>> out;
+ModuleShapes peft_module_shapes(const LlamaModel& model, const PeftConfig& pc) {
+  ModuleShapes out;
   for (const FrozenLinear* f : model.linears())
     if (peft_targets_module(pc, f->name)) out[f->name] = {f->in_features(), f->out_features()};
   return out;
@@ -366,26 +366,18 @@ PeftConfig check_initial_adapter(const LoraConfig& l) {
   return pc;
 }
 
-/// Copies the PEFT adapter in `dir` into `model`'s LoRA tensors in place (the optimizer, made
-/// after, holds these very tensors; as Trainer::resume_from). The adapter must hold exactly the
-/// modules this config's lora.target_modules adapts, in their shapes: load_peft_adapter lists the
-/// missing / unexpected keys and wrong shapes (nothing is copied then). Returns the modules loaded.
-/// Throws qlora::Error starting "lora.model_dir: ".
-int64_t load_initial_adapter(LlamaModel& model, const std::string& dir) {
-  std::map<std::string, std::pair<int64_t, int64_t>> shapes;
-  for (const FrozenLinear* f : const_cast<const LlamaModel&>(model).linears())
-    if (f->lora) shapes[f->name] = {f->in_features(), f->out_features()};
+/// Copies the PEFT adapter in `dir` (its adapter_config.json read into `pc` by
+/// check_initial_adapter) into `model`'s LoRA tensors in place (the optimizer, made after, holds
+/// these very tensors; as Trainer::resume_from). The adapter must hold exactly the modules this
+/// config's lora.target_modules adapts, in their shapes: load_peft_adapter lists the missing /
+/// unexpected keys and wrong shapes (nothing is copied then). Returns the modules loaded. Throws
+/// qlora::Error starting "lora.model_dir: ".
+int64_t load_initial_adapter(LlamaModel& model, const std::string& dir, const PeftConfig& pc) {
   LoraWeights w;
-  PeftConfig pc;
   try {
-    w = load_peft_adapter(dir, &pc, shapes);
+    w = load_peft_adapter(dir, pc, model.adapted_shapes(), "lora.target_modules");
   } catch (const Error& e) {
-    // load_peft_adapter's `expected` here is what this config adapts, not what the adapter's own
-    // target_modules selects: its note on an unexpected key is said in our terms.
-    std::string msg = e.what();
-    static const std::string kTheirs = " (not a module of this model that adapter_config.json's target_modules selects)";
-    for (size_t at; (at = msg.find(kTheirs)) != std::string::npos;) msg.replace(at, kTheirs.size(), " (not adapted here)");
-    fail("lora.model_dir: ", msg, " (lora.target_modules must adapt exactly the modules the adapter holds)");
+    fail("lora.model_dir: ", e.what(), " (lora.target_modules must adapt exactly the modules the adapter holds)");
   }
   torch::NoGradGuard ng;
   for (FrozenLinear* f : model.linears()) {
@@ -490,8 +482,9 @@ void Trainer::setup() {
   // lora.model_dir: its adapter_config.json must fit this lora section; refused in seconds, before
   // the model loads, nothing written. A resume takes the checkpoint's weights: the adapter is not
   // read then (it may be gone; a changed lora.model_dir was refused by check_resume_settings).
+  std::optional<PeftConfig> initial_adapter;
   if (!cfg_.lora.model_dir.empty() && ckpt.empty())
-    with_key_sources(cfg_, [&] { check_initial_adapter(cfg_.lora); });
+    initial_adapter = with_key_sources(cfg_, [&] { return check_initial_adapter(cfg_.lora); });
   if (fault_.load_delay_ms > 0) {
     log::info("fault: QLORA_FAULT_LOAD_DELAY_MS: sleeping ", fault_.load_delay_ms, " ms before the model loads");
     std::this_thread::sleep_for(std::chrono::milliseconds(fault_.load_delay_ms));
@@ -519,8 +512,8 @@ void Trainer::setup() {
   // lora.model_dir: the run starts from that adapter (Axolotl's lora_model_dir, PEFT's
   // PeftModel.from_pretrained(..., is_trainable=True)), before output_dir is locked; a resume's
   // checkpoint weights win (resume_from), so a resumed run does not read the tensors again.
-  if (!l.model_dir.empty() && ckpt.empty()) {
-    const int64_t n = with_key_sources(cfg_, [&] { return load_initial_adapter(*model_, l.model_dir); });
+  if (initial_adapter) {
+    const int64_t n = with_key_sources(cfg_, [&] { return load_initial_adapter(*model_, l.model_dir, *initial_adapter); });
     log::info("lora: initialised from ", l.model_dir, " (", n, " modules)");
   } else if (!l.model_dir.empty()) {
     log::info("lora: lora.model_dir ", l.model_dir, " not read: the run resumes from ", ckpt, ", whose adapter continues it");
@@ -1629,10 +1622,7 @@ void Trainer::check_resume_settings(const std::string& ckpt) const {
 }
 
 void Trainer::resume_from(const std::string& ckpt) {
-  std::map<std::string, std::pair<int64_t, int64_t>> shapes;
-  for (const FrozenLinear* f : const_cast<const LlamaModel&>(*model_).linears())
-    if (f->lora) shapes[f->name] = {f->in_features(), f->out_features()};
-  LoadedCheckpoint lc = read_checkpoint(ckpt, shapes);
+  LoadedCheckpoint lc = read_checkpoint(ckpt, model_->adapted_shapes());
   // Changed settings, data and world size were refused (or --force'd) before the model loaded
   // (check_resume_settings).
   // LoRA shapes must match exactly, --force or not (the optimizer state is per element).

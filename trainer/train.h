@@ -103,7 +103,7 @@ std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vec
 /// Module path → {in_features, out_features} of the decoder linears of `model` that the PEFT
 /// config `pc` adapts (peft_targets_module: list, regex, layers_to_transform, layers_pattern,
 /// exclude_modules): the `expected` argument of load_peft_adapter.
-std::map<std::string, std::pair<int64_t, int64_t>> peft_module_shapes(const LlamaModel& model, const PeftConfig& pc);
+ModuleShapes peft_module_shapes(const LlamaModel& model, const PeftConfig& pc);
 
 /// A bitsandbytes 4-bit checkpoint is read as stored (LlamaModel::load). Where a linear's stored
 /// format differs from what `q` asks for, the request is honoured: a different blocksize or

@@ -83,6 +83,11 @@ LoraWeights sample(int64_t r) {
 const std::map<std::string, std::pair<int64_t, int64_t>> kExpected = {
     {"model.layers.0.self_attn.q_proj", {8, 8}}, {"model.layers.0.self_attn.v_proj", {8, 4}}};
 
+/// An adapter directory read as eval / generate / merge read it: config, then tensors.
+LoraWeights read_adapter(const fs::path& dir, const ModuleShapes& expected) {
+  return load_peft_adapter(dir.string(), read_peft_config(dir.string()), expected, kSelectedByAdapterConfig);
+}
+
 TEST(Peft, RoundTrip) {
   const test::TempDir tmp("lora_rt");  // removed when the test ends, pass or fail
   const fs::path d = tmp.path / "adapter";  // not created: save_peft_adapter makes it
@@ -94,8 +99,8 @@ TEST(Peft, RoundTrip) {
   save_peft_adapter(d.string(), c, w);
   st::SafetensorsFile f((d / "adapter_model.safetensors").string());
   EXPECT_TRUE(f.contains("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
-  PeftConfig back;
-  LoraWeights got = load_peft_adapter(d.string(), &back, kExpected);
+  const PeftConfig back = read_peft_config(d.string());
+  LoraWeights got = load_peft_adapter(d.string(), back, kExpected, kSelectedByAdapterConfig);
   EXPECT_EQ(back.r, 2);
   EXPECT_EQ(back.target_modules, c.target_modules);
   for (const auto& [m, ab] : w) {
@@ -116,20 +121,23 @@ TEST(Peft, RefusesEmptyAndListsMismatches) {
   std::map<std::string, std::pair<int64_t, int64_t>> other = {{"model.layers.0.self_attn.q_proj", {8, 8}},
                                                               {"model.layers.1.self_attn.q_proj", {8, 8}}};
   try {
-    load_peft_adapter(d.string(), nullptr, other);
+    read_adapter(d, other);
     FAIL();
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("missing key 'base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight'"), std::string::npos) << m;
-    EXPECT_NE(m.find("unexpected key"), std::string::npos) << m;
+    EXPECT_NE(m.find("unexpected key 'base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight' (not a module of "
+                     "this model that adapter_config.json's target_modules selects)"),
+              std::string::npos)
+        << m;
   }
   // wrong shape
   std::map<std::string, std::pair<int64_t, int64_t>> wide = kExpected;
   wide["model.layers.0.self_attn.q_proj"] = {16, 8};
-  EXPECT_THROW(load_peft_adapter(d.string(), nullptr, wide), Error);
+  EXPECT_THROW(read_adapter(d, wide), Error);
   // not LoRA
   std::ofstream(d / "adapter_config.json") << R"({"peft_type": "IA3", "r": 2})";
-  EXPECT_THROW(load_peft_adapter(d.string(), nullptr, kExpected), Error);
+  EXPECT_THROW(read_adapter(d, kExpected), Error);
   // PEFT LoraConfig fields that would change the result and are not implemented: one line naming the
   // field, never ignored (modules_to_save's tensors once surfaced as an "unexpected key").
   const std::string cfg = (d / "adapter_config.json").string();
@@ -146,7 +154,7 @@ TEST(Peft, RefusesEmptyAndListsMismatches) {
   for (const auto& [field, want] : refused) {
     std::ofstream(d / "adapter_config.json") << R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, )" << field << "}";
     try {
-      load_peft_adapter(d.string(), nullptr, kExpected);
+      read_adapter(d, kExpected);
       ADD_FAILURE() << field;
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()), want);
@@ -156,7 +164,7 @@ TEST(Peft, RefusesEmptyAndListsMismatches) {
   std::ofstream(d / "adapter_config.json")
       << R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "v_proj"], )"
       << R"("modules_to_save": null, "bias": "none", "use_dora": false, "rank_pattern": {}, "alpha_pattern": {}})";
-  EXPECT_EQ(load_peft_adapter(d.string(), nullptr, kExpected).size(), kExpected.size());
+  EXPECT_EQ(read_adapter(d, kExpected).size(), kExpected.size());
   // An adapter saved with safe_serialization=False: the pickle is named, not read.
   {
     const fs::path bin = tmp.path / "bin";
@@ -164,7 +172,7 @@ TEST(Peft, RefusesEmptyAndListsMismatches) {
     fs::copy_file(d / "adapter_config.json", bin / "adapter_config.json");
     std::ofstream(bin / "adapter_model.bin") << "PK";
     try {
-      load_peft_adapter(bin.string(), nullptr, kExpected);
+      read_adapter(bin, kExpected);
       ADD_FAILURE() << "adapter_model.bin only";
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()), (bin / "adapter_model.safetensors").string() +

@@ -125,7 +125,8 @@ TEST_F(InitAdapter, AdapterThatDoesNotFitIsRefusedWritingNothing) {
        "'base_model.model.model.layers.0.mlp.down_proj.lora_A.weight'"},
       {"adapter on more modules", "--set lora.model_dir=" + peft + " --set 'lora.target_modules=[q_proj, v_proj]'",
        "lora.model_dir: " + peft + "/adapter_model.safetensors: adapter does not fit the model: unexpected key "
-       "'base_model.model.model.layers.0.mlp.down_proj.lora_A.weight'"},
+       "'base_model.model.model.layers.0.mlp.down_proj.lora_A.weight' (not a module of this model that "
+       "lora.target_modules selects)"},
       {"no such directory", "--set lora.model_dir=" + (root / "no_such_adapter").string(),
        "lora.model_dir: " + (root / "no_such_adapter").string() + ": adapter directory not found"},
       {"a directory without adapter_config.json", "--set lora.model_dir=" + (root / "model").string(),

@@ -70,8 +70,8 @@ inline TrainingConfig adamw_config(double weight_decay = 0.0) {
 /// Base + the adapter in `adapter_dir`, fp32 on the CPU, dropout as stored.
 inline LlamaModel with_adapter(const fs::path& base, const fs::path& adapter_dir) {
   LlamaModel m = LlamaModel::load(base.string(), torch::kFloat32, torch::kCPU);
-  PeftConfig pc = read_peft_config(adapter_dir.string());
-  const LoraWeights w = load_peft_adapter(adapter_dir.string(), &pc, m.lora_shapes(pc.target_modules));
+  const PeftConfig pc = read_peft_config(adapter_dir.string());
+  const LoraWeights w = load_peft_adapter(adapter_dir.string(), pc, m.lora_shapes(pc.target_modules), kSelectedByAdapterConfig);
   m.set_lora(w, lora_options(pc));
   return m;
 }

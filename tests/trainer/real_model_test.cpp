@@ -48,8 +48,9 @@ void check_real_parity(bool nf4, const std::string& ref_file) {
   LlamaModel m = LlamaModel::load(root.string(), torch::kFloat32, torch::kCPU, q);
   ASSERT_TRUE(m.config().tie_word_embeddings);
   ASSERT_TRUE(m.lm_head.is_same(m.embed_tokens));
-  PeftConfig pc = read_peft_config((dir / "adapter_init").string());
-  const LoraWeights init = load_peft_adapter((dir / "adapter_init").string(), &pc, m.lora_shapes(pc.target_modules));
+  const PeftConfig pc = read_peft_config((dir / "adapter_init").string());
+  const LoraWeights init =
+      load_peft_adapter((dir / "adapter_init").string(), pc, m.lora_shapes(pc.target_modules), kSelectedByAdapterConfig);
   ASSERT_EQ(init.size(), 30u * 7);
   LoraOptions lo = lora_options(pc);
   lo.dropout = 0.0;
