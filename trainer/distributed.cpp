@@ -15,11 +15,14 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Logging.h>
 
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <exception>
+#include <future>
+#include <thread>
 #include <iomanip>
 #include <sstream>
 
@@ -137,6 +140,99 @@ struct Distributed::Impl {
   }
 };
 
+namespace {
+/// c10's own log lines (a "[W ... TCPStore.cpp] ... retrying" and the exception's backtrace per
+/// connection attempt) silenced while it lives, unless the user set TORCH_CPP_LOG_LEVEL: the
+/// rendezvous says what happens in its own lines, and a failure is one qlora::Error.
+class QuietC10Log {
+ public:
+  QuietC10Log() : saved_(FLAGS_caffe2_log_level) {
+    if (!std::getenv("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 3;  // FATAL only
+  }
+  ~QuietC10Log() { FLAGS_caffe2_log_level = saved_; }
+  QuietC10Log(const QuietC10Log&) = delete;
+  QuietC10Log& operator=(const QuietC10Log&) = delete;
+
+ private:
+  int saved_;
+};
+
+/// The store key every rank adds 1 to once it is connected; rank 0 waits for WORLD_SIZE.
+constexpr const char* kJoinedKey = "qlora/joined";
+
+/// When a waiting rank says that it still waits: 10 s in, then every 60 s.
+bool say_still_waiting(std::chrono::steady_clock::duration waited, int64_t* said) {
+  const int64_t s = std::chrono::duration_cast<std::chrono::seconds>(waited).count();
+  const int64_t due = *said == 0 ? 10 : *said + 60;
+  if (s < due) return false;
+  *said = s;
+  return true;
+}
+
+/// The TCPStore rendezvous at MASTER_ADDR:MASTER_PORT (torch's init_method="env://"): rank 0 hosts
+/// it and waits until all WORLD_SIZE ranks have joined; the others connect to it. Each waiting rank
+/// says so 10 s in and every 60 s after (rank 0: how many ranks are still missing). Rank 0 gives up
+/// after QLORA_DIST_TIMEOUT_S; the others after torch's connection attempts (a first one of up to
+/// QLORA_DIST_TIMEOUT_S, a random delay, one more). Throws qlora::Error, one line naming MASTER_PORT (rank 0 cannot
+/// listen), MASTER_ADDR (this rank cannot connect), or the ranks that did not join.
+c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const std::string& where) {
+  using clock = std::chrono::steady_clock;
+  const int64_t timeout_s = env.timeout.count() / 1000;
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(env.master_port);
+  so.isServer = env.rank == 0;
+  so.numWorkers = env.world_size;
+  so.waitWorkers = false;  // the joins are counted below, saying who is missing
+  so.timeout = env.timeout;
+  const QuietC10Log quiet;
+  c10::intrusive_ptr<c10d::Store> store;
+  if (env.rank == 0) {
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    } catch (const std::exception& e) {
+      fail("MASTER_PORT=", env.master_port, ": rank 0 cannot host the rendezvous at ", where,
+           " (port in use, or MASTER_ADDR is not this host?): ", first_line(e.what()));
+    }
+    store->add(kJoinedKey, 1);
+    const auto start = clock::now();
+    int64_t said = 0;
+    for (int64_t joined = 1;; joined = store->add(kJoinedKey, 0)) {
+      if (joined >= env.world_size) break;
+      const int64_t missing = env.world_size - joined;
+      QLORA_CHECK(clock::now() - start < env.timeout, "distributed: not all ", env.world_size,
+                  " ranks joined the rendezvous at ", where, " within ", timeout_s, " s (QLORA_DIST_TIMEOUT_S): ",
+                  joined, " did, ", missing, " did not (were they started, with this MASTER_ADDR, MASTER_PORT and "
+                  "WORLD_SIZE?)");
+      if (say_still_waiting(clock::now() - start, &said))
+        log::info("distributed: rank 0 waiting for ", missing, " more rank", missing == 1 ? "" : "s", " to join the "
+                  "rendezvous at ", where, " (", joined, " of ", env.world_size, " joined, ", said, " s; gives up after ",
+                  timeout_s, " s, QLORA_DIST_TIMEOUT_S)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return store;
+  }
+  // A client connects, retrying until rank 0 listens or the timeout: in a thread, so that this
+  // one can say that it waits.
+  auto connecting = std::async(std::launch::async, [&] { return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so); });
+  const auto start = clock::now();
+  int64_t said = 0;
+  while (connecting.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready)
+    if (say_still_waiting(clock::now() - start, &said))
+      log::warn("distributed: rank ", env.rank, " waiting for rank 0's rendezvous at ", where, " (", said,
+                " s so far; torch's connection attempts wait up to QLORA_DIST_TIMEOUT_S=", timeout_s, " s each)");
+  try {
+    store = connecting.get();
+  } catch (const std::exception& e) {
+    const auto waited = std::chrono::duration_cast<std::chrono::seconds>(clock::now() - start).count();
+    fail("MASTER_ADDR=", env.master_addr, ": rank ", env.rank, " cannot reach rank 0's rendezvous at ", where,
+         " (gave up after ", waited, " s, QLORA_DIST_TIMEOUT_S=", timeout_s, " s per attempt; is rank 0 started, "
+         "with this MASTER_ADDR and MASTER_PORT?): ", first_line(e.what()));
+  }
+  store->add(kJoinedKey, 1);
+  return store;
+}
+}  // namespace
+
 Distributed::Distributed() = default;
 Distributed::~Distributed() = default;
 
@@ -150,23 +246,7 @@ Distributed::Distributed(const DistEnv& env, const torch::Device& device) : env_
   impl_ = std::make_unique<Impl>();
   impl_->device = device;
   const std::string where = env_.master_addr + ":" + std::to_string(env_.master_port);
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(env_.master_port);
-  so.isServer = env_.rank == 0;
-  so.numWorkers = env_.world_size;
-  so.waitWorkers = true;
-  so.timeout = env_.timeout;
-  try {
-    impl_->store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, so);
-  } catch (const std::exception& e) {
-    const std::string msg = first_line(e.what());
-    if (env_.rank == 0)
-      fail("MASTER_PORT=", env_.master_port, ": rank 0 cannot host the rendezvous at ", where,
-           " (port in use, or MASTER_ADDR is not this host?), or not all ", env_.world_size, " ranks joined within ",
-           env_.timeout.count() / 1000, " s: ", msg);
-    fail("MASTER_ADDR=", env_.master_addr, ": rank ", env_.rank, " cannot reach rank 0's rendezvous at ", where,
-         " within ", env_.timeout.count() / 1000, " s: ", msg);
-  }
+  impl_->store = rendezvous(env_, where);
 #ifdef QLORA_WITH_NCCL
   if (device.is_cuda()) {
     QLORA_CHECK(device.has_index(), "distributed: internal: the NCCL device has no index (training_device)");

@@ -623,4 +623,39 @@ TEST_F(DataParallel, PortInUseIsOneLineNamingMasterPort) {
   EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
 }
 
+// Ranks whose peers never come. Rank 0 says whom it waits for (10 s in, then every 60 s) and,
+// when QLORA_DIST_TIMEOUT_S runs out, fails in one line saying how many joined; a lone rank 1
+// fails in one line naming MASTER_ADDR. Neither prints c10d's own lines (a retry warning and a
+// backtrace per connection attempt), nor writes output_dir.
+TEST_F(DataParallel, LoneRankSaysWhomItWaitsForAndFailsInOneLine) {
+  const fs::path out = root / "lone";
+  const std::string p0 = std::to_string(free_tcp_port());
+  Out o = qlora::test::run_command("OMP_NUM_THREADS=1 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 QLORA_DIST_TIMEOUT_S=12 "
+                                   "MASTER_PORT=" + p0 + " " + train_cmd(out, ""));
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_NE(o.out.find("distributed: rank 0 waiting for 2 more ranks to join the rendezvous at 127.0.0.1:" + p0 +
+                       " (1 of 3 joined, 10 s; gives up after 12 s, QLORA_DIST_TIMEOUT_S)"),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("\nerror: distributed: not all 3 ranks joined the rendezvous at 127.0.0.1:" + p0 +
+                       " within 12 s (QLORA_DIST_TIMEOUT_S): 1 did, 2 did not (were they started, with this "
+                       "MASTER_ADDR, MASTER_PORT and WORLD_SIZE?)\n"),
+            std::string::npos)
+      << o.out;
+  const std::string p1 = std::to_string(free_tcp_port());
+  Out r1 = qlora::test::run_command("OMP_NUM_THREADS=1 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 QLORA_DIST_TIMEOUT_S=2 "
+                                    "MASTER_PORT=" + p1 + " " + train_cmd(out, ""));
+  EXPECT_EQ(r1.status, 1) << r1.out;
+  EXPECT_NE(r1.out.find("error: MASTER_ADDR=127.0.0.1: rank 1 cannot reach rank 0's rendezvous at 127.0.0.1:" + p1 +
+                        " (gave up after "),
+            std::string::npos)
+      << r1.out;
+  for (const Out* x : {&o, &r1}) {
+    EXPECT_EQ(x->out.find("frame #"), std::string::npos) << x->out;
+    EXPECT_EQ(x->out.find("TCPStore.cpp"), std::string::npos) << x->out;
+    EXPECT_EQ(x->out.find("socket.cpp"), std::string::npos) << x->out;
+  }
+  EXPECT_FALSE(fs::exists(out));
+}
+
 }  // namespace
