@@ -338,7 +338,8 @@ ModelConfig preset_config(const std::string& name) {
   return c;
 }
 
-std::map<std::string, std::string> model_file_digests(const std::string& model_dir, const std::string& tokenizer) {
+std::map<std::string, std::string> model_file_digests(const std::string& model_dir, const std::string& tokenizer,
+                                                      const std::string& adapter_dir) {
   static const std::set<std::string> kTokenizerFiles = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                                                        "special_tokens_map.json", "generation_config.json"};
   auto ends_with = [](const std::string& s, const std::string& tail) {
@@ -363,6 +364,10 @@ std::map<std::string, std::string> model_file_digests(const std::string& model_d
     else if (std::filesystem::exists(tokenizer))
       out["model.tokenizer/" + std::filesystem::path(tokenizer).filename().string()] = sampled_file_digest(tokenizer);
   }
+  if (!adapter_dir.empty())
+    for (const char* name : {"adapter_config.json", "adapter_model.safetensors"})
+      if (const auto f = std::filesystem::path(adapter_dir) / name; std::filesystem::is_regular_file(f))
+        out[std::string("lora.model_dir/") + name] = sampled_file_digest(f.string());
   return out;
 }
 

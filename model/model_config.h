@@ -82,8 +82,11 @@ std::vector<std::string> preset_names();
 /// MODEL_DIR's config.json, generation_config.json, tokenizer.json, tokenizer.model,
 /// tokenizer_config.json, special_tokens_map.json, *.safetensors and *.safetensors.index.json that
 /// exists, and "model.tokenizer/<name>" for `tokenizer` (a file: itself; a directory: its tokenizer
-/// files). "" for either skips it. About 2 MiB read per file, so it costs milliseconds even for a
-/// 70B model. Throws qlora::Error naming a file that exists but cannot be read.
-std::map<std::string, std::string> model_file_digests(const std::string& model_dir, const std::string& tokenizer);
+/// files), and "lora.model_dir/<name>" for the adapter_config.json and adapter_model.safetensors of
+/// `adapter_dir` (lora.model_dir, the adapter a run starts from). "" or a directory that is not
+/// there skips it. About 2 MiB read per file, so it costs milliseconds even for a 70B model.
+/// Throws qlora::Error naming a file that exists but cannot be read.
+std::map<std::string, std::string> model_file_digests(const std::string& model_dir, const std::string& tokenizer,
+                                                      const std::string& adapter_dir = "");
 
 }  // namespace qlora

@@ -46,8 +46,8 @@ struct TrainerState {
   std::string run_id;               ///< the run that wrote it (output_dir/run.json); "" = older format
   std::string fingerprint;          ///< run_fingerprint() of that run's config and data
   std::map<std::string, std::string> data_sha256;  ///< data file path → SHA-256 of its content
-  /// model_file_digests() of the run's model.path / model.tokenizer (absent in older files: empty):
-  /// a resume whose model only moved is the same run.
+  /// model_file_digests() of the run's model.path / model.tokenizer / lora.model_dir (absent in
+  /// older files: empty): a resume whose model or adapter only moved is the same run.
   std::map<std::string, std::string> model_files;
   /// How data.val_set_size drew the hold-out: "records" (before the drops, since session 15); ""
   /// in older files, which drew from the examples left after the drops.

@@ -282,6 +282,17 @@ std::string digest_changes(const std::map<std::string, std::string>& before,
   return list;
 }
 
+// `now` (model_file_digests of this invocation) without lora.model_dir's files, the adapter being
+// gone: given `recorded`'s (the checkpoint's record of the adapter the run started from).
+void keep_recorded_adapter_digests(std::map<std::string, std::string>& now,
+                                   const std::map<std::string, std::string>& recorded) {
+  const std::string prefix = "lora.model_dir/";
+  auto of_adapter = [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; };
+  if (std::any_of(now.begin(), now.end(), of_adapter)) return;
+  for (const auto& kv : recorded)
+    if (of_adapter(kv)) now.insert(kv);
+}
+
 // The entry of a config_differences() list about `key` ("lora.r: 16 -> 8" for "lora.r"); end() when
 // the key does not differ.
 std::vector<std::string>::iterator find_difference(std::vector<std::string>& diffs, const std::string& key) {
@@ -456,7 +467,7 @@ void Trainer::setup() {
   // The run's identity: its run-meaning settings and the content (not only the paths) of its data;
   // which run owns output_dir and what to resume is decided before anything is written.
   for (const data::SourceStats* f : data_files) data_sha_[f->source.path] = sha256_file(f->source.path);
-  model_files_ = model_file_digests(cfg_.model.path, cfg_.model.tokenizer);
+  model_files_ = model_file_digests(cfg_.model.path, cfg_.model.tokenizer, cfg_.lora.model_dir);
   fingerprint_ = run_fingerprint(to_yaml(cfg_), data_sha_);
   // Data parallel: every rank runs rank 0's config on the same data; rank 0 alone decides (and
   // later writes) output_dir, the others take its run id and checkpoint.
@@ -473,7 +484,12 @@ void Trainer::setup() {
     const std::string c = claim_output_dir();
     check_output_dir_writable(cfg_.output_dir);  // a read-only file system: refused now, not after the load
     if (!aside_.empty()) check_can_move_aside(cfg_.output_dir, aside_);  // --overwrite-output-dir's rename
-    if (!c.empty()) check_resume_settings(c);  // changed settings, data or WORLD_SIZE: refused now, not after the load
+    if (!c.empty()) {
+      check_resume_settings(c);  // changed settings, data or WORLD_SIZE: refused now, not after the load
+      // a lora.model_dir gone since (a resume does not read it): the new checkpoints keep the
+      // digests of the adapter the run started from, so a later move is still recognised
+      if (!cfg_.lora.model_dir.empty()) keep_recorded_adapter_digests(model_files_, read_trainer_state(c).model_files);
+    }
     claimed_state = output_dir_state(cfg_.output_dir, checkpoint_dir());
     return run_id_ + "\n" + c;
   });
@@ -1424,16 +1440,8 @@ std::string Trainer::claim_output_dir() {
           const std::string refused =
               describe() + " with other run-meaning settings or data, and no checkpoint of it to resume";
           QLORA_CHECK(!owner.config_yaml.empty(), refused, ": ", fix);
-          RecordedRun rec;
-          rec.config_yaml = owner.config_yaml;
-          rec.data_sha256 = owner.data_sha256;
-          rec.model_files = owner.model_files;
-          rec.has_model_files = owner.has_model_files;
-          rec.where = (out / "run.json").string();
-          rec.what = "run.json";
-          rec.since = "the run started";
           std::vector<std::string> moved;
-          const std::vector<std::string> diffs = run_differences(rec, &moved);
+          const std::vector<std::string> diffs = run_differences(RecordedRun::of_run_json(out.string(), owner), &moved);
           std::string list;
           for (const std::string& d : diffs) list += (list.empty() ? "" : "; ") + d;
           QLORA_CHECK(diffs.empty(), refused, " (", list, "): ", fix);
@@ -1478,6 +1486,21 @@ std::string Trainer::resume_advice(const std::string& ckpt) const {
   return "to resume, run" + every + ": " + how;
 }
 
+Trainer::RecordedRun Trainer::RecordedRun::of_checkpoint(const std::string& ckpt, const TrainerState& s) {
+  return {s.config_yaml,
+          s.data_sha256,
+          s.model_files,
+          /*has_model_files=*/!s.model_files.empty(),
+          (fs::path(ckpt) / "trainer_state.json").string(),
+          "the checkpoint",
+          "the checkpoint was written"};
+}
+
+Trainer::RecordedRun Trainer::RecordedRun::of_run_json(const std::string& output_dir, const RunRecord& r) {
+  return {r.config_yaml,  r.data_sha256, r.model_files, r.has_model_files, (fs::path(output_dir) / "run.json").string(),
+          "run.json", "the run started"};
+}
+
 std::vector<std::string> Trainer::run_differences(const RecordedRun& saved, std::vector<std::string>* moved) const {
   std::vector<std::string> diffs = config_differences(saved.config_yaml, to_yaml(cfg_));
   // data.train / data.eval differ as a whole in the flattened configs ("data.train: [a, b] ->
@@ -1503,24 +1526,37 @@ std::vector<std::string> Trainer::run_differences(const RecordedRun& saved, std:
   // model.path / model.tokenizer: a model that only moved (a new VM, another mount point) is the
   // same run when the files a load reads have the digests recorded (model_file_digests); the same
   // path holding other files is another run.
-  for (const std::string key : {"model.path", "model.tokenizer"}) {
+  // lora.model_dir likewise: an adapter that only moved is the same run. Once the run has a
+  // checkpoint the adapter is not read again, so a lora.model_dir that is gone is no difference.
+  auto has_prefix = [](const std::map<std::string, std::string>& m, const std::string& prefix) {
+    return std::any_of(m.begin(), m.end(), [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; });
+  };
+  for (const std::string key : {"model.path", "model.tokenizer", "lora.model_dir"}) {
     const auto it = find_difference(diffs, key);
-    if (!saved.has_model_files) {  // an older version's record: the plain difference stands
+    const bool adapter = key == "lora.model_dir";
+    const std::string prefix = key + "/";
+    // an older version's record (none at all, or none of the adapter before session 18): the
+    // plain difference stands
+    if (!saved.has_model_files || (adapter && !has_prefix(saved.model_files, prefix))) {
       if (it != diffs.end())
-        *it += " (" + saved.what + " records no digest of the model's files: written by an older version)";
+        *it += " (" + saved.what + " records no digest of the " + (adapter ? "adapter" : "model") +
+               "'s files: written by an older version)";
       continue;
     }
-    const std::string list = digest_changes(saved.model_files, model_files_, key + "/");
+    if (adapter && it == diffs.end() && !has_prefix(model_files_, prefix)) continue;  // gone: not read
+    const std::string list = digest_changes(saved.model_files, model_files_, prefix);
     if (it != diffs.end()) {
       if (list.empty()) {
         moved->push_back(key + " moved: " + it->substr(key.size() + 2) +
                          " (the same files: their sampled SHA-256 equal " + saved.what + "'s)");
         diffs.erase(it);
       } else {
-        *it += " (another model: " + list + ")";
+        *it += std::string(adapter ? " (another adapter: " : " (another model: ") + list + ")";
       }
     } else if (!list.empty()) {
-      const std::string where = key == "model.path" ? cfg_.model.path : cfg_.model.tokenizer;
+      const std::string where = key == "model.path" ? cfg_.model.path
+                                : adapter           ? cfg_.lora.model_dir
+                                                    : cfg_.model.tokenizer;
       diffs.push_back("the files of " + key + " " + where + " changed since " + saved.since + " (" + list + ")");
     }
   }
@@ -1536,16 +1572,8 @@ std::vector<std::string> Trainer::run_differences(const RecordedRun& saved, std:
 
 void Trainer::check_resume_settings(const std::string& ckpt) const {
   const TrainerState saved = read_trainer_state(ckpt);
-  RecordedRun rec;
-  rec.config_yaml = saved.config_yaml;
-  rec.data_sha256 = saved.data_sha256;
-  rec.model_files = saved.model_files;
-  rec.has_model_files = !saved.model_files.empty();
-  rec.where = ckpt + "/trainer_state.json";
-  rec.what = "the checkpoint";
-  rec.since = "the checkpoint was written";
   std::vector<std::string> moved;
-  std::vector<std::string> diffs = run_differences(rec, &moved);
+  std::vector<std::string> diffs = run_differences(RecordedRun::of_checkpoint(ckpt, saved), &moved);
   for (const std::string& m : moved) log::info("resume: ", m, "; the same run");
   // An older version drew the val_set_size hold-out from the examples left after the drops; this
   // one draws records before them. Where nothing was dropped or split the two are the same split.

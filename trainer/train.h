@@ -226,6 +226,10 @@ class Trainer {
     std::string where;  ///< the file that holds it, naming it in errors ("<ckpt>/trainer_state.json")
     std::string what;   ///< the record in messages: "the checkpoint", "run.json"
     std::string since;  ///< when it was recorded: "the checkpoint was written", "the run started"
+    /// What checkpoint `ckpt`'s trainer_state.json (read into `s`) records.
+    static RecordedRun of_checkpoint(const std::string& ckpt, const TrainerState& s);
+    /// What `output_dir`/run.json (read into `r`) records: a run killed before its first checkpoint.
+    static RecordedRun of_run_json(const std::string& output_dir, const RunRecord& r);
   };
   /// Run-meaning differences between `saved` and this run, one line each (docs/checkpoints.md,
   /// "Resume"): config_differences, with data.train / data.eval said per file

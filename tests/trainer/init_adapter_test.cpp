@@ -148,7 +148,8 @@ TEST_F(InitAdapter, AdapterThatDoesNotFitIsRefusedWritingNothing) {
 
 // lora.model_dir is a setting that changes the run: a checkpoint's run resumed with another (or no)
 // lora.model_dir is refused like any changed setting; with the same one it resumes from the
-// checkpoint's weights and does not read the adapter again (it may be gone by then).
+// checkpoint's weights and does not read the adapter again (it may be gone by then); one that only
+// moved (the same files) is the same run.
 TEST_F(InitAdapter, ResumeComparesModelDirAndTheCheckpointWins) {
   const fs::path out = root / "resumed", adapter = root / "peft_gone";
   fs::copy(root / "peft", adapter);
@@ -166,4 +167,22 @@ TEST_F(InitAdapter, ResumeComparesModelDirAndTheCheckpointWins) {
   EXPECT_TRUE(contains(o.out, "lora: lora.model_dir " + adapter.string() + " not read: the run resumes from"))
       << o.out;
   EXPECT_FALSE(contains(o.out, "lora: initialised from")) << o.out;
+  // Another adapter under another path: refused, naming its files. The same adapter moved (the
+  // checkpoint of step 2 was written while it was gone: the digests of the adapter the run started
+  // from are carried over): the same run, it resumes.
+  const fs::path qv = root / "peft_qv", moved = root / "peft_moved";
+  const std::string resume3 = qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() + " --set output_dir=" +
+                              out.string() + " --set training.max_steps=3 --set checkpoint.save_steps=1 ";
+  o = run_command(resume3 + "--set lora.model_dir=" + qv.string());
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_TRUE(contains(o.out, "lora.model_dir: " + adapter.string() + " -> " + qv.string() +
+                                  " (another adapter: adapter_config.json differs, adapter_model.safetensors differs)"))
+      << o.out;
+  fs::copy(root / "peft", moved);
+  o = run_command(resume3 + "--set lora.model_dir=" + moved.string());
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_TRUE(contains(o.out, "resume: lora.model_dir moved: " + adapter.string() + " -> " + moved.string() +
+                                  " (the same files: their sampled SHA-256 equal the checkpoint's); the same run"))
+      << o.out;
+  EXPECT_TRUE(contains(o.out, "checkpoint-2")) << o.out;
 }
