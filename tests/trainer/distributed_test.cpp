@@ -629,9 +629,14 @@ TEST_F(DataParallel, PortInUseIsOneLineNamingMasterPort) {
 // backtrace per connection attempt), nor writes output_dir.
 TEST_F(DataParallel, LoneRankSaysWhomItWaitsForAndFailsInOneLine) {
   const fs::path out = root / "lone";
-  const std::string p0 = std::to_string(free_tcp_port());
-  Out o = qlora::test::run_command("OMP_NUM_THREADS=1 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 QLORA_DIST_TIMEOUT_S=12 "
-                                   "MASTER_PORT=" + p0 + " " + train_cmd(out, ""));
+  // one rank of a job whose other ranks are never started, on a port nobody else uses
+  auto lone = [&](int rank, int world_size, int timeout_s, const std::string& port) {
+    return qlora::test::run_command("OMP_NUM_THREADS=1 RANK=" + std::to_string(rank) + " WORLD_SIZE=" +
+                                    std::to_string(world_size) + " MASTER_ADDR=127.0.0.1 QLORA_DIST_TIMEOUT_S=" +
+                                    std::to_string(timeout_s) + " MASTER_PORT=" + port + " " + train_cmd(out, ""));
+  };
+  const std::string p0 = std::to_string(free_tcp_port()), p1 = std::to_string(free_tcp_port());
+  const Out o = lone(0, 3, 12, p0);
   EXPECT_EQ(o.status, 1) << o.out;
   EXPECT_NE(o.out.find("distributed: rank 0 waiting for 2 more ranks to join the rendezvous at 127.0.0.1:" + p0 +
                        " (1 of 3 joined, 10 s; gives up after 12 s, QLORA_DIST_TIMEOUT_S)"),
@@ -642,9 +647,7 @@ TEST_F(DataParallel, LoneRankSaysWhomItWaitsForAndFailsInOneLine) {
                        "MASTER_ADDR, MASTER_PORT and WORLD_SIZE?)\n"),
             std::string::npos)
       << o.out;
-  const std::string p1 = std::to_string(free_tcp_port());
-  Out r1 = qlora::test::run_command("OMP_NUM_THREADS=1 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 QLORA_DIST_TIMEOUT_S=2 "
-                                    "MASTER_PORT=" + p1 + " " + train_cmd(out, ""));
+  const Out r1 = lone(1, 2, 2, p1);
   EXPECT_EQ(r1.status, 1) << r1.out;
   EXPECT_NE(r1.out.find("error: MASTER_ADDR=127.0.0.1: rank 1 cannot reach rank 0's rendezvous at 127.0.0.1:" + p1 +
                         " (gave up after "),
