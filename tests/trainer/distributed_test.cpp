@@ -173,6 +173,24 @@ TEST_F(DataParallel, TwoRanksEqualOneRankWithAccumulation) {
   EXPECT_EQ(r[1].out.find("step 1/"), std::string::npos) << "rank 1 logs no steps:\n" << r[1].out;
 }
 
+// lora.model_dir at WORLD_SIZE 2: each rank reads the adapter and starts from it, so two ranks equal
+// one rank with accumulation 2 byte for byte, as without the key (a rank that started from fresh
+// weights would leave the replicas apart: another adapter, and the replica check's error).
+TEST_F(DataParallel, TwoRanksStartFromTheInitialAdapterAsOneRankDoes) {
+  const fs::path init = root / "init_adapter", one = root / "init_acc2", two = root / "init_ws2";
+  Out s = single(init, "--set training.max_steps=2");
+  ASSERT_EQ(s.status, 0) << s.out;
+  const std::string from = "--set lora.model_dir=" + init.string() + " --set training.num_epochs=1 ";
+  s = single(one, from + "--set training.gradient_accumulation_steps=2");
+  ASSERT_EQ(s.status, 0) << s.out;
+  EXPECT_NE(s.out.find("lora: initialised from " + init.string()), std::string::npos) << s.out;
+  const std::string ex = from + "--set training.gradient_accumulation_steps=1";
+  auto r = two_ranks(two, {ex, ex});
+  ASSERT_EQ(r[0].status, 0) << r[0].out;
+  ASSERT_EQ(r[1].status, 0) << r[1].out;
+  expect_same_run(one, two, 6);
+}
+
 // micro-batch 5: 5 micro-batches per epoch (the last of 4 rows), so each epoch's last global group
 // holds ONE micro-batch and rank 1 contributes zero gradient and zero targets to that step.
 TEST_F(DataParallel, ShortGroupAtEpochEndLeavesARankIdle) {
