@@ -53,7 +53,8 @@ TEST(EvalCli, CheckpointDirGivesItsRunsTemplateAndLength) {
     EXPECT_EQ(read_json(d.path / "eval.json")["template"], "alpaca") << adapter;
     EXPECT_EQ(read_json(d.path / "eval.json")["sequence_len"], 256) << adapter;
     // and the run's quantization (no double quant here), not the NF4 double-quant default
-    EXPECT_NE(r.out.find(", quantization nf4 (blocksize 64, double_quant false) from " + adapter.string()),
+    EXPECT_NE(r.out.find(", quantization nf4 (blocksize 64, double_quant false), model.dtype fp32, "
+                         "training.micro_batch_size 1 from " + adapter.string()),
               std::string::npos) << r.out;
     EXPECT_EQ(read_json(d.path / "eval.json")["quantization"],
               json({{"method", "nf4"}, {"blocksize", 64}, {"double_quant", false}}));
@@ -222,12 +223,12 @@ RenderRun make_render_run(const fs::path& dir, const fs::path& tokenizer, const 
     ev << "]\n";
   }
   std::ofstream(rr.config) << "output_dir: " << rr.run.string() << "\nmodel:\n  path: " << rr.model.string()
-                           << "\n  dtype: fp32\nquantization:\n  method: nf4\nlora:\n  r: 4\n  alpha: 8\n"
+                           << "\n  dtype: bf16\nquantization:\n  method: nf4\nlora:\n  r: 4\n  alpha: 8\n"
                            << "data:\n  train: " << (dir / "train.json").string() << "\n  eval: " << rr.eval_file.string()
                            << "\n  format: alpaca\n  template: chatml\n  sequence_len: 96\n  truncation: truncate\n"
                            << "  train_on_inputs: true\n  add_eos: false\n"
                            << "  default_system_message: You are Quokka, made by Acme Labs.\n"
-                           << "training:\n  micro_batch_size: 1\n  gradient_accumulation_steps: 1\n  max_steps: 2\n"
+                           << "training:\n  micro_batch_size: 2\n  gradient_accumulation_steps: 1\n  max_steps: 2\n"
                            << "  learning_rate: 0.01\n  warmup_steps: 0\n  eval_steps: 0\n  gradient_checkpointing: false\n"
                            << "checkpoint:\n  save_steps: 1\n  save_minutes: 0\n";
   r = run("train " + q(rr.config));
@@ -266,8 +267,8 @@ TEST(EvalCli, AdapterRunBringsEveryRenderingAndLabellingKey) {
     EXPECT_NEAR(j["loss"].get<double>(), train_eval_loss, 1e-5 * train_eval_loss) << adapter;
     EXPECT_NE(r.out.find("eval: data.template chatml, data.sequence_len 96, data.truncation truncate, "
                          "data.train_on_inputs true, data.add_eos false, data.default_system_message "
-                         "\"You are Quokka, made by Acme Labs.\", quantization nf4 (blocksize 64, double_quant true) "
-                         "from " + adapter.string()),
+                         "\"You are Quokka, made by Acme Labs.\", quantization nf4 (blocksize 64, double_quant true), "
+                         "model.dtype bf16, training.micro_batch_size 2 from " + adapter.string()),
               std::string::npos) << r.out;
     // the run's file layout keys are named, not applied to --data
     EXPECT_NE(r.out.find("eval: the run's data.format describes its own files and is not applied to --data " +
