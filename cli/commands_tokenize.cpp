@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "data/dataset.h"
 #include "data/reader.h"
 #include "data/template.h"
@@ -53,6 +54,31 @@ size_t data_file_records(const std::string& text, std::string* kind) {
 
 }  // namespace
 
+namespace {
+/// The text of --file (a UTF-16 / UTF-32 byte-order mark or a NUL byte refused as data files
+/// refuse them, a UTF-8 byte-order mark skipped: data::check_encoding) or of --text, which must be
+/// UTF-8: sentencepiece and `tokenizers` would encode invalid bytes as U+FFFD, never as the byte
+/// tokens we would give them. Throws qlora::Error naming --file's path and line, or --text, and the
+/// byte offset.
+std::string tokenize_input_text(const TokenizeOptions& o) {
+  if (o.file.empty()) {
+    const size_t bad = first_invalid_utf8(o.text);
+    QLORA_CHECK(bad == std::string::npos, "tokenize: --text: invalid UTF-8 at byte offset ", bad);
+    return o.text;
+  }
+  const std::string buf = read_bytes(o.file);
+  const size_t start = data::check_encoding(o.file, buf, /*skip_invalid=*/true);
+  const size_t bad = first_invalid_utf8(buf);
+  if (bad != std::string::npos) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(buf[bad]));
+    fail(o.file, ":", 1 + std::count(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(bad), '\n'),
+         ": invalid UTF-8 at byte offset ", bad, " (byte ", hex, "); tokenize --file reads UTF-8 text");
+  }
+  return buf.substr(start);
+}
+}  // namespace
+
 std::string cmd_tokenize(const TokenizeOptions& o) {
   const int sources = int(o.has_text || !o.text.empty()) + int(!o.file.empty()) + int(!o.chat.empty());
   QLORA_CHECK(sources == 1, "tokenize: give exactly one of --text, --file, --chat");
@@ -89,7 +115,7 @@ std::string cmd_tokenize(const TokenizeOptions& o) {
         std::any_of(r.turns.begin(), r.turns.end(), [](const data::Turn& t) { return t.has_reasoning && !t.reasoning_content.empty(); });
     warning = data::reasoning_note(dropped, name);
   } else {
-    const std::string text = !o.file.empty() ? read_bytes(o.file) : o.text;
+    const std::string text = tokenize_input_text(o);
     ids = o.no_special ? tok.encode(text) : tok.encode_with_special_tokens(text);
   }
   std::ostringstream os;

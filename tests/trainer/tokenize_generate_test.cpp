@@ -119,6 +119,17 @@ TEST(TokenizeCli, SmolLM2IdsPiecesAndChatLabelsMatchTransformers) {
                         "data.template: llama3 writes <|start_header_id|> as one token, but the tokenizer ");
   expect_one_line_error(run("tokenize " + tdir.string() + " --chat " + (tmp / "missing.json").string() + " --template smollm2"),
                         (tmp / "missing.json").string());
+  // --file / --text must be UTF-8 (sentencepiece and `tokenizers` would see U+FFFD where we would
+  // give byte tokens; a trial): the file and line, or --text, and the byte offset; UTF-16 as data
+  // files say it
+  std::ofstream(tmp / "bad.txt") << "ok\nb\xff";
+  expect_one_line_error(run("tokenize " + tdir.string() + " --file " + (tmp / "bad.txt").string()),
+                        (tmp / "bad.txt").string() + ":2: invalid UTF-8 at byte offset 4 (byte 0xFF)");
+  std::ofstream(tmp / "utf16.txt") << std::string("\xff\xfeh\0i\0", 6);
+  expect_one_line_error(run("tokenize " + tdir.string() + " --file " + (tmp / "utf16.txt").string()),
+                        (tmp / "utf16.txt").string() + ": the file is UTF-16LE (byte-order mark FF FE at byte offset 0)");
+  expect_one_line_error(run("tokenize " + tdir.string() + " --text \"$(printf 'a\\377b')\""),
+                        "tokenize: --text: invalid UTF-8 at byte offset 1");
   fs::remove_all(tmp);
 }
 
