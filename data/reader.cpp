@@ -381,8 +381,12 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
         if (!ck->is_string())
           bad("wrong type", where + "." + content_key + " must be a string, got " + type_name(*ck), in_turn(content_key));
         turn.content = ck->get<std::string>();
-        if (turn.content.empty() && !calls)
-          bad("empty field", where + "." + content_key + " is an empty string", in_turn(content_key));
+        // An empty user / system / tool message renders as the jinja renders it (a trial: one such
+        // message refused a whole file); an empty assistant answer without calls would train the
+        // model to say nothing, so it stays an error.
+        if (turn.content.empty() && !calls && turn.role == "assistant" && !function_call)
+          bad("empty field", where + "." + content_key + " is an empty string (an assistant answer with nothing to "
+              "train; data.skip_invalid: true skips such records)", in_turn(content_key));
       }
       if (function_call) {
         // glaive / LLaMA-Factory: the content is the call's JSON, or an array of calls

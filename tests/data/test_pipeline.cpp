@@ -272,6 +272,29 @@ TEST(Readers, MessagesFormatAndMaps) {
   }
 }
 
+// An empty user / system / tool message is read (the jinja renders it; a trial's file with one was
+// refused whole); an empty assistant answer stays an error naming the record and skip_invalid.
+TEST(Readers, EmptyMessagesAreReadButNotAnEmptyAnswer) {
+  const qlora::test::TempDir tmp("empty_msgs");
+  const fs::path p = tmp.path / "m.jsonl";
+  std::ofstream(p) << R"({"messages": [{"role": "system", "content": ""}, {"role": "user", "content": ""}, )"
+                   << R"({"role": "assistant", "content": "A"}, {"role": "tool", "content": ""}]})" << "\n";
+  DataOptions o;
+  ReadStats st;
+  const auto recs = read_records(p.string(), o, &st);
+  ASSERT_EQ(recs.size(), 1u);
+  ASSERT_EQ(recs[0].turns.size(), 4u);
+  EXPECT_EQ(recs[0].turns[1].content, "");
+  std::ofstream(p) << R"({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": ""}]})" << "\n";
+  try {
+    read_records(p.string(), o, &st);
+    FAIL();
+  } catch (const qlora::Error& e) {
+    EXPECT_EQ(std::string(e.what()), p.string() + ":1: messages[1].content is an empty string (an assistant answer "
+                                                   "with nothing to train; data.skip_invalid: true skips such records)");
+  }
+}
+
 // Tool calls in both forms become Turn::tool_calls: an OpenAI / transformers assistant message
 // (content null, absent, "" or text; calls with and without "function"; arguments an object or a
 // JSON string; ids) and a glaive function_call turn (one call, or an array of calls), in the
