@@ -255,13 +255,22 @@ std::string cmd_eval(const EvalOptions& o) {
 
   const int32_t pad_id = tok.batch_pad_id();
   const auto [loss, targets] = evaluate_loss(model, exs, cfg.training.micro_batch_size, dopts, pad_id);
+  // Raw text (format completion) is tokenized as it is: no template applies to it.
+  const std::vector<data::SourceStats>& files = eval_file ? ds.eval_sources : ds.train_sources;
+  const auto raw = static_cast<size_t>(std::count_if(files.begin(), files.end(), [](const data::SourceStats& f) {
+    return f.stats.read.format == "completion";
+  }));
+  const std::string template_used = raw > 0 && raw == files.size() ? "none" : dopts.template_name;
+  const std::string template_text = raw == 0 ? dopts.template_name
+                                    : raw == files.size() ? std::string("none: raw text")
+                                                          : dopts.template_name + "; raw-text files: none";
   json j = {{"model", cfg.model.path.empty() ? cfg.model.preset : cfg.model.path},
             {"adapter", o.adapter},
             {"data", !o.data.empty()        ? o.data
                      : !dopts.eval.empty() ? data::source_paths(dopts.eval)
                                            : data::source_paths(dopts.train) + " (val_set_size hold-out)"},
             {"examples", static_cast<int64_t>(exs.size())},
-            {"template", dopts.template_name},
+            {"template", template_used},
             {"dtype", dtype_name(resolve_dtype(cfg.model.dtype, device.is_cuda()))},
             {"quantization", {{"method", quant_method_name(q.quant_type)}, {"blocksize", q.blocksize},
                               {"double_quant", q.double_quant}}},
@@ -270,7 +279,7 @@ std::string cmd_eval(const EvalOptions& o) {
             {"loss", loss},
             {"perplexity", std::exp(loss)}};
   std::ostringstream os;
-  os << std::fixed << std::setprecision(4) << "eval: " << exs.size() << " examples (template " << dopts.template_name
+  os << std::fixed << std::setprecision(4) << "eval: " << exs.size() << " examples (template " << template_text
      << ", sequence_len " << dopts.sequence_len << ", quantization " << quant_method_name(q.quant_type) << "), "
      << targets << " target tokens: loss " << loss
      << "  perplexity " << std::exp(loss) << "\n";

@@ -343,6 +343,9 @@ TEST(EvalCli, RawTextRunSplitsAndExactMatchIsRefused) {
   EXPECT_NEAR(read_json(d.path / "e.json")["loss"].get<double>(), ref["loss"].get<double>(), 1e-6);
   EXPECT_NE(r.out.find("data.truncation split"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("records not used"), std::string::npos) << r.out;
+  // raw text is tokenized as it is: no template is named (a trial: "template chatml" before)
+  EXPECT_NE(r.out.find(" examples (template none: raw text, sequence_len "), std::string::npos) << r.out;
+  EXPECT_EQ(read_json(d.path / "e.json")["template"], "none");
   r = run("eval --model " + q(model) + " --data " + q(text) + " --metric exact_match --out " + q(d.path / "em.json"));
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("error: eval --metric exact_match: " + text.string() +
