@@ -1,6 +1,7 @@
 // qlora-cpp chat templates. The strings here are documented verbatim in docs/data.md.
 #include "data/template.h"
 
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,36 @@ namespace qlora::data {
 namespace {
 
 using ojson = nlohmann::ordered_json;
+
+// Python's repr(float), which json.dumps writes (Objects/floatobject.c, float_repr_style "short"):
+// the shortest digits that read back as `x` (correctly rounded, as std::to_chars gives them), in
+// fixed notation with at least one decimal ("1000000000000000.0") when the decimal exponent e of
+// d.ddd x 10^e is in [-4, 16), else d.ddde+XX ("1e+16", "1e-05"). A JSON number is finite.
+std::string py_float_repr(double x) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
+  const std::string sci(buf, r.ptr);  // "-1.2345e+15", "0e+00"
+  const size_t e_at = sci.find('e');
+  const int exp10 = std::stoi(sci.substr(e_at + 1));
+  const bool neg = sci[0] == '-';
+  std::string digits;
+  for (size_t i = neg ? 1 : 0; i < e_at; ++i)
+    if (sci[i] != '.') digits += sci[i];
+  std::string s = neg ? "-" : "";
+  if (exp10 < -4 || exp10 >= 16) {
+    s += digits.substr(0, 1);
+    if (digits.size() > 1) s += "." + digits.substr(1);
+    const int a = exp10 < 0 ? -exp10 : exp10;
+    s += std::string(exp10 < 0 ? "e-" : "e+") + (a < 10 ? "0" : "") + std::to_string(a);
+  } else if (exp10 < 0) {
+    s += "0." + std::string(static_cast<size_t>(-exp10 - 1), '0') + digits;
+  } else {
+    const size_t int_len = static_cast<size_t>(exp10) + 1;
+    if (digits.size() <= int_len) s += digits + std::string(int_len - digits.size(), '0') + ".0";
+    else s += digits.substr(0, int_len) + "." + digits.substr(int_len);
+  }
+  return s;
+}
 
 // Python's json.dumps(v, ensure_ascii=False[, indent=indent]) (jinja's `tojson` in transformers):
 // without indent, items joined by ", " and keys by ": "; with indent > 0, one item per line at
@@ -44,9 +75,11 @@ void py_dump(const ojson& v, std::string* out, int indent = 0, int depth = 0) {
       out->append(static_cast<size_t>(indent * depth), ' ');
     }
     *out += obj ? '}' : ']';
+  } else if (v.is_number_float()) {
+    *out += py_float_repr(v.get<double>());
   } else {
     // strings: nlohmann escapes exactly the characters json.dumps(ensure_ascii=False) escapes
-    // (" \\ \b \f \n \r \t, other < 0x20 as \u00xx); numbers: shortest round-trip form.
+    // (" \\ \b \f \n \r \t, other < 0x20 as \u00xx); integers as they are.
     *out += v.dump();
   }
 }

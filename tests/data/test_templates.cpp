@@ -437,6 +437,13 @@ TEST(JinjaHelpers, TrimIsPythonStripAndTojsonIsJsonDumps) {
   EXPECT_EQ(py_strip("   "), "");
   EXPECT_EQ(py_tojson(R"({"b": [1, 2.5, "é\n\u0001"], "a": {}, "c": null, "d": true})"),
             "{\"b\": [1, 2.5, \"é\\n\\u0001\"], \"a\": {}, \"c\": null, \"d\": true}");
+  // floats as Python's repr writes them (the expected text is Python 3.11's json.dumps of this
+  // list; a trial found 1e15 written as 1e+15 and 1234567890123456.7 as 1.2345678901234567e+15)
+  EXPECT_EQ(py_tojson("[1e15, 1234567890123456.7, 1e16, 1e-4, 1e-5, 0.1, -0.0, 0.0, 2.5, 1e22, 123456789.125, "
+                      "5e-324, 1.7976931348623157e308, 100.0, 1e-7, 0.30000000000000004, 12345678901234567890.0]"),
+            "[1000000000000000.0, 1234567890123456.8, 1e+16, 0.0001, 1e-05, 0.1, -0.0, 0.0, 2.5, 1e+22, "
+            "123456789.125, 5e-324, 1.7976931348623157e+308, 100.0, 1e-07, 0.30000000000000004, "
+            "1.2345678901234567e+19]");
 }
 
 // Which templates render a record's `tools` (function schemas) is template_renders_tools(), and the
