@@ -27,6 +27,11 @@ void check_status(const sentencepiece::util::Status& s, const std::string& what)
 class SpmBackend final : public TokenizerBackend {
  public:
   SpmBackend(const std::string& path, PrependScheme scheme);
+  /// The text's ids: split at the strings of the control / unknown pieces ("<s>", "</s>",
+  /// "<unk>"), each its own id, as transformers' converted tokenizer splits its special added
+  /// tokens; the sections between encoded by encode_plain, the first with `prefix`, later ones
+  /// with a "▁" prefix only under PrependScheme::kAlways (Metaspace "first" prepends at the
+  /// input's start alone).
   TokenIds encode(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const override;
   std::string decode(const TokenIds& ids, bool skip_special_tokens, const Tokenizer& facade) const override;
   std::string id_to_piece(int32_t id) const override {
@@ -58,6 +63,9 @@ class SpmBackend final : public TokenizerBackend {
   int32_t space_id_ = -1;                                        // "▁"
   int32_t unk_id_ = -1;
   PrependScheme scheme_;  // kNever: no "▁" prefix at all; else one when encode() is asked for it
+  std::vector<std::pair<std::string, int32_t>> specials_;  // control / unknown piece strings and ids
+  /// BPE of text without special strings (transformers' conversion of the model, see the constructor).
+  TokenIds encode_plain(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const;
 };
 
 SpmBackend::SpmBackend(const std::string& path, PrependScheme scheme) : scheme_(scheme) {
@@ -82,6 +90,7 @@ SpmBackend::SpmBackend(const std::string& path, PrependScheme scheme) : scheme_(
       if (v < 256) byte_ids_[v] = i;
       continue;
     }
+    if ((sp_->IsControl(i) || sp_->IsUnknown(i)) && !pieces[i].empty()) specials_.emplace_back(pieces[i], i);
     if (sp_->IsControl(i) || sp_->IsUnknown(i) || sp_->IsUnused(i)) continue;
     usable[i] = true;
     piece_ids_.emplace(pieces[i], i);
@@ -96,6 +105,37 @@ SpmBackend::SpmBackend(const std::string& path, PrependScheme scheme) : scheme_(
 }
 
 TokenIds SpmBackend::encode(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const {
+  if (offsets) offsets->clear();
+  TokenIds ids;
+  std::vector<int64_t> section_offsets;
+  size_t start = 0;  // of the section not yet encoded
+  auto flush = [&](size_t end) {
+    if (end <= start) return;
+    const TokenIds v = encode_plain(text.substr(start, end - start), offsets ? &section_offsets : nullptr,
+                                    start == 0 ? prefix : scheme_ == PrependScheme::kAlways);
+    ids.insert(ids.end(), v.begin(), v.end());
+    if (offsets)
+      for (int64_t o : section_offsets) offsets->push_back(o + static_cast<int64_t>(start));
+  };
+  for (size_t i = 0; i < text.size();) {
+    const std::pair<std::string, int32_t>* hit = nullptr;  // the longest special string at i
+    for (const auto& sp : specials_)
+      if (text.compare(i, sp.first.size(), sp.first) == 0 && (!hit || sp.first.size() > hit->first.size())) hit = &sp;
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    flush(i);
+    ids.push_back(hit->second);
+    if (offsets) offsets->push_back(static_cast<int64_t>(i));
+    i += hit->first.size();
+    start = i;
+  }
+  flush(text.size());
+  return ids;
+}
+
+TokenIds SpmBackend::encode_plain(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const {
   if (offsets) offsets->clear();
   if (text.empty()) return {};
   // Symbols: a doubly linked list over the initial pieces; alive == false marks a merged-away symbol.

@@ -2,8 +2,9 @@
 // Documented differences from raw sentencepiece that we follow (because transformers does):
 //   " Hello" -> [▁Hello] (HF Metaspace does not prepend "▁" to text that starts with a space;
 //   spm gives [▁, ▁Hello]), and whitespace runs merge by HF rank ("\n   x": HF [▁▁, x...]).
-// Strings holding "<s>"/"</s>" are compared with split_special_tokens=True: our encode() never
-// turns text into control ids.
+// Strings holding "<s>" / "</s>" / "<unk>" give their ids, as transformers splits its special
+// tokens out of the text (session 18; before, our encode() never did, and the references were made
+// with split_special_tokens=True).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
