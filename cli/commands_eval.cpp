@@ -260,10 +260,11 @@ std::string cmd_eval(const EvalOptions& o) {
   const auto raw = static_cast<size_t>(std::count_if(files.begin(), files.end(), [](const data::SourceStats& f) {
     return f.stats.read.format == "completion";
   }));
-  const std::string template_used = raw > 0 && raw == files.size() ? "none" : dopts.template_name;
-  const std::string template_text = raw == 0 ? dopts.template_name
-                                    : raw == files.size() ? std::string("none: raw text")
-                                                          : dopts.template_name + "; raw-text files: none";
+  const bool all_raw = raw > 0 && raw == files.size();
+  const std::string template_used = all_raw ? "none" : dopts.template_name;
+  const std::string template_text = all_raw ? "none: raw text"
+                                    : raw > 0 ? dopts.template_name + "; raw-text files: none"
+                                              : dopts.template_name;
   json j = {{"model", cfg.model.path.empty() ? cfg.model.preset : cfg.model.path},
             {"adapter", o.adapter},
             {"data", !o.data.empty()        ? o.data

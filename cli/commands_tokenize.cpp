@@ -52,14 +52,11 @@ size_t data_file_records(const std::string& text, std::string* kind) {
   return lines >= 2 ? lines : 0;
 }
 
-}  // namespace
-
-namespace {
-/// The text of --file (a UTF-16 / UTF-32 byte-order mark or a NUL byte refused as data files
-/// refuse them, a UTF-8 byte-order mark skipped: data::check_encoding) or of --text, which must be
-/// UTF-8: sentencepiece and `tokenizers` would encode invalid bytes as U+FFFD, never as the byte
-/// tokens we would give them. Throws qlora::Error naming --file's path and line, or --text, and the
-/// byte offset.
+/// The text of --file (a UTF-16 / UTF-32 byte-order mark, a NUL byte or invalid UTF-8 refused as
+/// data files refuse them, a UTF-8 byte-order mark skipped: data::check_encoding) or of --text,
+/// which must be UTF-8: sentencepiece and `tokenizers` would encode invalid bytes as U+FFFD, never
+/// as the byte tokens we would give them. Throws qlora::Error naming --file's path and line, or
+/// --text, and the byte offset.
 std::string tokenize_input_text(const TokenizeOptions& o) {
   if (o.file.empty()) {
     const size_t bad = first_invalid_utf8(o.text);
@@ -67,15 +64,7 @@ std::string tokenize_input_text(const TokenizeOptions& o) {
     return o.text;
   }
   const std::string buf = read_bytes(o.file);
-  const size_t start = data::check_encoding(o.file, buf, /*skip_invalid=*/true);
-  const size_t bad = first_invalid_utf8(buf);
-  if (bad != std::string::npos) {
-    char hex[8];
-    std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(buf[bad]));
-    fail(o.file, ":", 1 + std::count(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(bad), '\n'),
-         ": invalid UTF-8 at byte offset ", bad, " (byte ", hex, "); tokenize --file reads UTF-8 text");
-  }
-  return buf.substr(start);
+  return buf.substr(data::check_encoding(o.file, buf, /*skip_invalid=*/false, "tokenize --file reads UTF-8 text"));
 }
 }  // namespace
 

@@ -615,7 +615,7 @@ Record record_from_json(const std::string& json_text, const std::string& path, c
   return std::move(v[0]);
 }
 
-size_t check_encoding(const std::string& path, const std::string& buf, bool skip_invalid) {
+size_t check_encoding(const std::string& path, const std::string& buf, bool skip_invalid, const std::string& remedy) {
   auto starts = [&](const char* bom, size_t n) { return buf.size() >= n && buf.compare(0, n, bom, n) == 0; };
   const char* other = starts("\x00\x00\xFE\xFF", 4)   ? "UTF-32BE (byte-order mark 00 00 FE FF"
                       : starts("\xFF\xFE\x00\x00", 4) ? "UTF-32LE (byte-order mark FF FE 00 00"
@@ -637,8 +637,7 @@ size_t check_encoding(const std::string& path, const std::string& buf, bool skip
       const int64_t line = 1 + std::count(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(bad_at), '\n');
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(buf[bad_at]));
-      fail(path, ":", line, ": invalid UTF-8 at byte offset ", bad_at, " (byte ", hex,
-           "); the file must be UTF-8 (or set data.skip_invalid: true to skip such records)");
+      fail(path, ":", line, ": invalid UTF-8 at byte offset ", bad_at, " (byte ", hex, "); ", remedy);
     }
   }
   return start;

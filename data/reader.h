@@ -102,8 +102,11 @@ Record record_from_json(const std::string& json_text, const std::string& path, c
 /// Checks a data file's bytes before parsing and returns where its text starts: 3 after a UTF-8
 /// byte-order mark (EF BB BF, skipped), else 0. Throws qlora::Error naming `path` and the byte
 /// offset for a UTF-16/UTF-32 byte-order mark, a NUL byte (UTF-16/32 without a mark), or, unless
-/// `skip_invalid`, the first invalid UTF-8 byte ("path:line: invalid UTF-8 at byte offset N").
-size_t check_encoding(const std::string& path, const std::string& buf, bool skip_invalid);
+/// `skip_invalid`, the first invalid UTF-8 byte ("path:line: invalid UTF-8 at byte offset N (byte
+/// 0xXX); " + `remedy`).
+size_t check_encoding(const std::string& path, const std::string& buf, bool skip_invalid,
+                      const std::string& remedy =
+                          "the file must be UTF-8 (or set data.skip_invalid: true to skip such records)");
 
 /// One prompt of `qlora generate --prompts FILE`: its text and, when the line has one, its system message.
 struct PromptLine {

@@ -22,9 +22,9 @@
 #include <cstdlib>
 #include <exception>
 #include <future>
-#include <thread>
 #include <iomanip>
 #include <sstream>
+#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -173,8 +173,9 @@ bool say_still_waiting(std::chrono::steady_clock::duration waited, int64_t* said
 /// it and waits until all WORLD_SIZE ranks have joined; the others connect to it. Each waiting rank
 /// says so 10 s in and every 60 s after (rank 0: how many ranks are still missing). Rank 0 gives up
 /// after QLORA_DIST_TIMEOUT_S; the others after torch's connection attempts (a first one of up to
-/// QLORA_DIST_TIMEOUT_S, a random delay, one more). Throws qlora::Error, one line naming MASTER_PORT (rank 0 cannot
-/// listen), MASTER_ADDR (this rank cannot connect), or the ranks that did not join.
+/// QLORA_DIST_TIMEOUT_S, a random delay, one more). Throws qlora::Error, one line naming
+/// MASTER_PORT (rank 0 cannot listen), MASTER_ADDR (this rank cannot connect), or the ranks that
+/// did not join.
 c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const std::string& where) {
   using clock = std::chrono::steady_clock;
   const int64_t timeout_s = env.timeout.count() / 1000;

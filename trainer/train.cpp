@@ -282,15 +282,20 @@ std::string digest_changes(const std::map<std::string, std::string>& before,
   return list;
 }
 
+// Whether `digests` (model_file_digests) holds a file under `prefix` ("lora.model_dir/").
+bool has_files_under(const std::map<std::string, std::string>& digests, const std::string& prefix) {
+  const auto it = digests.lower_bound(prefix);
+  return it != digests.end() && it->first.rfind(prefix, 0) == 0;
+}
+
 // `now` (model_file_digests of this invocation) without lora.model_dir's files, the adapter being
 // gone: given `recorded`'s (the checkpoint's record of the adapter the run started from).
 void keep_recorded_adapter_digests(std::map<std::string, std::string>& now,
                                    const std::map<std::string, std::string>& recorded) {
   const std::string prefix = "lora.model_dir/";
-  auto of_adapter = [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; };
-  if (std::any_of(now.begin(), now.end(), of_adapter)) return;
-  for (const auto& kv : recorded)
-    if (of_adapter(kv)) now.insert(kv);
+  if (has_files_under(now, prefix)) return;
+  for (auto it = recorded.lower_bound(prefix); it != recorded.end() && it->first.rfind(prefix, 0) == 0; ++it)
+    now.insert(*it);
 }
 
 // The entry of a config_differences() list about `key` ("lora.r: 16 -> 8" for "lora.r"); end() when
@@ -485,10 +490,11 @@ void Trainer::setup() {
     check_output_dir_writable(cfg_.output_dir);  // a read-only file system: refused now, not after the load
     if (!aside_.empty()) check_can_move_aside(cfg_.output_dir, aside_);  // --overwrite-output-dir's rename
     if (!c.empty()) {
-      check_resume_settings(c);  // changed settings, data or WORLD_SIZE: refused now, not after the load
+      const TrainerState saved = read_trainer_state(c);
+      check_resume_settings(c, saved);  // changed settings, data or WORLD_SIZE: refused now, not after the load
       // a lora.model_dir gone since (a resume does not read it): the new checkpoints keep the
       // digests of the adapter the run started from, so a later move is still recognised
-      if (!cfg_.lora.model_dir.empty()) keep_recorded_adapter_digests(model_files_, read_trainer_state(c).model_files);
+      if (!cfg_.lora.model_dir.empty()) keep_recorded_adapter_digests(model_files_, saved.model_files);
     }
     claimed_state = output_dir_state(cfg_.output_dir, checkpoint_dir());
     return run_id_ + "\n" + c;
@@ -1528,22 +1534,19 @@ std::vector<std::string> Trainer::run_differences(const RecordedRun& saved, std:
   // path holding other files is another run.
   // lora.model_dir likewise: an adapter that only moved is the same run. Once the run has a
   // checkpoint the adapter is not read again, so a lora.model_dir that is gone is no difference.
-  auto has_prefix = [](const std::map<std::string, std::string>& m, const std::string& prefix) {
-    return std::any_of(m.begin(), m.end(), [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; });
-  };
   for (const std::string key : {"model.path", "model.tokenizer", "lora.model_dir"}) {
     const auto it = find_difference(diffs, key);
     const bool adapter = key == "lora.model_dir";
     const std::string prefix = key + "/";
     // an older version's record (none at all, or none of the adapter before session 18): the
     // plain difference stands
-    if (!saved.has_model_files || (adapter && !has_prefix(saved.model_files, prefix))) {
+    if (!saved.has_model_files || (adapter && !has_files_under(saved.model_files, prefix))) {
       if (it != diffs.end())
         *it += " (" + saved.what + " records no digest of the " + (adapter ? "adapter" : "model") +
                "'s files: written by an older version)";
       continue;
     }
-    if (adapter && it == diffs.end() && !has_prefix(model_files_, prefix)) continue;  // gone: not read
+    if (adapter && it == diffs.end() && !has_files_under(model_files_, prefix)) continue;  // gone: not read
     const std::string list = digest_changes(saved.model_files, model_files_, prefix);
     if (it != diffs.end()) {
       if (list.empty()) {
@@ -1570,8 +1573,7 @@ std::vector<std::string> Trainer::run_differences(const RecordedRun& saved, std:
   return diffs;
 }
 
-void Trainer::check_resume_settings(const std::string& ckpt) const {
-  const TrainerState saved = read_trainer_state(ckpt);
+void Trainer::check_resume_settings(const std::string& ckpt, const TrainerState& saved) const {
   std::vector<std::string> moved;
   std::vector<std::string> diffs = run_differences(RecordedRun::of_checkpoint(ckpt, saved), &moved);
   for (const std::string& m : moved) log::info("resume: ", m, "; the same run");

@@ -210,12 +210,12 @@ class Trainer {
   /// LoRA shapes (always); changed settings were refused before the load (check_resume_settings).
   void resume_from(const std::string& ckpt);
   /// Before the model loads (rank 0, in the output_dir decision): compares `ckpt`'s
-  /// trainer_state.json (config, data hashes, world_size) with this run's. Throws qlora::Error
+  /// trainer_state.json, read into `saved` (config, data hashes, world_size), with this run's. Throws qlora::Error
   /// "resume from CKPT refused: ..." naming every difference (a changed WORLD_SIZE among them, and
   /// whether the global batch micro_batch_size x gradient_accumulation_steps x WORLD_SIZE is
   /// unchanged) unless --force, which logs them as warnings instead. LoRA shapes are checked later,
   /// by resume_from.
-  void check_resume_settings(const std::string& ckpt) const;
+  void check_resume_settings(const std::string& ckpt, const TrainerState& saved) const;
   /// A run as recorded before this invocation: in a checkpoint's trainer_state.json, or in
   /// output_dir/run.json (a run killed before its first checkpoint).
   struct RecordedRun {
