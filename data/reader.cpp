@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/utf8.h"
+#include "data/pyjson.h"
 
 namespace qlora::data {
 namespace fs = std::filesystem;
@@ -116,7 +117,8 @@ size_t value_offset(const std::string& t, const JsonPath& path) {
   return std::min(p, t.size());
 }
 
-const char* type_name(const json& v) { return v.type_name(); }
+// (an integer beyond 64 bits is a binary value holding its digits: parse_json_as_python)
+const char* type_name(const json& v) { return v.is_binary() ? "number" : v.type_name(); }
 
 // The canonical field names field_map may rename (its keys).
 const std::set<std::string>& canonical_fields() {
@@ -282,11 +284,11 @@ ToolCall read_call(const json& c, const std::string& where, const JsonPath& at, 
   if (call.name.empty()) bad("empty field", fw + ".name is an empty string", fpath("name"));
   if (auto a = f->find("arguments"); a != f->end() && !a->is_null()) {
     if (a->is_object()) {
-      call.arguments = a->dump();
+      call.arguments = py_json_dumps(*a);
     } else if (a->is_string()) {
       call.arguments = a->get<std::string>();
       call.arguments_is_string = true;
-      if (json::parse(call.arguments, nullptr, false).is_discarded())
+      if (parse_json_as_python(call.arguments, false).is_discarded())
         bad("invalid tool call", fw + ".arguments is a string that is not JSON (OpenAI writes the arguments "
                                       "object as JSON text)", fpath("arguments"));
     } else {
@@ -323,7 +325,7 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
     append_system(j, o, &r);
     const std::string tools_key = field_name(o, "tools");
     if (auto tl = j.find(tools_key); tl != j.end() && !tl->is_null()) {
-      if (tl->is_array()) r.tools = tl->dump();
+      if (tl->is_array()) r.tools = py_json_dumps(*tl);
       else if (tl->is_string()) r.tools = tl->get<std::string>();
       else bad("wrong type", "field '" + tools_key + "' must be an array or a string, got " + type_name(*tl), {tools_key});
     }
@@ -391,7 +393,7 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
       if (function_call) {
         // glaive / LLaMA-Factory: the content is the call's JSON, or an array of calls
         const std::string cw = where + "." + content_key;
-        const json v = json::parse(turn.content, nullptr, false);
+        const json v = parse_json_as_python(turn.content, false);
         if (v.is_discarded() || (v.is_array() && v.empty()))
           bad("invalid tool call", cw + ": a function_call turn's content must be JSON: a call {\"name\": ..., "
                                         "\"arguments\": ...} or an array of calls", in_turn(content_key));
@@ -409,14 +411,14 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
         const double v = number ? w->get<double>() : -1;
         if (!number || (v != 0 && v != 1))
           bad("wrong type", where + ".weight must be 0 (do not train this turn) or 1 (train it), got " +
-                                (w->is_string() ? "'" + w->get<std::string>() + "'" : w->dump()), in_turn("weight"));
+                                (w->is_string() ? "'" + w->get<std::string>() + "'" : py_json_dumps(*w)), in_turn("weight"));
         turn.train = v == 1;
       }
       // Axolotl chat_template's per-message `training` (message_field_training): false = do not
       // train this turn, as weight 0 (true = as weight 1; null = absent)
       if (auto tr = t.find("training"); tr != t.end() && !tr->is_null()) {
         if (!tr->is_boolean())
-          bad("wrong type", where + ".training must be true or false, got " + tr->dump(), in_turn("training"));
+          bad("wrong type", where + ".training must be true or false, got " + py_json_dumps(*tr), in_turn("training"));
         turn.train = turn.train && tr->get<bool>();
       }
       // transformers' reasoning_content (the thinking trace of an assistant message; qwen3 renders it)
@@ -457,7 +459,7 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
 // Parses one JSON value; a syntax error becomes BadRecord with the line offset inside the value.
 json parse_value(const std::string& text) {
   try {
-    return json::parse(text);
+    return parse_json_as_python(text);
   } catch (const json::parse_error& e) {
     std::string msg = e.what();
     // "[json.exception.parse_error.101] parse error at line 2, column 3: syntax error ..." -> the tail

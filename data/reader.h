@@ -33,7 +33,8 @@ namespace qlora::data {
 /// or the JSON of a sharegpt / messages `function_call` turn (one call, or an array of calls).
 struct ToolCall {
   std::string name;
-  /// The arguments as JSON text: a JSON value of the file (an object) re-serialised compactly,
+  /// The arguments as JSON text: a JSON value of the file (an object) re-serialised as Python's
+  /// json.dumps writes it (py_json_dumps: key order and integers beyond 64 bits kept),
   /// or, when `arguments_is_string`, the file's string itself (OpenAI writes the arguments object
   /// as a JSON string; it is checked to hold JSON). Absent or null arguments read as "{}".
   std::string arguments = "{}";

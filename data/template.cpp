@@ -1,13 +1,13 @@
 // qlora-cpp chat templates. The strings here are documented verbatim in docs/data.md.
 #include "data/template.h"
 
-#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/error.h"
+#include "data/pyjson.h"
 
 namespace qlora::data {
 
@@ -15,90 +15,15 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// Python's repr(float), which json.dumps writes (Objects/floatobject.c, float_repr_style "short"):
-// the shortest digits that read back as `x` (correctly rounded, as std::to_chars gives them), in
-// fixed notation with at least one decimal ("1000000000000000.0") when the decimal exponent e of
-// d.ddd x 10^e is in [-4, 16), else d.ddde+XX ("1e+16", "1e-05"). A JSON number is finite.
-std::string py_float_repr(double x) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
-  const std::string sci(buf, r.ptr);  // "-1.2345e+15", "0e+00"
-  const size_t e_at = sci.find('e');
-  const int exp10 = std::stoi(sci.substr(e_at + 1));
-  const bool neg = sci[0] == '-';
-  std::string digits;
-  for (size_t i = neg ? 1 : 0; i < e_at; ++i)
-    if (sci[i] != '.') digits += sci[i];
-  std::string s = neg ? "-" : "";
-  if (exp10 < -4 || exp10 >= 16) {
-    s += digits.substr(0, 1);
-    if (digits.size() > 1) s += "." + digits.substr(1);
-    const int a = exp10 < 0 ? -exp10 : exp10;
-    s += std::string(exp10 < 0 ? "e-" : "e+") + (a < 10 ? "0" : "") + std::to_string(a);
-  } else if (exp10 < 0) {
-    s += "0." + std::string(static_cast<size_t>(-exp10 - 1), '0') + digits;
-  } else {
-    const size_t int_len = static_cast<size_t>(exp10) + 1;
-    if (digits.size() <= int_len) s += digits + std::string(int_len - digits.size(), '0') + ".0";
-    else s += digits.substr(0, int_len) + "." + digits.substr(int_len);
-  }
-  return s;
-}
-
-// Python's json.dumps(v, ensure_ascii=False[, indent=indent]) (jinja's `tojson` in transformers):
-// without indent, items joined by ", " and keys by ": "; with indent > 0, one item per line at
-// depth × indent spaces, items joined by ",", empty containers as {} / [].
-void py_dump(const ojson& v, std::string* out, int indent = 0, int depth = 0) {
-  const auto sep = [&](bool first_item, int d) {
-    if (indent > 0) {
-      *out += first_item ? "\n" : ",\n";
-      out->append(static_cast<size_t>(indent * d), ' ');
-    } else if (!first_item) {
-      *out += ", ";
-    }
-  };
-  if (v.is_object() || v.is_array()) {
-    const bool obj = v.is_object();
-    *out += obj ? '{' : '[';
-    bool first = true;
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      sep(first, depth + 1);
-      first = false;
-      if (obj) {
-        *out += ojson(it.key()).dump();
-        *out += ": ";
-      }
-      py_dump(it.value(), out, indent, depth + 1);
-    }
-    if (indent > 0 && !v.empty()) {
-      *out += '\n';
-      out->append(static_cast<size_t>(indent * depth), ' ');
-    }
-    *out += obj ? '}' : ']';
-  } else if (v.is_number_float()) {
-    *out += py_float_repr(v.get<double>());
-  } else {
-    // strings: nlohmann escapes exactly the characters json.dumps(ensure_ascii=False) escapes
-    // (" \\ \b \f \n \r \t, other < 0x20 as \u00xx); integers as they are.
-    *out += v.dump();
-  }
-}
-
-std::string py_dump(const ojson& v, int indent = 0) {
-  std::string s;
-  py_dump(v, &s, indent);
-  return s;
-}
-
 // A call's arguments as a JSON value (a string argument stays a string, as the jinja sees it).
-ojson call_arguments(const ToolCall& c) { return c.arguments_is_string ? ojson(c.arguments) : ojson::parse(c.arguments); }
+ojson call_arguments(const ToolCall& c) { return c.arguments_is_string ? ojson(c.arguments) : parse_json_as_python(c.arguments); }
 
 // A call as the JSON text of one call, {"name": "NAME", "arguments": ARGS}: the glaive
 // `function_call` form (json.dumps of {name, arguments}); a string argument (JSON text, checked by
 // the reader) is written as it is, as qwen3's jinja writes it.
 std::string call_json(const ToolCall& c) {
-  return "{\"name\": " + py_dump(ojson(c.name)) + ", \"arguments\": " +
-         (c.arguments_is_string ? c.arguments : py_dump(ojson::parse(c.arguments))) + "}";
+  return "{\"name\": " + py_json_dumps(ojson(c.name)) + ", \"arguments\": " +
+         (c.arguments_is_string ? c.arguments : py_json_dumps(parse_json_as_python(c.arguments))) + "}";
 }
 
 // What an assistant turn trains in a template without a tool-call form (smollm2, llama3 and the
@@ -427,7 +352,7 @@ struct FamilyRenderer {
     if (!r.tools.empty()) {
       ojson t;
       try {
-        t = ojson::parse(r.tools);
+        t = parse_json_as_python(r.tools);
       } catch (const std::exception&) {
         bad("tools: not valid JSON");
       }
@@ -441,7 +366,7 @@ struct FamilyRenderer {
   // arguments; qwen3 writes a string argument as it is)
   static std::string qwen_call(const ToolCall& c, bool string_args_verbatim) {
     const std::string args =
-        string_args_verbatim && c.arguments_is_string ? c.arguments : py_dump(call_arguments(c));
+        string_args_verbatim && c.arguments_is_string ? c.arguments : py_json_dumps(call_arguments(c));
     return "<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + args + "}\n</tool_call>";
   }
 
@@ -460,7 +385,7 @@ struct FamilyRenderer {
 
   void qwen_tools_system(const std::string& head) {
     std::string s = "system\n" + head + kQwenToolsHead;
-    for (const ojson& t : tools) s += "\n" + py_dump(t);
+    for (const ojson& t : tools) s += "\n" + py_json_dumps(t);
     im_turn(s + kQwenToolsTail);
   }
 
@@ -613,7 +538,7 @@ struct FamilyRenderer {
           "Given the following functions, please respond with a JSON for a function call with its proper arguments "
           "that best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
           "dictionary of argument name and its value}.Do not use variables.\n\n";
-      for (const ojson& t : tools) s += py_dump(t, 4) + "\n\n";
+      for (const ojson& t : tools) s += py_json_dumps(t, 4) + "\n\n";
       llama_header("user");
       text(s + py_strip(msgs[first].content));
       control("<|eot_id|>");
@@ -624,7 +549,7 @@ struct FamilyRenderer {
       const Turn& m = msgs[i];
       if (m.role == "tool" || m.role == "ipython") {
         llama_header("ipython");
-        text(py_dump(ojson(m.content)));
+        text(py_json_dumps(ojson(m.content)));
         control("<|eot_id|>");
       } else if (!m.tool_calls.empty()) {
         if (m.tool_calls.size() != 1) bad("This model only supports single tool-calls at once!");
@@ -633,7 +558,7 @@ struct FamilyRenderer {
               "content would be lost; put the text in a message of its own");
         const ToolCall& c = m.tool_calls[0];
         llama_header("assistant");
-        text("{\"name\": \"" + c.name + "\", \"parameters\": " + py_dump(call_arguments(c)) + "}", true);
+        text("{\"name\": \"" + c.name + "\", \"parameters\": " + py_json_dumps(call_arguments(c)) + "}", true);
         control("<|eot_id|>", true);
       } else {
         const bool a = m.role == "assistant";
@@ -667,7 +592,7 @@ struct FamilyRenderer {
       for (auto it = tool["function"].begin(); it != tool["function"].end(); ++it) {
         if (it.key() == "return") continue;
         s += std::string(first ? "" : ", ") + "\"" + it.key() + "\": " +
-             (it.value().is_string() ? "\"" + it.value().get<std::string>() + "\"" : py_dump(it.value()));
+             (it.value().is_string() ? "\"" + it.value().get<std::string>() + "\"" : py_json_dumps(it.value()));
         first = false;
       }
       s += t + 1 < tools.size() ? "}}, " : "}}]";
@@ -721,7 +646,7 @@ struct FamilyRenderer {
           ojson fn = ojson::object();
           fn["name"] = call.name;
           fn["arguments"] = call_arguments(call);
-          std::string out = py_dump(fn);
+          std::string out = py_json_dumps(fn);
           out.pop_back();
           s += out + ", \"id\": \"" + call.id + "\"}" + (c + 1 < m.tool_calls.size() ? ", " : "]");
         }
@@ -847,11 +772,11 @@ std::string template_mismatch_note(const std::string& name, const std::string& m
 std::string py_tojson(const std::string& json_text) {
   ojson v;
   try {
-    v = ojson::parse(json_text);
+    v = parse_json_as_python(json_text);
   } catch (const std::exception& e) {
     fail("tojson: not JSON: ", e.what());
   }
-  return py_dump(v);
+  return py_json_dumps(v);
 }
 
 std::string py_strip(const std::string& s) {

@@ -263,7 +263,8 @@ TEST(BadInputData, WeightIsZeroOrOneAndReasoningContentAString) {
   const qlora::test::TempDir tmp("weight");
   const std::string ok = R"({"conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]})";
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"2", "2"}, {"0.5", "0.5"}, {"\"1\"", "'1'"}, {"true", "true"}, {"-1", "-1"}, {"[0]", "[0]"}};
+      {"2", "2"}, {"0.5", "0.5"}, {"\"1\"", "'1'"}, {"true", "true"}, {"-1", "-1"}, {"[0]", "[0]"},
+      {"123456789012345678901234567890", "123456789012345678901234567890"}};  // beyond 64 bits: as written
   for (const auto& [value, shown] : bad) {
     const fs::path p = tmp.path / "w.jsonl";
     std::ofstream(p) << ok << "\n"

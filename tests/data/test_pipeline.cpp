@@ -325,7 +325,7 @@ TEST(Readers, OpenAiToolCallsAndFunctionCallsAreOneTurnType) {
   EXPECT_EQ(t[1].role, "assistant");
   EXPECT_EQ(t[1].content, "");
   EXPECT_EQ(t[1].tool_calls[0].name, "f");
-  EXPECT_EQ(t[1].tool_calls[0].arguments, R"({"b":1,"a":"é"})");  // key order kept
+  EXPECT_EQ(t[1].tool_calls[0].arguments, R"({"b": 1, "a": "é"})");  // key order kept, as json.dumps writes it
   EXPECT_FALSE(t[1].tool_calls[0].arguments_is_string);
   EXPECT_EQ(t[1].tool_calls[0].id, "call_1");
   EXPECT_EQ(t[1].tool_calls[1].name, "g");

@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "data/dataset.h"
+#include "data/pyjson.h"
 #include "data/reader.h"
 #include "data/template.h"
 #include "tests/test_util.h"
@@ -73,14 +74,14 @@ TEST(FamilyTemplates, RenderedStringsMatchTransformers) {
     EXPECT_GE(checked[name], 50) << name;
     EXPECT_EQ(checked[name], j["counts"][name].get<int>()) << name;
   }
-  // docs/data.md's numbers: 85 conversations each (mistral 61), + 8 OpenAI tool_calls ones (mistral 5,
+  // docs/data.md's numbers: 85 conversations each (mistral 61), + 9 OpenAI tool_calls ones (mistral 6,
   // llama3.1/3.2 4), + 10 glaive ones in the OpenAI form (qwen2.5, llama3.1, llama3.2 5, mistral none),
   // + 7 with reasoning_content (mistral 5) and 2 with Axolotl weights
-  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 112}, {"llama3.1", 103}, {"llama3.2", 103}, {"mistral", 73 * 4},
-                                                 {"qwen2.5", 107}, {"qwen3", 112}, {"smollm2", 112}}));
+  EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 113}, {"llama3.1", 103}, {"llama3.2", 103}, {"mistral", 74 * 4},
+                                                 {"qwen2.5", 108}, {"qwen3", 113}, {"smollm2", 113}}));
   int total = 0;
   for (const auto& [name, n] : checked) total += n;
-  EXPECT_EQ(total, 941);  // mistral 4 times: tokenizer.json and tokenizer.model, Llama and Mistral config
+  EXPECT_EQ(total, 949);  // mistral 4 times: tokenizer.json and tokenizer.model, Llama and Mistral config
 }
 
 // Ids equal apply_chat_template(tokenize=True) with each family's tokenizer fixture; only
@@ -216,7 +217,8 @@ TEST(FamilyTemplates, ChatPromptIsTheGenerationPromptOfTransformers) {
 // once, not <|im_start|><|im_start|> ... <|im_end|><|im_end|>.
 TEST(BuiltinTemplates, BosAsTheTokenizerAddsItAndNoDoubledMarkers) {
   QLORA_REQUIRE_FIXTURE(refs, "templates/template_refs.json");
-  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  // read as the records' files are read (key order and integers beyond 64 bits kept)
+  const auto j = qlora::data::parse_json_as_python(read_text(refs));
   ASSERT_TRUE(j.contains("builtin")) << "old template refs: rerun make_template_refs.py";
   std::map<std::string, int> checked;
   for (const auto& c : j["builtin"]) {
@@ -227,7 +229,7 @@ TEST(BuiltinTemplates, BosAsTheTokenizerAddsItAndNoDoubledMarkers) {
       r.is_text = true;
       r.text = c["text"];
     } else if (c.contains("record")) {  // an OpenAI tool_calls record, read as a file's
-      r = record_from_json(c["record"].dump(), "builtin.json", DataOptions{});
+      r = record_from_json(qlora::data::py_json_dumps(c["record"]), "builtin.json", DataOptions{});
     } else {
       for (const auto& t : c["turns"]) r.turns.push_back({t["role"], t["content"]});
     }
@@ -247,7 +249,7 @@ TEST(BuiltinTemplates, BosAsTheTokenizerAddsItAndNoDoubledMarkers) {
 // every boundary ("[/INST]]]Hello" for "[/INST] Hello"); the ids were right.
 TEST(BuiltinTemplates, MaskedViewIsTransformersDecodeOfTheIds) {
   QLORA_REQUIRE_FIXTURE(refs, "templates/template_refs.json");
-  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  const auto j = qlora::data::parse_json_as_python(read_text(refs));  // as the test above
   std::map<std::string, int> checked;
   int space_after_marker = 0;  // llama2_hf views with "]] " (a run starting with a space)
   for (const auto& c : j["builtin"]) {
@@ -257,7 +259,7 @@ TEST(BuiltinTemplates, MaskedViewIsTransformersDecodeOfTheIds) {
     const Tokenizer tok = Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers" / tdir).string());
     Record r;
     if (c.contains("record")) {
-      r = record_from_json(c["record"].dump(), "builtin.json", DataOptions{});
+      r = record_from_json(qlora::data::py_json_dumps(c["record"]), "builtin.json", DataOptions{});
     } else {
       for (const auto& t : c["turns"]) r.turns.push_back({t["role"], t["content"]});
     }
@@ -444,6 +446,12 @@ TEST(JinjaHelpers, TrimIsPythonStripAndTojsonIsJsonDumps) {
             "[1000000000000000.0, 1234567890123456.8, 1e+16, 0.0001, 1e-05, 0.1, -0.0, 0.0, 2.5, 1e+22, "
             "123456789.125, 5e-324, 1.7976931348623157e+308, 100.0, 1e-07, 0.30000000000000004, "
             "1.2345678901234567e+19]");
+  // integers of any size as Python's int keeps them (a trial: beyond 64 bits they were read as
+  // floats, 1.2345678901234568e+29); the edges of int64 / uint64 either side
+  EXPECT_EQ(py_tojson("{\"n\": 123456789012345678901234567890, \"m\": [-98765432109876543210, 18446744073709551615, "
+                      "18446744073709551616, -9223372036854775808, -9223372036854775809, 12345678901234567890.0]}"),
+            "{\"n\": 123456789012345678901234567890, \"m\": [-98765432109876543210, 18446744073709551615, "
+            "18446744073709551616, -9223372036854775808, -9223372036854775809, 1.2345678901234567e+19]}");
 }
 
 // Which templates render a record's `tools` (function schemas) is template_renders_tools(), and the
