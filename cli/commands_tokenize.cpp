@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "common/utf8.h"
 #include "data/dataset.h"
 #include "data/reader.h"
@@ -16,15 +17,6 @@
 namespace qlora {
 
 namespace {
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  QLORA_CHECK(f.good(), path, ": cannot open (missing or unreadable)");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  QLORA_CHECK(!f.bad(), path, ": cannot read");
-  return ss.str();
-}
 
 /// A piece as a JSON string literal, so spaces, newlines and control bytes are visible.
 std::string quoted(const std::string& piece) {
@@ -63,7 +55,7 @@ std::string tokenize_input_text(const TokenizeOptions& o) {
     QLORA_CHECK(bad == std::string::npos, "tokenize: --text: invalid UTF-8 at byte offset ", bad);
     return o.text;
   }
-  const std::string buf = read_bytes(o.file);
+  const std::string buf = read_file(o.file);
   return buf.substr(data::check_encoding(o.file, buf, /*skip_invalid=*/false, "tokenize --file reads UTF-8 text"));
 }
 }  // namespace
@@ -82,7 +74,7 @@ std::string cmd_tokenize(const TokenizeOptions& o) {
   if (!o.chat.empty()) {
     data::DataOptions dopts;  // training's defaults: add_eos, train_on_inputs = false
     dopts.format = "auto";
-    const std::string bytes = read_bytes(o.chat);
+    const std::string bytes = read_file(o.chat);
     // A data file (a JSON array, or JSONL) is not one record: said with its count, not as the JSON
     // syntax error of its second line (issue: a README-only trial).
     std::string kind;

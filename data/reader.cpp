@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "common/utf8.h"
 #include "data/pyjson.h"
 
@@ -497,14 +498,6 @@ void for_each_jsonl_line(const std::string& buf, const std::function<void(const 
   }
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  QLORA_CHECK(f.good(), path, ": cannot open (missing or unreadable)");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // Collects records, applying skip_invalid.
 class Collector {
  public:
@@ -689,7 +682,7 @@ std::vector<Record> read_records(const std::string& path, const DataOptions& opt
   QLORA_CHECK(fs::is_regular_file(path), path, ": dataset file not found");
   Collector c(path, opts, s);
   const std::string ext = fs::path(path).extension().string();
-  const std::string file = read_all(path);
+  const std::string file = read_file(path);
   const size_t start = check_encoding(path, file, opts.skip_invalid);
   if (ext == ".txt") {
     // Plain text: documents separated by blank lines; each keeps its first line number.
@@ -776,7 +769,7 @@ std::vector<PromptLine> parse_prompts_jsonl(const std::string& bytes, const std:
 
 std::vector<PromptLine> read_prompts_jsonl(const std::string& path) {
   QLORA_CHECK(fs::is_regular_file(path), path, ": --prompts file not found");
-  return parse_prompts_jsonl(read_all(path), path);
+  return parse_prompts_jsonl(read_file(path), path);
 }
 
 }  // namespace qlora::data

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "data/pyjson.h"
 
 namespace qlora::data {
@@ -678,14 +679,6 @@ struct KnownTemplate {
 const KnownTemplate kKnown[] = {
 #include "data/template_hashes.inc"
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  QLORA_CHECK(f.good(), path, ": cannot open");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 }  // namespace
 

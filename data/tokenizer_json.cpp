@@ -28,6 +28,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "common/utf8.h"
 #include "data/tokenizer_backend.h"
 
@@ -1455,19 +1456,11 @@ class JsonBackend final : public TokenizerBackend {
   FileSpecials specials_;
 };
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  QLORA_CHECK(f.good(), path, ": cannot open (missing or unreadable)");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 JsonBackend::JsonBackend(const std::string& path, const json* class_pipeline) {
   ctx_.file = path;
   const Ctx& c = ctx_;
   QLORA_CHECK(std::filesystem::is_regular_file(path), path, ": tokenizer.json not found");
-  const std::string bytes = read_all(path);
+  const std::string bytes = read_file(path);
   json j;
   try {
     j = json::parse(bytes);
