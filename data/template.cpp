@@ -145,34 +145,25 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
         b.text("[INST] " + py_strip(u) + " [/INST]", false);
       }
     }
-  } else if (name == "vicuna") {
-    // {system} USER: {user} ASSISTANT: + " {assistant}" EOS ; next turns "USER: ..."
-    b.text((sys.empty() ? std::string(kVicunaSystem) : sys) + " ", false);
+  } else if (name == "vicuna" || name == "alpaca") {
+    // vicuna: {system} USER: {user} ASSISTANT: + " {assistant}" EOS ; next turns "USER: ..."
+    // alpaca: {system}\n\n### Instruction:\n{user}\n\n### Response:\n + "{assistant}" EOS
+    const bool vicuna = name == "vicuna";
+    const std::string system_sep = vicuna ? " " : "\n\n";
+    const std::string user_prefix = vicuna ? "USER: " : "### Instruction:\n";
+    const std::string user_suffix = vicuna ? " ASSISTANT:" : "\n\n### Response:\n";
+    const std::string assistant_prefix = vicuna ? " " : "";
+    b.text((sys.empty() ? std::string(vicuna ? kVicunaSystem : kAlpacaSystem) : sys) + system_sep, false);
     for (; k < r.turns.size(); ++k) {
       const Turn& t = r.turns[k];
       b.mask = t.role == "assistant" && !t.train;
       if (t.role == "assistant") {
-        b.text(" " + assistant_text(t), true);
+        b.text(assistant_prefix + assistant_text(t), true);
         b.special(eos, true);
       } else if (t.role == "system") {
-        b.text(t.content + " ", false);
+        b.text(t.content + system_sep, false);
       } else {
-        b.text("USER: " + t.content + " ASSISTANT:", false);
-      }
-    }
-  } else if (name == "alpaca") {
-    // {system}\n\n### Instruction:\n{user}\n\n### Response:\n + "{assistant}" EOS
-    b.text((sys.empty() ? std::string(kAlpacaSystem) : sys) + "\n\n", false);
-    for (; k < r.turns.size(); ++k) {
-      const Turn& t = r.turns[k];
-      b.mask = t.role == "assistant" && !t.train;
-      if (t.role == "assistant") {
-        b.text(assistant_text(t), true);
-        b.special(eos, true);
-      } else if (t.role == "system") {
-        b.text(t.content + "\n\n", false);
-      } else {
-        b.text("### Instruction:\n" + t.content + "\n\n### Response:\n", false);
+        b.text(user_prefix + t.content + user_suffix, false);
       }
     }
   } else if (name == "none") {
