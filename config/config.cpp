@@ -738,6 +738,11 @@ class Section {
                                     "output_dir), false is never, or a checkpoint path", kAll}},
         {"bf16", "model.dtype: bf16"},
         {"torch_dtype", "model.dtype"},
+        {"bnb_4bit_compute_dtype", "model.dtype"},
+        {"lr_scheduler_kwargs", " has no key here: each \"training.lr_scheduler\" runs with transformers' defaults "
+                                "(cosine and linear decay to 0, cosine_with_restarts one cycle, polynomial to 1e-7 "
+                                "at power 1)"},
+        {"neftune_noise_alpha", " has no key here: NEFTune (noise on the input embeddings) is not supported"},
         {"evals_per_epoch", " has no key here: set \"training.eval_steps\" to S / evals_per_epoch, S being an "
                             "epoch's optimizer steps, ceil(micro-batches / gradient_accumulation_steps) (0: eval at "
                             "each epoch's end)"},
@@ -1223,6 +1228,9 @@ void check_training(const Section& s, Config& c) {
       s.error("warmup_ratio", "set training.warmup_steps or training.warmup_ratio, not both");
     t.warmup_steps = 0;  // the ratio replaces the default step count
   }
+  // transformers' `constant` never warms up: the default step count does not apply to it (one set
+  // in the file is kept, for config_warnings to say that it is not used)
+  if (t.lr_scheduler == LrScheduler::kConstant && !s.has("warmup_steps")) t.warmup_steps = 0;
   if (t.lr_scheduler == LrScheduler::kPolynomial && !(t.learning_rate > kPolynomialLrEnd))
     s.error("learning_rate", "must be larger than 1e-07, the learning rate that lr_scheduler polynomial decays to "
                              "(transformers' lr_end)");
@@ -1317,8 +1325,13 @@ void visit_fields(V& v, TrainingConfig*) {
   v("num_epochs", &T::num_epochs, kNonNegativeInt);
   v("max_steps", &T::max_steps, IntSpec{[](int64_t x) { return x >= -1; }, "an integer >= -1 (-1: run num_epochs)"});
   v("learning_rate", &T::learning_rate, kPositiveNumber);
-  v("lr_scheduler", &T::lr_scheduler, ChoiceSpec{kSchedulers});
-  v("warmup_steps", &T::warmup_steps, kNonNegativeInt);
+  v("lr_scheduler", &T::lr_scheduler,
+    ChoiceSpec{kSchedulers, false, nullptr,
+               "(transformers' defaults each: cosine and linear decay to 0; cosine_with_min_lr, "
+               "warmup_stable_decay, inverse_sqrt and reduce_lr_on_plateau are not supported)"});
+  v("warmup_steps", &T::warmup_steps,
+    IntSpec{non_negative, "an integer >= 0 (a fraction of the total steps, as transformers' warmup_steps < 1 "
+                          "means, is training.warmup_ratio)"});
   v("warmup_ratio", &T::warmup_ratio, kUnitNumber);
   v("weight_decay", &T::weight_decay, NumberSpec{non_negative_number, "a number >= 0"});
   v("adam_beta1", &T::adam_beta1, kUnitNumber);
@@ -1656,7 +1669,12 @@ std::vector<std::string> config_warnings(const Config& c) {
     out.push_back("config: data.val_set_size (" + format_double(c.data.val_set_size) +
                   ") is ignored because data.eval is set");
   const TrainingConfig& t = c.training;
-  if (t.max_steps > 0 && t.warmup_steps >= t.max_steps)
+  if (t.lr_scheduler == LrScheduler::kConstant && (t.warmup_steps > 0 || t.warmup_ratio > 0))
+    out.push_back("config: training.lr_scheduler constant does not warm up, as transformers' constant: " +
+                  std::string(t.warmup_ratio > 0 ? "training.warmup_ratio (" + format_double(t.warmup_ratio) + ")"
+                                                 : "training.warmup_steps (" + std::to_string(t.warmup_steps) + ")") +
+                  " is not used (lr_scheduler: constant_with_warmup warms up, then stays constant)");
+  else if (t.max_steps > 0 && t.warmup_steps >= t.max_steps)
     out.push_back("config: training.warmup_steps (" + std::to_string(t.warmup_steps) + ") >= training.max_steps (" +
                   std::to_string(t.max_steps) + "): the run never leaves warmup");
   return out;

@@ -9,11 +9,12 @@ namespace qlora {
 namespace {
 /// The schedule's factor (LambdaLR's lr_lambda); lr_at multiplies it by base_lr.
 double factor_at(LrScheduler s, double base_lr, int64_t step, int64_t warmup, int64_t total) {
+  if (s == LrScheduler::kConstant) return 1.0;  // get_constant_schedule: no warmup, whatever is set
   if (step < warmup) return static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
   const double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
   const double progress = static_cast<double>(step - warmup) / span;
   switch (s) {
-    case LrScheduler::kConstant:
+    case LrScheduler::kConstant:  // (returned above)
     case LrScheduler::kConstantWithWarmup: return 1.0;
     case LrScheduler::kLinear: return std::max(0.0, static_cast<double>(total - step) / span);
     case LrScheduler::kCosine: return std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress)));

@@ -562,7 +562,10 @@ void Trainer::setup() {
   for (int64_t e = 0; e < std::max<int64_t>(1, t.num_epochs); ++e)
     per_epoch += (loader_->batches_in_epoch(e) + group - 1) / group;
   total_steps_ = t.max_steps > 0 ? t.max_steps : per_epoch;
-  warmup_steps_ = t.warmup_ratio > 0 ? static_cast<int64_t>(std::ceil(t.warmup_ratio * total_steps_)) : t.warmup_steps;
+  // transformers' constant takes no warmup (config_warnings said so where one is set)
+  warmup_steps_ = t.lr_scheduler == LrScheduler::kConstant ? 0
+                  : t.warmup_ratio > 0 ? static_cast<int64_t>(std::ceil(t.warmup_ratio * total_steps_))
+                                       : t.warmup_steps;
   opt_ = make_adamw(model_->lora_parameters(), t);
 
   preemption_ = {{"interruptions", 0}, {"time_lost_s", 0.0}, {"checkpoints", json::array()}};
@@ -612,6 +615,13 @@ void Trainer::setup() {
   log::info("run: ", run_id_, step_ == 0 ? " (from step 0)" : " (resumed)", " in ", cfg_.output_dir);
   log::info("train: ", total_steps_, " steps of ", t.micro_batch_size, " x ", t.gradient_accumulation_steps,
             " rows, warmup ", warmup_steps_, ", device ", device_.str());
+  // (a max_steps run was warned of with the config: config_warnings)
+  if (t.max_steps <= 0 && warmup_steps_ >= total_steps_)
+    log::warn("train: training.warmup_steps (", warmup_steps_, ") >= the run's ", total_steps_, " optimizer steps (",
+              t.num_epochs, " epoch", t.num_epochs == 1 ? "" : "s", "): the run never leaves warmup, its last step at ",
+              lr_at(t.lr_scheduler, t.learning_rate, total_steps_ - 1, warmup_steps_, total_steps_),
+              " of training.learning_rate ", t.learning_rate,
+              " (set a smaller training.warmup_steps or training.warmup_ratio)");
   if (dist_->active())
     log::info("train: data parallel over ", dist_->world_size(), " ranks: global batch ", t.micro_batch_size, " x ",
               t.gradient_accumulation_steps, " x ", dist_->world_size(), " = ", t.micro_batch_size * group,

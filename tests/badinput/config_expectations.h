@@ -61,7 +61,7 @@ inline const std::map<std::string, BadConfigExpect>& bad_config_expectations() {
       {"two_documents.yaml", {7, "expected one YAML document, found 2"}},
       {"undefined_alias.yaml", {7, "YAML syntax error: alias *"}},
       {"unknown_quant_method.yaml", {7, "quantization.method: expected one of nf4|fp4|none, got \"int4\""}},
-      {"unknown_scheduler.yaml", {7, "training.lr_scheduler: expected one of constant|linear|cosine|constant_with_warmup|polynomial|cosine_with_restarts, got \"inverse_sqrt\""}},
+      {"unknown_scheduler.yaml", {7, "training.lr_scheduler: expected one of constant|linear|cosine|constant_with_warmup|polynomial|cosine_with_restarts (transformers' defaults each: cosine and linear decay to 0; cosine_with_min_lr, warmup_stable_decay, inverse_sqrt and reduce_lr_on_plateau are not supported), got \"inverse_sqrt\""}},
       {"unknown_target_module.yaml", {7, "lora.target_modules[1]: unknown module \"v_prj\"; did you mean \"v_proj\"?"}},
       {"undefined_env_variable.yaml", {5, "data.train: environment variable QLORA_TEST_UNDEFINED_VARIABLE_16 is not defined"}},
       {"unknown_template.yaml", {6, "data.template: expected one of alpaca|chatml|llama2|vicuna|none|smollm2|qwen2.5|qwen3|llama3|llama3.1|llama3.2|mistral|auto, got \"chatlm\"; did you mean \"chatml\"?"}},

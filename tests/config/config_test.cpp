@@ -115,6 +115,23 @@ TEST(Config, WarningsNameWhatIsIgnoredOrNeverLeft) {
             (std::vector<std::string>{
                 "config: data.val_set_size (0.05) is ignored because data.eval is set",
                 "config: training.warmup_steps (10) >= training.max_steps (10): the run never leaves warmup"}));
+  // transformers' constant never warms up (a trial: ours did, from the default warmup_steps 10): a
+  // warmup the file sets is said to be unused; the default is not one
+  const Config constant = parse_config_string(kMinimal, "t.yaml", {"training.lr_scheduler=constant"});
+  EXPECT_EQ(constant.training.warmup_steps, 0);
+  EXPECT_TRUE(config_warnings(constant).empty());
+  EXPECT_EQ(config_warnings(parse_config_string(kMinimal, "t.yaml", {"training.lr_scheduler=constant",
+                                                                     "training.warmup_ratio=0.03"})),
+            (std::vector<std::string>{"config: training.lr_scheduler constant does not warm up, as transformers' "
+                                      "constant: training.warmup_ratio (0.03) is not used (lr_scheduler: "
+                                      "constant_with_warmup warms up, then stays constant)"}));
+  const Config c5 = parse_config_string(kMinimal, "t.yaml",
+                                        {"training.lr_scheduler=constant", "training.warmup_steps=5", "training.max_steps=5"});
+  EXPECT_EQ(config_warnings(c5),
+            (std::vector<std::string>{"config: training.lr_scheduler constant does not warm up, as transformers' "
+                                      "constant: training.warmup_steps (5) is not used (lr_scheduler: "
+                                      "constant_with_warmup warms up, then stays constant)"}));
+  EXPECT_EQ(parse_config_string(kMinimal, "t.yaml", {"training.lr_scheduler=constant_with_warmup"}).training.warmup_steps, 10);
 }
 
 TEST(Config, DefaultsMatchTheDocumentedSchema) {
@@ -346,6 +363,9 @@ TEST(Config, ErrorsDoNotCascade) {
 TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
   auto top = [](const std::string& line) { return error_of(std::string(kMinimal) + line + "\n"); };
   const std::string p = "t.yaml:5: ";
+  EXPECT_EQ(top("bnb_4bit_compute_dtype: bfloat16"),
+            p + "bnb_4bit_compute_dtype: unknown key; Axolotl / Hugging Face's \"bnb_4bit_compute_dtype\" is "
+                "\"model.dtype\" here (docs/config.md)");
   EXPECT_EQ(top("save_total_limit: 2"),
             p + "save_total_limit: unknown key; Axolotl / Hugging Face's \"save_total_limit\" is \"checkpoint.keep_last\" "
                 "here (docs/config.md)");
@@ -417,6 +437,11 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
                      "GPU dtype"},
       {"group_by_length: false", "has no key here: rows are drawn in shuffled order (\"data.shuffle\"); "
                                  "\"data.sample_packing: true\" packs short examples into full rows instead"},
+      // the QLoRA paper's keys as an Axolotl / HF user writes them (trial 12)
+      {"lr_scheduler_kwargs: {min_lr: 1.0e-6}",
+       "has no key here: each \"training.lr_scheduler\" runs with transformers' defaults (cosine and linear decay "
+       "to 0, cosine_with_restarts one cycle, polynomial to 1e-7 at power 1)"},
+      {"neftune_noise_alpha: 5", "has no key here: NEFTune (noise on the input embeddings) is not supported"},
   };
   // Axolotl / HF Trainer evaluation and reporting keys (issue: trial 8 got only "unknown key
   // (expected one of: ...)"): what evaluation does here (trainer/train.cpp evaluate_loss: rows of
@@ -787,6 +812,13 @@ TEST(Config, RangeChecks) {
            Case{"data.template=chatlm", "did you mean \"chatml\"?"},
            Case{"training.lr_scheduler=cosin", "did you mean \"cosine\"?"},
            Case{"training.warmup_steps=-1", "training.warmup_steps: expected an integer >= 0"},
+           // transformers 5 reads a warmup_steps below 1 as a ratio (trial 12)
+           Case{"training.warmup_steps=0.03", "training.warmup_steps: expected an integer >= 0 (a fraction of the "
+                                              "total steps, as transformers' warmup_steps < 1 means, is "
+                                              "training.warmup_ratio), got 0.03"},
+           Case{"training.lr_scheduler=cosine_with_min_lr",
+                "(transformers' defaults each: cosine and linear decay to 0; cosine_with_min_lr, warmup_stable_decay, "
+                "inverse_sqrt and reduce_lr_on_plateau are not supported)"},
            Case{"training.adam_beta2=1", "training.adam_beta2: expected a number in [0, 1)"},
            Case{"training.max_steps=-2", "training.max_steps: expected an integer >= -1"},
            Case{"checkpoint.keep_last=0", "checkpoint.keep_last: expected an integer >= 1"},

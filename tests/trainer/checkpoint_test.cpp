@@ -12,6 +12,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <sys/wait.h>
 
 #include "common/error.h"
@@ -187,6 +188,23 @@ TEST_F(Resume, SummaryCountsEveryInvocationAndAFinishedRunIsLeftAlone) {
 // input_tokens its total tokens × 3 (no padding counted), both also the sums of the metrics lines;
 // train_loss the mean of the 18 step losses (transformers' TrainOutput.training_loss =
 // tr_loss / global_step), final_loss step 18's, eval_loss step 18's.
+// A run counted in epochs whose warmup covers all its steps is warned of, with the learning rate its
+// last step gets (a trial: only a max_steps run was; a 3-step run ran at 0, 2e-4, 4e-4 of 1e-3).
+TEST_F(Resume, AnEpochRunThatNeverLeavesWarmupIsWarnedOf) {
+  const fs::path out = root / "all_warmup";
+  const Out o = train(out, "--set training.warmup_steps=18 --set training.lr_scheduler=linear");
+  ASSERT_EQ(o.status, 0) << o.out;
+  const auto m = metrics(out);
+  ASSERT_EQ(m.size(), 18u) << o.out;
+  std::ostringstream last_lr;
+  last_lr << m.at(18).second;  // 17/18 of 1e-3, as the log writes a double
+  EXPECT_NE(o.out.find("warning: train: training.warmup_steps (18) >= the run's 18 optimizer steps (3 epochs): the "
+                       "run never leaves warmup, its last step at " + last_lr.str() + " of training.learning_rate "
+                       "0.001 (set a smaller training.warmup_steps or training.warmup_ratio)"),
+            std::string::npos) << o.out;
+  EXPECT_NEAR(m.at(18).second, 1e-3 * 17 / 18, 1e-15);
+}
+
 TEST_F(Resume, EvalStepsZeroEvaluatesAtEachEpochEndAndSummaryCountsTargets) {
   const fs::path out = root / "epoch_eval";
   Out o = train(out, "--set training.eval_steps=0 --set data.eval=" + (root / "data.json").string());
@@ -203,6 +221,7 @@ TEST_F(Resume, EvalStepsZeroEvaluatesAtEachEpochEndAndSummaryCountsTargets) {
     last_loss = j["loss"].get<double>();
   }
   EXPECT_EQ(evaluated, (std::vector<int64_t>{6, 12, 18})) << o.out;
+  EXPECT_EQ(o.out.find("never leaves warmup"), std::string::npos) << o.out;  // warmup 2 of 18 steps
   // A CPU run's estimate line says it counts tensors only (RSS runs higher).
   EXPECT_NE(qlora::test::line_with(o.out, "memory estimate: ").find("on the CPU that is tensors only"),
             std::string::npos) << o.out;
