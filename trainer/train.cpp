@@ -615,10 +615,14 @@ void Trainer::setup() {
   log::info("run: ", run_id_, step_ == 0 ? " (from step 0)" : " (resumed)", " in ", cfg_.output_dir);
   log::info("train: ", total_steps_, " steps of ", t.micro_batch_size, " x ", t.gradient_accumulation_steps,
             " rows, warmup ", warmup_steps_, ", device ", device_.str());
-  // (a max_steps run was warned of with the config: config_warnings)
-  if (t.max_steps <= 0 && warmup_steps_ >= total_steps_)
-    log::warn("train: training.warmup_steps (", warmup_steps_, ") >= the run's ", total_steps_, " optimizer steps (",
-              t.num_epochs, " epoch", t.num_epochs == 1 ? "" : "s", "): the run never leaves warmup, its last step at ",
+  // (a max_steps run with warmup_steps was warned of with the config: config_warnings)
+  if (warmup_steps_ >= total_steps_ && (t.max_steps <= 0 || t.warmup_ratio > 0))
+    log::warn("train: ", t.warmup_ratio > 0 ? "training.warmup_ratio's" : "training.warmup_steps", " warmup (",
+              warmup_steps_, warmup_steps_ == 1 ? " step" : " steps", ") >= the run's ", total_steps_, " optimizer step",
+              total_steps_ == 1 ? "" : "s", " (",
+              t.max_steps > 0 ? "training.max_steps"
+                              : std::to_string(t.num_epochs) + " epoch" + (t.num_epochs == 1 ? "" : "s"),
+              "): the run never leaves warmup, its last step at ",
               lr_at(t.lr_scheduler, t.learning_rate, total_steps_ - 1, warmup_steps_, total_steps_),
               " of training.learning_rate ", t.learning_rate,
               " (set a smaller training.warmup_steps or training.warmup_ratio)");

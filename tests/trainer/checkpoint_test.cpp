@@ -198,11 +198,18 @@ TEST_F(Resume, AnEpochRunThatNeverLeavesWarmupIsWarnedOf) {
   ASSERT_EQ(m.size(), 18u) << o.out;
   std::ostringstream last_lr;
   last_lr << m.at(18).second;  // 17/18 of 1e-3, as the log writes a double
-  EXPECT_NE(o.out.find("warning: train: training.warmup_steps (18) >= the run's 18 optimizer steps (3 epochs): the "
-                       "run never leaves warmup, its last step at " + last_lr.str() + " of training.learning_rate "
-                       "0.001 (set a smaller training.warmup_steps or training.warmup_ratio)"),
+  EXPECT_NE(o.out.find("warning: train: training.warmup_steps warmup (18 steps) >= the run's 18 optimizer steps (3 "
+                       "epochs): the run never leaves warmup, its last step at " + last_lr.str() + " of "
+                       "training.learning_rate 0.001 (set a smaller training.warmup_steps or training.warmup_ratio)"),
             std::string::npos) << o.out;
   EXPECT_NEAR(m.at(18).second, 1e-3 * 17 / 18, 1e-15);
+  // the QLoRA paper's warmup_ratio 0.03 on a 1-step run: ceil(0.03) = 1 step of warmup, at lr 0
+  const fs::path one = root / "ratio_one_step";
+  const Out r = train(one, "--set training.warmup_steps=0 --set training.warmup_ratio=0.03 --set training.max_steps=1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: train: training.warmup_ratio's warmup (1 step) >= the run's 1 optimizer step "
+                       "(training.max_steps): the run never leaves warmup, its last step at 0 of"),
+            std::string::npos) << r.out;
 }
 
 TEST_F(Resume, EvalStepsZeroEvaluatesAtEachEpochEndAndSummaryCountsTargets) {
