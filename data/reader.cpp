@@ -320,7 +320,24 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
     const std::string role_key = field_name(o, sg ? "from" : "role");
     const std::string content_key = field_name(o, sg ? "value" : "content");
     auto it = j.find(list);
-    if (it == j.end()) bad("missing field", "missing field '" + list + "'");
+    if (it == j.end()) {
+      // the other layout's list (sharegpt's "conversations" read as messages, or the reverse): name
+      // the setting that reads it, by its first turn's keys
+      const std::string other_list = sg ? "messages" : "conversations";
+      std::string hint;
+      if (auto ol = j.find(other_list); ol != j.end() && ol->is_array()) {
+        const json first = ol->empty() ? json() : (*ol)[0];
+        const auto has = [&](const char* a, const char* b) { return first.is_object() && first.contains(a) && first.contains(b); };
+        const std::string rename = o.field_map_key + " {" + (sg ? "conversations" : "messages") + ": " + other_list + "}";
+        const std::string other_format = o.format_key + ": " + (sg ? "messages" : "sharegpt");
+        hint = " (the record has '" + other_list + "'" +
+               (has("from", "value")   ? " with sharegpt's {from, value} turns: set " + (sg ? rename : other_format)
+                : has("role", "content") ? " with {role, content} turns: set " + (sg ? other_format : rename)
+                                         : ": set " + other_format + ", or " + rename) +
+               ")";
+      }
+      bad("missing field", "missing field '" + list + "'" + hint);
+    }
     if (!it->is_array()) bad("wrong type", "field '" + list + "' must be an array, got " + type_name(*it), {list});
     if (it->empty()) bad("empty field", "field '" + list + "' is an empty array", {list});
     append_system(j, o, &r);

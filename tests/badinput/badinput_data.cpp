@@ -342,4 +342,20 @@ TEST(BadInputData, SharegptTurnsReadAsMessagesNameTheLayout) {
   // a turn with neither layout: no hint
   std::ofstream(m) << R"({"conversations": [{"speaker": "user", "text": "hi"}]})" << "\n";
   EXPECT_EQ(error_of(m, o), m.string() + ":1: conversations[0]: missing field 'from'");
+  // the other layout's list itself (trial 13: format messages on a plain sharegpt file said only
+  // "missing field 'messages'"): the setting that reads it, by its first turn's keys
+  o.format = "messages";
+  EXPECT_EQ(error_of(p, o), p.string() + ":1: missing field 'messages' (the record has 'conversations' with sharegpt's "
+                                         "{from, value} turns: set data.format: sharegpt)");
+  std::ofstream(m) << R"({"conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})" << "\n";
+  EXPECT_EQ(error_of(m, o), m.string() + ":1: missing field 'messages' (the record has 'conversations' with {role, "
+                                         "content} turns: set data.field_map {messages: conversations})");
+  const fs::path msgs = tmp.path / "msgs.jsonl";
+  std::ofstream(msgs) << R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})" << "\n";
+  o.format = "sharegpt";
+  EXPECT_EQ(error_of(msgs, o), msgs.string() + ":1: missing field 'conversations' (the record has 'messages' with "
+                                               "{role, content} turns: set data.format: messages)");
+  o.field_map = {{"messages", "conversations"}};  // the map the hint names reads it
+  o.format = "messages";
+  EXPECT_EQ(read_records(m.string(), o, &st).at(0).turns.at(1).content, "yo");
 }
