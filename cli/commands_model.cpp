@@ -316,7 +316,13 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
         : !own.empty() ? "the template's default " + quote(own) + " (" + tpl +
                              " writes it when a conversation has none; --system TEXT replaces it)"
                        : "none (template " + tpl + ")";
-    log::info("generate: system message: ", what, o.prompts_file.empty() ? "" : " (lines without \"system\")");
+    // --prompts: which lines this is, and that the others render their own (a trial read it as all lines')
+    const auto own_system = std::count_if(prompts.begin(), prompts.end(), [](const data::PromptLine& p) { return p.system.has_value(); });
+    log::info("generate: system message: ", what,
+              o.prompts_file.empty() ? std::string()
+                                     : " (for the " + std::to_string(prompts.size() - own_system) + " of " +
+                                           std::to_string(prompts.size()) + " lines without \"system\"; the other " +
+                                           std::to_string(own_system) + " render their own)");
   }
   std::vector<std::vector<int64_t>> prompt_ids;
   std::vector<int64_t> max_new;  // per prompt: max_length - its length when the file's max_length rules

@@ -224,6 +224,15 @@ TEST(Generate, LogsTheSystemMessageRenderedAndWarnsOfAnEmptyAnswer) {
   r = run(smol + " --system " + q("Be brief."));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("generate: system message: \"Be brief.\" from --system"), std::string::npos) << r.out;
+  // --prompts: the line says which lines it is about (trial 13 read it as every line's)
+  const fs::path pd = qlora::test::fresh_temp_dir("gen_prompts_system");
+  std::ofstream(pd / "p.jsonl") << R"({"prompt": "hi"})" << "\n" << R"({"prompt": "hi", "system": "One word."})" << "\n"
+                                << R"({"prompt": "yo"})" << "\n";
+  r = run("generate " + root.string() + " --template smollm2 --dtype fp32 --max-new-tokens 1 --prompts " +
+          (pd / "p.jsonl").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("(smollm2 writes it when a conversation has none; --system TEXT replaces it) (for the 2 of 3 "
+                       "lines without \"system\"; the other 1 render their own)"), std::string::npos) << r.out;
   // A tiny model whose generation_config.json lists the first id it would generate as an EOS id:
   // no text, finish_reason eos after 0 tokens.
   const fs::path d = qlora::test::fresh_temp_dir("gen_empty");
