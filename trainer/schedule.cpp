@@ -37,4 +37,10 @@ double lr_at(LrScheduler s, double base_lr, int64_t step, int64_t warmup, int64_
   return base_lr * factor_at(s, base_lr, step, warmup, total);
 }
 
+int64_t warmup_steps_for(const TrainingConfig& t, int64_t total_steps) {
+  if (t.lr_scheduler == LrScheduler::kConstant) return 0;
+  if (t.warmup_ratio > 0) return static_cast<int64_t>(std::ceil(t.warmup_ratio * static_cast<double>(total_steps)));
+  return t.warmup_steps;
+}
+
 }  // namespace qlora

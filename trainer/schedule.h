@@ -24,4 +24,10 @@ namespace qlora {
 ///     kPolynomialLrEnd / kPolynomialPower (config.h).
 double lr_at(LrScheduler s, double base_lr, int64_t step, int64_t warmup_steps, int64_t total_steps);
 
+/// Warmup steps (optimizer steps, >= 0) of a run of `total_steps` optimizer steps, as transformers'
+/// TrainingArguments.get_warmup_steps: ceil(warmup_ratio × total_steps) when a ratio is set, else
+/// training.warmup_steps; 0 for `constant`, whose get_constant_schedule takes no warmup
+/// (config_warnings says so where one is set). Throws nothing.
+int64_t warmup_steps_for(const TrainingConfig& t, int64_t total_steps);
+
 }  // namespace qlora

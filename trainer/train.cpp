@@ -562,10 +562,7 @@ void Trainer::setup() {
   for (int64_t e = 0; e < std::max<int64_t>(1, t.num_epochs); ++e)
     per_epoch += (loader_->batches_in_epoch(e) + group - 1) / group;
   total_steps_ = t.max_steps > 0 ? t.max_steps : per_epoch;
-  // transformers' constant takes no warmup (config_warnings said so where one is set)
-  warmup_steps_ = t.lr_scheduler == LrScheduler::kConstant ? 0
-                  : t.warmup_ratio > 0 ? static_cast<int64_t>(std::ceil(t.warmup_ratio * total_steps_))
-                                       : t.warmup_steps;
+  warmup_steps_ = warmup_steps_for(t, total_steps_);
   opt_ = make_adamw(model_->lora_parameters(), t);
 
   preemption_ = {{"interruptions", 0}, {"time_lost_s", 0.0}, {"checkpoints", json::array()}};

@@ -124,5 +124,30 @@ TEST(Schedule, EqualsTransformersGetScheduler) {
   EXPECT_GT(compared, 300);
 }
 
+// The warmup of a run is transformers' get_warmup_steps: ceil(ratio x steps) in the same double
+// product (0.07 x 100 gives 8, as HF), warmup_steps as set, none for `constant` (HF's constant).
+TEST(Schedule, WarmupStepsAreTransformersGetWarmupSteps) {
+  QLORA_REQUIRE_FIXTURE(refs, "trainer/schedule_refs.json");
+  const nlohmann::json j = nlohmann::json::parse(read_file(refs.string()));
+  ASSERT_GE(j.at("warmup").size(), 50u);
+  for (const nlohmann::json& c : j.at("warmup")) {
+    TrainingConfig t;
+    t.lr_scheduler = LrScheduler::kCosine;
+    t.warmup_steps = 0;
+    t.warmup_ratio = c.at("ratio").get<double>();
+    const int64_t total = c.at("total");
+    EXPECT_EQ(warmup_steps_for(t, total), c.at("warmup").get<int64_t>())
+        << "warmup_ratio " << t.warmup_ratio << ", " << total << " steps";
+    t.lr_scheduler = LrScheduler::kConstant;
+    EXPECT_EQ(warmup_steps_for(t, total), 0) << "constant takes no warmup";
+  }
+  TrainingConfig t;
+  t.lr_scheduler = LrScheduler::kLinear;
+  t.warmup_steps = 7;
+  EXPECT_EQ(warmup_steps_for(t, 3), 7) << "warmup_steps as set, even past the run (warned of)";
+  t.lr_scheduler = LrScheduler::kConstant;
+  EXPECT_EQ(warmup_steps_for(t, 3), 0);
+}
+
 }  // namespace
 }  // namespace qlora
