@@ -95,8 +95,10 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
       }
       ex.input_ids.resize(size_t(L));
       ex.labels.resize(size_t(L));
-      ++st->truncated;
-      list(st, kTruncated, r, "cut to its first " + Ls + " tokens" + ntok);
+      if (trained_targets(ex.labels) > 0) {  // kept, cut (one cut to nothing is "truncated away" below)
+        ++st->truncated;
+        list(st, kTruncated, r, "cut to its first " + Ls + " tokens" + ntok);
+      }
     }
     if (trained_targets(ex.labels) == 0) {
       if (had_trainable) {
@@ -381,6 +383,8 @@ std::string DataStats::summary() const {
   for (const auto& [reason, n] : read.skip_reasons) o << " [" << reason << ": " << n << "]";
   o << "\n";
   for (const auto& m : read.skip_examples) o << "  skipped: " << m << "\n";
+  if (read.skipped_invalid > int64_t(read.skip_examples.size()))
+    o << "  skipped: (and " << read.skipped_invalid - int64_t(read.skip_examples.size()) << " more)\n";
   o << "dropped: " << dropped_too_long << " longer than sequence_len " << sequence_len << ", "
     << dropped_no_trainable << " without trainable tokens, " << dropped_truncated_away
     << " whose trainable tokens were all truncated away; truncated: " << truncated << "\n"

@@ -17,7 +17,7 @@ namespace qlora::data {
 struct DataStats {
   ReadStats read;                     ///< records read / skipped (reasons) and the format
   int64_t dropped_too_long = 0;       ///< truncation = drop and longer than sequence_len
-  int64_t truncated = 0;              ///< truncation = truncate and cut
+  int64_t truncated = 0;              ///< truncation = truncate, cut and kept (not those truncated away)
   int64_t dropped_no_trainable = 0;   ///< no target even before truncation: no assistant turn, or (raw text) one token
   int64_t dropped_nothing_to_predict = 0;  ///< of dropped_no_trainable: raw texts of one token (nothing to predict)
   int64_t dropped_truncated_away = 0; ///< truncation = truncate cut every trainable token away

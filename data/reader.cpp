@@ -175,9 +175,10 @@ bool get_string(const json& obj, const DataOptions& o, const std::string& canoni
   }
   auto it = obj.find(name);
   if (it == obj.end() || it->is_null()) {
-    if (required)
-      bad("missing field", "missing field '" + name + "'" + swapped_field_map_hint(obj, o),
-          it == obj.end() ? JsonPath{} : JsonPath{name});
+    if (required) {
+      if (it == obj.end()) bad("missing field", "missing field '" + name + "'" + swapped_field_map_hint(obj, o));
+      bad("missing field", "field '" + name + "' is null (a string is needed)", {name});
+    }
     return false;
   }
   if (!it->is_string())
@@ -229,6 +230,21 @@ std::string prompt_answer_hint(const json& j, const DataOptions& o) {
   return "";
 }
 
+// "" or, for an object one of whose keys holds a list of objects (an export wrapping its records,
+// {"version": ..., "data": [...]}, as Hugging Face datasets' load_dataset("json", field="data")
+// reads), the hint to take that list out: "; 'data' holds a list of 3 objects: if those are the
+// records, write them one per line (jq -c '.["data"][]' FILE > OUT.jsonl) or as a JSON array".
+std::string wrapped_records_hint(const json& j, const std::string& file = "FILE") {
+  if (!j.is_object()) return "";
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!it->is_array() || it->empty() || !(*it)[0].is_object()) continue;
+    return "; '" + it.key() + "' holds a list of " + std::to_string(it->size()) +
+           " objects: if those are the records, write them one per line (jq -c '.[\"" + it.key() +
+           "\"][]' " + file + " > OUT.jsonl) or as a JSON array";
+  }
+  return "";
+}
+
 std::string detect(const json& j, const DataOptions& o) {
   if (!j.is_object()) bad("wrong type", std::string("record must be a JSON object, got ") + type_name(j));
   if (j.contains(field_name(o, "conversations"))) return "sharegpt";
@@ -239,6 +255,7 @@ std::string detect(const json& j, const DataOptions& o) {
   for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
   std::string hint = swapped_field_map_hint(j, o);
   if (hint.empty()) hint = prompt_answer_hint(j, o);
+  if (hint.empty()) hint = wrapped_records_hint(j);
   bad("unknown format", "cannot detect the format from the keys [" + keys + "]" +
                             (hint.empty() ? "; set " + o.format_key + " (alpaca|sharegpt|messages|completion) or " + o.field_map_key
                                           : hint));
@@ -487,8 +504,17 @@ json parse_value(const std::string& text) {
     std::replace(msg.begin(), msg.end(), '\n', ' ');
     const size_t upto = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
     const int64_t off = std::count(text.begin(), text.begin() + upto, '\n');
-    const bool utf8 = msg.find("UTF-8") != std::string::npos;
-    throw BadRecord{utf8 ? "invalid UTF-8" : "invalid JSON", "invalid JSON: " + msg, off, {}};
+    const size_t bad_at = first_invalid_utf8(text);
+    if (bad_at != std::string::npos) {  // named as check_encoding names it, the byte not echoed
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(text[bad_at]));
+      throw BadRecord{"invalid UTF-8",
+                      "invalid UTF-8 (byte " + std::string(hex) + " at byte offset " + std::to_string(bad_at) +
+                          " of the record); the file must be UTF-8",
+                      std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad_at), '\n'),
+                      {}};
+    }
+    throw BadRecord{"invalid JSON", "invalid JSON: " + msg, off, {}};
   } catch (const json::exception& e) {
     // e.g. out_of_range 406 "number overflow parsing '1e999'" (found by tests/fuzz/fuzz_dataset.cpp)
     std::string msg = e.what();
@@ -614,6 +640,35 @@ void read_json_array(const std::string& path, const std::string& buf, size_t pos
   }
 }
 
+// JSON Lines holds one record per line. A first line that is not JSON by itself but starts a
+// value spanning lines (pretty-printed records, or one object over the whole file: an export
+// wrapping its records) is named as such, with what to do, instead of the syntax error of its
+// first line. Throws qlora::Error `path:line: ...`; returns when the first line parses or no value
+// spanning lines starts there (the line's own error then follows).
+void check_one_record_per_line(const std::string& path, const std::string& buf, size_t pos, int64_t line) {
+  size_t eol = buf.find('\n', pos);
+  if (eol == std::string::npos) return;
+  if (json::accept(buf.substr(pos, eol - pos))) return;
+  std::istringstream in(buf.substr(pos));
+  json value;
+  try {
+    in >> value;  // one value, the rest of the stream left unread
+  } catch (const json::exception&) {
+    return;
+  }
+  const std::streamoff used = in.tellg() < 0 ? static_cast<std::streamoff>(buf.size() - pos) : static_cast<std::streamoff>(in.tellg());
+  const size_t end = pos + static_cast<size_t>(used);
+  const int64_t last = line + std::count(buf.begin() + static_cast<std::ptrdiff_t>(pos),
+                                         buf.begin() + static_cast<std::ptrdiff_t>(std::min(end, buf.size())), '\n');
+  const bool alone = buf.find_first_not_of(" \t\r\n", end) == std::string::npos;
+  if (alone && value.is_object())
+    fail(path, ":", line, ": the file is one JSON object over lines ", line, "-", last,
+         ", not JSON Lines (one record per line) or a JSON array of records", wrapped_records_hint(value, path));
+  fail(path, ":", line, ": the first record spans lines ", line, "-", last,
+       " (pretty-printed JSON?): JSON Lines needs one record per line; rewrite it, e.g. jq -c . ", path,
+       " > OUT.jsonl, or write a JSON array");
+}
+
 }  // namespace
 
 Record record_from_json(const std::string& json_text, const std::string& path, const DataOptions& opts) {
@@ -629,6 +684,29 @@ Record record_from_json(const std::string& json_text, const std::string& path, c
 
 size_t check_encoding(const std::string& path, const std::string& buf, bool skip_invalid, const std::string& remedy) {
   auto starts = [&](const char* bom, size_t n) { return buf.size() >= n && buf.compare(0, n, bom, n) == 0; };
+  // Compressed and columnar files by their magic (each format's specification), before the
+  // UTF-16/32 guess their NUL bytes would otherwise lead to.
+  struct Container {
+    const char* magic;
+    size_t n;
+    const char* what;
+    const char* remedy;
+  };
+  static const Container kContainers[] = {
+      {"\x1F\x8B", 2, "gzip-compressed (magic 1f 8b)", "decompress it first: gunzip -k "},
+      {"\x28\xB5\x2F\xFD", 4, "zstd-compressed (magic 28 b5 2f fd)", "decompress it first: zstd -d "},
+      {"BZh", 3, "bzip2-compressed (magic \"BZh\")", "decompress it first: bunzip2 -k "},
+      {"\xFD" "7zXZ\x00", 6, "xz-compressed (magic fd 37 7a 58 5a 00)", "decompress it first: unxz -k "},
+      {"PK\x03\x04", 4, "a zip archive (magic \"PK\\3\\4\")", "extract it first: unzip "},
+      {"PAR1", 4, "Apache Parquet (magic \"PAR1\")",
+       "convert it to JSON Lines first, e.g. python3 -c \"import pandas; pandas.read_parquet('IN').to_json('OUT.jsonl', "
+       "orient='records', lines=True, force_ascii=False)\" with IN = "},
+      {"ARROW1", 6, "an Apache Arrow file (magic \"ARROW1\")",
+       "convert it to JSON Lines first, e.g. datasets' Dataset.from_file('IN').to_json('OUT.jsonl') with IN = "},
+  };
+  for (const Container& k : kContainers)
+    QLORA_CHECK(!starts(k.magic, k.n), path, ": the file is ", k.what,
+                ", not text (data files are UTF-8 JSON, JSON Lines or .txt); ", k.remedy, path);
   const char* other = starts("\x00\x00\xFE\xFF", 4)   ? "UTF-32BE (byte-order mark 00 00 FE FF"
                       : starts("\xFF\xFE\x00\x00", 4) ? "UTF-32LE (byte-order mark FF FE 00 00"
                       : starts("\xFE\xFF", 2)           ? "UTF-16BE (byte-order mark FE FF"
@@ -701,6 +779,13 @@ std::vector<Record> read_records(const std::string& path, const DataOptions& opt
   const std::string ext = fs::path(path).extension().string();
   const std::string file = read_file(path);
   const size_t start = check_encoding(path, file, opts.skip_invalid);
+  if (ext == ".csv" || ext == ".tsv") {
+    const std::string delim = ext == ".tsv" ? ", delimiter='\\t'" : "";
+    fail(path, ": ", ext == ".csv" ? "CSV" : "TSV",
+         " is not read (data files are JSON, JSON Lines or .txt); convert it to JSON Lines, e.g. python3 -c \"import "
+         "csv, json, sys; [print(json.dumps(r, ensure_ascii=False)) for r in csv.DictReader(open(sys.argv[1], "
+         "newline=''", delim, "))]\" ", path, " > OUT.jsonl");
+  }
   if (ext == ".txt") {
     // Plain text: documents separated by blank lines; each keeps its first line number.
     QLORA_CHECK(opts.format == "auto" || opts.format == "completion", path,
@@ -736,6 +821,7 @@ std::vector<Record> read_records(const std::string& path, const DataOptions& opt
     if (buf[pos] == '[') {
       read_json_array(path, buf, pos, line, c);
     } else {
+      check_one_record_per_line(path, buf, pos, line);
       for_each_jsonl_line(buf, [&](const std::string& l, int64_t ln) { c.add_json(l, ln); });
     }
   }

@@ -257,6 +257,83 @@ TEST(BadInputData, EncodingsBomUtf16Utf32InvalidUtf8) {
   fs::remove_all(dir);
 }
 
+// Real exports that are not JSON Lines (trial 14): each is one line naming the file, what it is and
+// what to do, not the JSON parser's (or the UTF-16 guess's) error of its first bytes.
+TEST(BadInputData, ExportsThatAreNotJsonLinesAreNamedWithWhatToDo) {
+  const fs::path dir = qlora::test::fresh_temp_dir("exports");
+  const std::string jl = "{\"instruction\": \"x\", \"output\": \"y\"}\n{\"instruction\": \"z\", \"output\": \"w\"}\n";
+  std::ofstream(dir / "plain.jsonl", std::ios::binary) << jl;
+  // a real gzip file, as `gzip` writes it (HF load_dataset reads .jsonl.gz; we do not)
+  ASSERT_EQ(std::system(("gzip -k " + (dir / "plain.jsonl").string()).c_str()), 0);
+  struct Bad {
+    const char* name;
+    std::string bytes;  // "" = already written
+    std::string error;
+  };
+  const std::string nul(1, '\0');
+  const std::vector<Bad> bad = {
+      {"plain.jsonl.gz", "", ": the file is gzip-compressed (magic 1f 8b), not text (data files are UTF-8 JSON, JSON "
+                             "Lines or .txt); decompress it first: gunzip -k "},
+      {"x.jsonl.zst", std::string("\x28\xB5\x2F\xFD") + nul + "x", ": the file is zstd-compressed (magic 28 b5 2f fd)"},
+      {"x.jsonl.bz2", "BZh91AY&SY" + nul, ": the file is bzip2-compressed"},
+      {"x.jsonl.xz", std::string("\xFD" "7zXZ") + nul + nul, ": the file is xz-compressed"},
+      {"x.zip", "PK\x03\x04\x14" + nul, ": the file is a zip archive"},
+      {"train.parquet", "PAR1\x15\x04\x15" + nul + nul + "PAR1", ": the file is Apache Parquet (magic \"PAR1\"), not text"},
+      {"data.arrow", "ARROW1" + nul + nul, ": the file is an Apache Arrow file"},
+      {"t.csv", "instruction,output\nx,y\n", ": CSV is not read (data files are JSON, JSON Lines or .txt); convert it to "
+                                            "JSON Lines, e.g. python3 -c \"import csv, json, sys;"},
+      {"t.tsv", "instruction\toutput\nx\ty\n", ": TSV is not read"},
+      // a JSON object export over several lines (json.dumps(..., indent=1)): its records are a list under a key
+      {"wrapped.json", "{\n \"version\": \"1.0\",\n \"data\": [\n  {\"instruction\": \"a\", \"output\": \"b\"},\n"
+                       "  {\"instruction\": \"c\", \"output\": \"d\"}\n ]\n}\n",
+       ":1: the file is one JSON object over lines 1-7, not JSON Lines (one record per line) or a JSON array of records; "
+       "'data' holds a list of 2 objects: if those are the records, write them one per line (jq -c '.[\"data\"][]' "},
+      // the same on one line: the format error says where the records are
+      {"wrapped1.jsonl", "{\"version\": \"1.0\", \"data\": [{\"instruction\": \"a\", \"output\": \"b\"}]}\n",
+       ":1: cannot detect the format from the keys [version, data]; 'data' holds a list of 1 objects: if those are the "
+       "records"},
+      // pretty-printed records one after another (json.dumps(r, indent=2) per record)
+      {"pretty.jsonl", "{\n  \"instruction\": \"a\",\n  \"output\": \"b\"\n}\n{\n  \"instruction\": \"c\",\n  \"output\": \"d\"\n}\n",
+       ":1: the first record spans lines 1-4 (pretty-printed JSON?): JSON Lines needs one record per line; rewrite it, "
+       "e.g. jq -c . "},
+  };
+  for (const Bad& b : bad) {
+    const fs::path p = dir / b.name;
+    if (!b.bytes.empty()) std::ofstream(p, std::ios::binary) << b.bytes;
+    for (const bool skip : {false, true}) {  // not a record's problem: skip_invalid does not skip a whole file
+      if (skip && std::string(b.name) == "wrapped1.jsonl") continue;  // that one is a record's: skipped
+      DataOptions o;
+      o.skip_invalid = skip;
+      const std::string msg = error_of(p, o);
+      EXPECT_EQ(msg.rfind(p.string() + b.error, 0), 0u) << b.name << " -> " << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  }
+  // what the remedies say gives records: gunzip -k, and the CSV command (csv.DictReader) for t.csv
+  ASSERT_EQ(std::system(("cd " + dir.string() + " && rm plain.jsonl && gunzip -k plain.jsonl.gz").c_str()), 0);
+  EXPECT_EQ(read_records((dir / "plain.jsonl").string(), DataOptions{}, nullptr).size(), 2u);
+  fs::remove_all(dir);
+}
+
+// A null field is named as null, not as missing; an invalid-UTF-8 record skipped under skip_invalid
+// is listed with the byte's offset, not the JSON parser's message echoing the raw byte (trial 14).
+TEST(BadInputData, NullFieldAndSkippedInvalidUtf8AreNamedAsSuch) {
+  const fs::path dir = qlora::test::fresh_temp_dir("nulls");
+  std::ofstream(dir / "null.jsonl", std::ios::binary) << "{\"instruction\": \"a\", \"output\": null}\n";
+  const std::string msg = error_of(dir / "null.jsonl");
+  EXPECT_EQ(msg, (dir / "null.jsonl").string() + ":1: field 'output' is null (a string is needed)");
+  std::ofstream(dir / "latin1.jsonl", std::ios::binary)
+      << "{\"instruction\": \"x\", \"output\": \"y\"}\n{\"instruction\": \"caf\xE9\", \"output\": \"y\"}\n";
+  DataOptions o;
+  o.skip_invalid = true;
+  ReadStats st;
+  EXPECT_EQ(read_records((dir / "latin1.jsonl").string(), o, &st).size(), 1u);
+  ASSERT_EQ(st.skip_examples.size(), 1u);
+  EXPECT_EQ(st.skip_examples[0], (dir / "latin1.jsonl").string() +
+                                     ":2: invalid UTF-8 (byte 0xE9 at byte offset 20 of the record); the file must be UTF-8");
+  fs::remove_all(dir);
+}
+
 // Axolotl's per-message `weight` is 0 or 1 (null: absent); anything else is one line naming the file,
 // the line and the message's JSON path. reasoning_content is a string on an assistant message.
 TEST(BadInputData, WeightIsZeroOrOneAndReasoningContentAString) {

@@ -402,6 +402,11 @@ TEST(Length, DropTruncateAndNoTrainable) {
   EXPECT_EQ(build_examples({longr}, o, tok, &st3).size(), 0u);
   EXPECT_EQ(st3.dropped_truncated_away, 1);  // it had an answer: truncation removed it
   EXPECT_EQ(st3.dropped_no_trainable, 0);
+  // ... and is not also counted or listed as "truncated" (kept, cut): a trial's preview said
+  // "1 ... truncated away; truncated: 2" for 1 kept and 1 dropped (trial 14)
+  EXPECT_EQ(st3.truncated, 0);
+  EXPECT_EQ(st3.listed.count("truncated"), 0u);
+  EXPECT_EQ(st3.listed.at("truncated away").size(), 1u);
   // what data preview lists: file:line, the reason, the token count (bytes when not tokenised)
   longr.file = "d.jsonl";
   longr.line = 3;
