@@ -724,6 +724,9 @@ class Section {
         {"lora_model_dir", "lora.model_dir"},
         {"chat_template", " is \"data.template\" here (its tokenizer_default is template: auto)"},
         {"default_system_message", "data.default_system_message"},
+        {"dataset_exact_deduplication", {" is \"data.deduplicate\" here (true: drop exact duplicate records in "
+                                         "data.train before the val_set_size hold-out, in data.eval, and data.eval "
+                                         "records also in data.train)", "Axolotl"}},
         {"per_device_train_batch_size", "training.micro_batch_size"},
         {"num_train_epochs", "training.num_epochs"},
         {"lr_scheduler_type", "training.lr_scheduler"},
@@ -1312,6 +1315,7 @@ void visit_fields(V& v, data::DataOptions*) {
   v("seed", &D::seed, kNonNegativeInt);
   v("shuffle", &D::shuffle, BoolSpec{});
   v("skip_invalid", &D::skip_invalid, BoolSpec{});
+  v("deduplicate", &D::deduplicate, BoolSpec{});
   v("field_map", &D::field_map, NameMapSpec{});
   v("role_map", &D::role_map, NameMapSpec{});
   v("default_system_message", &D::default_system_message, TextSpec{});

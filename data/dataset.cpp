@@ -5,8 +5,10 @@
 #include <cmath>
 #include <filesystem>
 #include <sstream>
+#include <unordered_map>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "data/batch.h"
 #include "data/template.h"
 
@@ -23,6 +25,8 @@ constexpr const char* kDropped = "dropped";
 constexpr const char* kTruncatedAway = "truncated away";
 constexpr const char* kNoTrainable = "no trainable token";
 constexpr const char* kTruncated = "truncated";
+constexpr const char* kDuplicate = "duplicate";      // data.deduplicate dropped it
+constexpr const char* kInTrain = "also in data.train";  // data.deduplicate dropped this data.eval record
 
 void list(DataStats* st, const char* reason, const Record& r, const std::string& what) {
   auto& v = st->listed[reason];
@@ -118,8 +122,39 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
   return out;
 }
 
+std::string record_digest(const Record& r) {
+  std::string b;
+  const auto put = [&b](const std::string& x) {  // length-prefixed: no two field splits read the same
+    b += std::to_string(x.size());
+    b += ':';
+    b += x;
+  };
+  b += r.is_text ? 'T' : 'C';
+  put(r.text);
+  put(r.tools);
+  for (const Turn& t : r.turns) {
+    b += 't';
+    put(t.role);
+    put(t.content);
+    put(t.tool_call_id);
+    b += t.has_reasoning ? 'R' : '-';
+    put(t.reasoning_content);
+    b += t.train ? '1' : '0';
+    for (const ToolCall& c : t.tool_calls) {
+      b += 'c';
+      put(c.name);
+      b += c.arguments_is_string ? 's' : 'j';
+      put(c.arguments);
+      put(c.id);
+    }
+  }
+  return sha256_hex(b);
+}
+
 std::string listed_records(const DataStats& st) {
-  const std::pair<const char*, int64_t> reasons[] = {{kDropped, st.dropped_too_long},
+  const std::pair<const char*, int64_t> reasons[] = {{kDuplicate, st.duplicates},
+                                                     {kInTrain, st.eval_in_train},
+                                                     {kDropped, st.dropped_too_long},
                                                      {kTruncatedAway, st.dropped_truncated_away},
                                                      {kNoTrainable, st.dropped_no_trainable},
                                                      {kTruncated, st.truncated}};
@@ -181,6 +216,10 @@ void add_stats(DataStats* into, const DataStats& from) {
   into->tools_not_rendered += from.tools_not_rendered;
   into->reasoning_not_rendered += from.reasoning_not_rendered;
   into->system_records += from.system_records;
+  into->duplicates += from.duplicates;
+  into->eval_in_train += from.eval_in_train;
+  if (into->duplicate_first.empty()) into->duplicate_first = from.duplicate_first;
+  if (into->eval_in_train_first.empty()) into->eval_in_train_first = from.eval_in_train_first;
   for (const auto& [reason, lines] : from.listed)
     for (const std::string& l : lines)
       if (into->listed[reason].size() < DataStats::kListedPerReason) into->listed[reason].push_back(l);
@@ -216,19 +255,81 @@ void check_files_exist(const DataOptions& opts) {
   if (bad.size() > 1) throw ErrorList(bad);
 }
 
+/// The records of a list seen so far (by record_digest) and where each was first: what
+/// data.deduplicate compares a record with.
+class RecordIndex {
+ public:
+  /// "FILE:LINE" of the earlier record with digest `key`, or "" when there is none.
+  std::string find(const std::string& key) const {
+    const auto it = first_.find(key);
+    return it == first_.end() ? "" : files_[it->second.first] + ":" + std::to_string(it->second.second);
+  }
+  /// find(key); when "", `r` becomes the first record with that digest.
+  std::string find_or_add(const std::string& key, const Record& r) {
+    std::string at = find(key);
+    if (!at.empty()) return at;
+    if (files_.empty() || files_.back() != r.file) files_.push_back(r.file);
+    first_.emplace(key, std::make_pair(files_.size() - 1, r.line));
+    return "";
+  }
+
+ private:
+  std::vector<std::string> files_;  // the files in the order first seen (a list's files each once)
+  std::unordered_map<std::string, std::pair<size_t, int64_t>> first_;  // digest -> (files_ index, line)
+};
+
+/// The records of one file a list keeps: each record's digest is looked up in `train` (data.eval
+/// files: the data.train records; counted in eval_in_train) and else in `seen` (the list's earlier
+/// records, `r` added when new; counted in duplicates); with opts.deduplicate a record found is
+/// dropped. `digests` gets each kept record's digest.
+std::vector<Record> keep_records(std::vector<Record> recs, const DataOptions& opts, RecordIndex* seen,
+                                 const RecordIndex* train, DataStats* st, std::vector<std::string>* digests) {
+  std::vector<Record> kept;
+  kept.reserve(recs.size());
+  st->deduplicate = opts.deduplicate;
+  for (Record& r : recs) {
+    std::string key = record_digest(r);
+    const std::string here = r.file + ":" + std::to_string(r.line);
+    std::string at = train ? train->find(key) : "";
+    if (!at.empty()) {
+      ++st->eval_in_train;
+      if (st->eval_in_train_first.empty()) st->eval_in_train_first = here + " = " + at;
+      if (opts.deduplicate) {
+        list(st, kInTrain, r, "the same record as " + at);
+        continue;
+      }
+    } else if (!(at = seen->find_or_add(key, r)).empty()) {
+      ++st->duplicates;
+      if (st->duplicate_first.empty()) st->duplicate_first = here + " = " + at;
+      if (opts.deduplicate) {
+        list(st, kDuplicate, r, "the same record as " + at);
+        continue;
+      }
+    }
+    if (digests) digests->push_back(std::move(key));
+    kept.push_back(std::move(r));
+  }
+  return kept;
+}
+
 /// Reads and tokenises each file of `sources` on its own (options_for: its format, field_map,
 /// role_map), refuses a file that gives no example, and concatenates the examples in list order
-/// with ids 0..n-1 and Example::record numbered over all the files' records (`records` gets their
-/// count). `total` gets the files' stats together (add_stats), `per` each file's.
+/// with ids 0..n-1 and Example::record numbered over all the files' kept records (`records` gets
+/// their count; `digests`, when given, their record_digest, numbered alike). Duplicates are
+/// counted or dropped (keep_records) against `seen` (this list's records: filled) and `train` (for
+/// data.eval: the data.train records; else nullptr). `total` gets the files' stats together
+/// (add_stats), `per` each file's.
 std::vector<Example> load_sources(const std::vector<DataSource>& sources, const DataOptions& opts, const Tokenizer& tok,
-                                  bool is_eval, DataStats* total, std::vector<SourceStats>* per, int64_t* records) {
+                                  bool is_eval, DataStats* total, std::vector<SourceStats>* per, int64_t* records,
+                                  RecordIndex* seen, const RecordIndex* train, std::vector<std::string>* digests) {
   std::vector<Example> all;
   *records = 0;
   for (size_t i = 0; i < sources.size(); ++i) {
     SourceStats fs{sources[i], {}, 0, 0, {}};
     // Its messages name the entry's own field_map / role_map / format as data.train[i].field_map.
     const DataOptions o = options_for(opts, fs.source, source_key(is_eval, sources.size(), i));
-    const std::vector<Record> recs = read_records(fs.source.path, o, &fs.stats.read);
+    const std::vector<Record> recs =
+        keep_records(read_records(fs.source.path, o, &fs.stats.read), o, seen, train, &fs.stats, digests);
     std::vector<Example> ex = build_examples(recs, o, tok, &fs.stats);
     for (Example& e : ex) e.record += *records;
     fs.first_record = *records;
@@ -236,10 +337,12 @@ std::vector<Example> load_sources(const std::vector<DataSource>& sources, const 
     for (const Record& r : recs) fs.record_lines.push_back(r.line);
     *records += int64_t(recs.size());
     const DataStats& st = fs.stats;
-    if (!is_eval)
+    // A file whose every record repeats an earlier one (data.deduplicate dropped them all) is not
+    // refused: per-file notes say so, and an eval list left with nothing is refused as a whole.
+    if (!recs.empty() && !is_eval)
       QLORA_CHECK(!ex.empty(), fs.source.path, ": no example has a trainable token (", drop_reasons(st), ")",
                   st.dropped_truncated_away > 0 ? "; raise data.sequence_len or use data.truncation: drop" : "");
-    else
+    else if (!recs.empty())
       QLORA_CHECK(!ex.empty(), fs.source.path, ": data.eval: no eval example is left (", drop_reasons(st), ")",
                   st.dropped_truncated_away > 0 ? "; raise data.sequence_len or use data.truncation: drop"
                                                 : "; fix the file or unset data.eval");
@@ -265,11 +368,18 @@ Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
   check_files_exist(opts);
   Datasets d;
   int64_t records = 0;
-  std::vector<Example> all = load_sources(opts.train, opts, tok, false, &d.stats, &d.train_sources, &records);
+  RecordIndex train_seen;
+  std::vector<std::string> digests;  // of each kept train record, numbered as Example::record
+  std::vector<Example> all =
+      load_sources(opts.train, opts, tok, false, &d.stats, &d.train_sources, &records, &train_seen, nullptr, &digests);
   if (!opts.eval.empty()) {
     DataStats& est = d.eval_stats;
     int64_t eval_records = 0;
-    d.eval = load_sources(opts.eval, opts, tok, true, &est, &d.eval_sources, &eval_records);
+    RecordIndex eval_seen;
+    d.eval = load_sources(opts.eval, opts, tok, true, &est, &d.eval_sources, &eval_records, &eval_seen, &train_seen,
+                          nullptr);
+    QLORA_CHECK(!d.eval.empty(), source_paths(opts.eval), ": data.eval: no eval example is left (", drop_reasons(est),
+                "); fix the file or unset data.eval");
     est.eval_examples = int64_t(d.eval.size());
     d.train = std::move(all);
   } else if (opts.val_set_size > 0) {
@@ -286,6 +396,21 @@ Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
     std::vector<char> is_eval(size_t(n), 0);
     for (int64_t i = 0; i < k; ++i) is_eval[size_t(perm[i])] = 1;
     for (Example& e : all) (is_eval[size_t(e.record)] ? d.eval : d.train).push_back(std::move(e));
+    // Which records, for `data preview`; and those whose twin stayed in train (deduplicate off:
+    // eval_loss then partly measures memorisation; on, no two records are equal).
+    std::unordered_map<std::string, int64_t> train_side;  // digest -> its first record left for training
+    for (int64_t r = 0; r < n; ++r)
+      if (!is_eval[size_t(r)]) train_side.emplace(digests[size_t(r)], r);
+    for (int64_t r = 0; r < n; ++r) {
+      if (!is_eval[size_t(r)]) continue;
+      if (d.stats.held_out_listed.size() < DataStats::kListedPerReason)
+        d.stats.held_out_listed.push_back(record_location(d.train_sources, r));
+      const auto twin = train_side.find(digests[size_t(r)]);
+      if (twin == train_side.end()) continue;
+      if (d.stats.held_out_in_train++ == 0)
+        d.stats.held_out_in_train_first =
+            record_location(d.train_sources, r) + " = " + record_location(d.train_sources, twin->second);
+    }
     QLORA_CHECK(!d.train.empty(), "data.val_set_size: ", opts.val_set_size, " holds out every record that gave a ",
                 "training example (", k, " of ", n, " records held out)");
     QLORA_CHECK(!d.eval.empty(), "data.val_set_size: none of the ", k, " held-out records gives an eval example (",
@@ -318,11 +443,15 @@ std::string drop_reasons(const DataStats& st) {
   if (st.dropped_nothing_to_predict > 0)
     o << ", " << st.dropped_nothing_to_predict << " raw texts of one token (nothing to predict)";
   if (st.read.skipped_invalid > 0) o << ", " << st.read.skipped_invalid << " skipped as invalid";
+  if (st.deduplicate && st.duplicates > 0)
+    o << ", " << st.duplicates << " duplicates of an earlier record (data.deduplicate)";
+  if (st.deduplicate && st.eval_in_train > 0) o << ", " << st.eval_in_train << " also in data.train (data.deduplicate)";
   return o.str();
 }
 
 std::string unused_records_note(const DataStats& st) {
-  const int64_t unused = st.dropped_too_long + st.dropped_truncated_away + st.dropped_no_trainable + st.read.skipped_invalid;
+  const int64_t unused = st.dropped_too_long + st.dropped_truncated_away + st.dropped_no_trainable +
+                         st.read.skipped_invalid + (st.deduplicate ? st.duplicates + st.eval_in_train : 0);
   if (unused == 0) return "";
   std::ostringstream o;
   o << unused << " of " << st.read.records_read << " records not used (" << drop_reasons(st)
@@ -368,6 +497,25 @@ std::string reasoning_note(const DataStats& st, const std::string& template_name
          "): the thinking is not trained; use qwen3 (the one template that renders it), or write it into the content";
 }
 
+std::string duplicates_note(const Datasets& d) {
+  if (d.stats.deduplicate) return "";
+  std::vector<std::string> parts;
+  const auto add = [&parts](int64_t n, const std::string& one, const std::string& many, const std::string& first) {
+    if (n > 0) parts.push_back(std::to_string(n) + (n == 1 ? one : many) + " (first: " + first + ")");
+  };
+  add(d.stats.duplicates, " record duplicates an earlier one", " records duplicate an earlier one", d.stats.duplicate_first);
+  add(d.stats.held_out_in_train, " held-out record (val_set_size) also appears in train",
+      " held-out records (val_set_size) also appear in train", d.stats.held_out_in_train_first);
+  add(d.eval_stats.eval_in_train, " data.eval record also appears in data.train",
+      " data.eval records also appear in data.train", d.eval_stats.eval_in_train_first);
+  add(d.eval_stats.duplicates, " data.eval record duplicates an earlier one", " data.eval records duplicate an earlier one",
+      d.eval_stats.duplicate_first);
+  if (parts.empty()) return "";
+  std::string out;
+  for (const std::string& p : parts) out += p + "; ";
+  return out + "set data.deduplicate: true to drop them";
+}
+
 std::vector<std::string> file_notes(const DataStats& st, const std::string& template_name) {
   std::vector<std::string> notes;
   for (std::string note : {unused_records_note(st), placeholder_note(st.read), tools_note(st, template_name),
@@ -387,7 +535,9 @@ std::string DataStats::summary() const {
     o << "  skipped: (and " << read.skipped_invalid - int64_t(read.skip_examples.size()) << " more)\n";
   o << "dropped: " << dropped_too_long << " longer than sequence_len " << sequence_len << ", "
     << dropped_no_trainable << " without trainable tokens, " << dropped_truncated_away
-    << " whose trainable tokens were all truncated away; truncated: " << truncated << "\n"
+    << " whose trainable tokens were all truncated away";
+  if (deduplicate) o << ", " << duplicates << " duplicates (data.deduplicate)";
+  o << "; truncated: " << truncated << "\n"
     << listed_records(*this);
   if (split_documents > 0)
     o << "split: " << split_documents << " documents longer than sequence_len " << sequence_len << " into "
@@ -397,7 +547,15 @@ std::string DataStats::summary() const {
     << "examples: " << train_examples << " train, " << eval_examples << " eval";
   if (held_out_records > 0)
     o << " (val_set_size: " << held_out_records << " records held out, before the drops)";
-  o << "\n"
+  o << "\n";
+  if (held_out_records > 0) {
+    o << "  held out:";
+    for (size_t i = 0; i < held_out_listed.size(); ++i) o << (i ? ", " : " ") << held_out_listed[i];
+    if (held_out_records > int64_t(held_out_listed.size()))
+      o << " (and " << held_out_records - int64_t(held_out_listed.size()) << " more)";
+    o << "\n";
+  }
+  o
     << "tokens (train): " << tokens_total << " total, " << tokens_trainable << " trainable";
   if (tokens_total > 0) o << " (" << (100.0 * double(tokens_trainable) / double(tokens_total)) << "%)";
   o << ", max length " << max_len << "\n";
@@ -555,6 +713,7 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
       << "  ([[masked]] = label -100)\n";
   }
   if (const std::string note = placeholder_note(d.stats.read); !note.empty()) o << "warning: " << note << "\n";
+  if (const std::string note = duplicates_note(d); !note.empty()) o << "warning: data: " << note << "\n";
   for (const std::vector<SourceStats>* v : {&d.train_sources, &d.eval_sources})  // per file, as train / eval warn
     for (const SourceStats& f : *v)
       for (const std::string& note : {tools_note(f.stats, opts.template_name), reasoning_note(f.stats, opts.template_name)})

@@ -32,13 +32,30 @@ struct DataStats {
   /// model tuned on them may need one at inference (what `generate`'s empty-answer hint tells)
   int64_t system_records = 0;
   /// The first kListedPerReason records of each reason that were not used ("dropped", "no
-  /// trainable token", "truncated away") or were cut ("truncated"), each
-  /// "file:line: reason (N tokens)"; what `qlora data preview` lists.
+  /// trainable token", "truncated away", and with data.deduplicate "duplicate", "also in
+  /// data.train") or were cut ("truncated"), each "file:line: reason (N tokens)" (a duplicate:
+  /// "file:line: the same record as FILE:LINE"); what `qlora data preview` lists.
   std::map<std::string, std::vector<std::string>> listed;
   static constexpr size_t kListedPerReason = 5;
+  /// Exact duplicates (record_digest equal) of an earlier record of the same list (data.train's
+  /// files in order, or data.eval's): dropped before anything else when `deduplicate`, else only
+  /// counted. A record of data.eval also in data.train counts in eval_in_train instead.
+  int64_t duplicates = 0;
+  /// data.eval records whose content is a data.train record's (eval stats only): dropped when `deduplicate`.
+  int64_t eval_in_train = 0;
+  /// "FILE:LINE = FILE:LINE": the first duplicate / eval_in_train record and the earlier record it
+  /// repeats ("" when none).
+  std::string duplicate_first, eval_in_train_first;
+  bool deduplicate = false;  ///< data.deduplicate was on: duplicates and eval_in_train were dropped
   int64_t train_examples = 0, eval_examples = 0;
   /// val_set_size: the records held out (eval_examples are what of them survives the drops; 0 = no hold-out)
   int64_t held_out_records = 0;
+  /// The first kListedPerReason held-out records' "FILE:LINE", in list / file order.
+  std::vector<std::string> held_out_listed;
+  /// Held-out records whose content is also a record left for training (only with deduplicate
+  /// off: on, no two records are equal); held_out_in_train_first as duplicate_first.
+  int64_t held_out_in_train = 0;
+  std::string held_out_in_train_first;
   /// tokens_trainable: next-token targets the shifted loss uses (trained_targets: labels[1:] !=
   /// -100 per example), what a run's target_tokens counts per epoch.
   int64_t tokens_total = 0, tokens_trainable = 0;
@@ -65,6 +82,15 @@ struct SourceStats {
   std::vector<int64_t> record_lines;  ///< the 1-based line where each of its records starts
 };
 
+/// The SHA-256 (hex) of what record `r` holds, not where it is (file, line, index): is_text, the raw
+/// text, the tools JSON and each turn's role, content, tool calls (name, arguments, id), tool_call_id,
+/// reasoning_content and Axolotl weight, each length-prefixed. Records read from other files, or
+/// written with other key order, spacing or escapes, or in another format (an alpaca record and the
+/// same exchange as sharegpt), have the same digest when they normalise to the same record; a tool
+/// call's arguments keep their key order (they are rendered as written). data.deduplicate's test
+/// of "exact duplicate".
+std::string record_digest(const Record& r);
+
 /// "file:line" of the record Example::record `record` numbers among `sources` (the list the
 /// example was loaded from: Datasets::train_sources for a train or val_set_size hold-out example,
 /// eval_sources for a data.eval one); "" for -1 (not from a record) or a number outside the list.
@@ -82,10 +108,12 @@ struct Datasets {
 
 /// "N records read, a longer than sequence_len L (dropped), b whose trainable tokens were all past
 /// sequence_len L (truncated away), c without an assistant turn[, e raw texts of one token (nothing
-/// to predict)], d skipped as invalid": the drop reasons of one file, for the "no example" errors.
+/// to predict)], d skipped as invalid[, f duplicates of an earlier record (data.deduplicate)][, g also
+/// in data.train (data.deduplicate)]": the drop reasons of one file, for the "no example" errors.
 std::string drop_reasons(const DataStats& st);
 
-/// "" when every record of the file became an example; else "N of M records not used (<drop_reasons>);
+/// "" when every record of the file became an example (duplicates count as not used only when
+/// data.deduplicate dropped them); else "N of M records not used (<drop_reasons>);
 /// `qlora data preview` lists the first 5 of each kind" for the warning `train` and `eval` log
 /// (a silent drop of a third of the data is a wrong run nobody sees), plus a hint: for raw text
 /// (format completion) data.truncation: split, else truncate or a larger data.sequence_len.
@@ -112,6 +140,14 @@ std::string tools_note(const DataStats& st, const std::string& template_name);
 /// template_renders_reasoning's.
 std::string reasoning_note(const DataStats& st, const std::string& template_name);
 
+/// "" when data.deduplicate is on (duplicates were dropped: unused_records_note says so per file) or
+/// no record repeats another; else "N records duplicate an earlier one (first: FILE:LINE =
+/// FILE:LINE); K held-out records also appear in train (first: ...); E data.eval records also
+/// appear in data.train (first: ...); D data.eval records duplicate an earlier one (first: ...);
+/// set data.deduplicate: true to drop them" (the parts that apply): the one warning `train` and
+/// `data preview` print, since a hold-out sharing records with train measures memorisation.
+std::string duplicates_note(const Datasets& d);
+
 /// The warnings `train` and `eval` log for one file of data.train / data.eval, in this order:
 /// unused_records_note, placeholder_note, tools_note, reasoning_note (each only when non-empty). The caller prefixes
 /// "data: <path>: ". Empty when the file needs no warning.
@@ -136,6 +172,11 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
 /// entry's own: options_for) and tokenised on its own, then their examples are concatenated in
 /// list order with ids 0..n-1, as Hugging Face datasets' concatenate_datasets; the hold-out and
 /// the epoch shuffle see only the concatenation. One file gives what it gave before lists.
+/// Exact duplicates (record_digest) are counted per file as they are read (DataStats::duplicates,
+/// eval_in_train); with opts.deduplicate they are dropped there, the first in list / file order
+/// kept, so the hold-out draws from distinct records and a data.eval file keeps none of train's
+/// (Axolotl's dataset_exact_deduplication). stats.held_out_listed / held_out_in_train say which
+/// records were held out and how many of them have a twin left in train.
 /// Throws qlora::Error for reader errors (`file:line: problem`, the file's own), for a
 /// val_set_size that leaves no training example, when a train file has no example with a trainable
 /// token ("<file>: no example has a trainable token (<counts per drop reason>)"; in a list too: a

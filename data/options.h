@@ -55,6 +55,12 @@ struct DataOptions {
   uint64_t seed = 42;                ///< shuffle seed (per-epoch permutation derives from it)
   bool shuffle = true;               ///< shuffle each epoch
   bool skip_invalid = false;         ///< skip and count malformed records instead of failing
+  /// Drop exact duplicate records (record_digest equal: the same normalised turns, tools or raw
+  /// text, wherever and however they were written): later copies within data.train (before the
+  /// val_set_size hold-out) and within data.eval, and data.eval records also in data.train, the
+  /// first in list / file order kept (Axolotl's `dataset_exact_deduplication`). false: counted and
+  /// warned of (duplicates_note), nothing dropped.
+  bool deduplicate = false;
   std::map<std::string, std::string> field_map;  ///< canonical field -> the file's name for it, e.g. {instruction: prompt}
   std::map<std::string, std::string> role_map;   ///< sharegpt role names, e.g. {human: user}
   /// A system message put first in every conversation that has none ("" = none), Axolotl's

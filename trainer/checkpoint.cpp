@@ -440,6 +440,14 @@ std::vector<std::string> config_differences(const std::string& saved_yaml, const
   std::map<std::string, std::string> a, b;
   flatten(parse_config_tree(saved_yaml, "the checkpoint's config"), "", &a);
   flatten(parse_config_tree(current_yaml, "the current config"), "", &b);
+  // Keys newer than the checkpoint format: an older version's config has none and ran as the
+  // default (data.deduplicate: false), so absent reads as it; another value still differs.
+  static const std::pair<const char*, const char*> kAddedKeys[] = {{"data.deduplicate", "false"}};
+  for (const auto& [key, dflt] : kAddedKeys)
+    if (!a.empty() && !b.empty()) {
+      a.emplace(key, dflt);
+      b.emplace(key, dflt);
+    }
   std::vector<std::string> out;
   for (const auto& [k, v] : a) {
     if (ignored_key(k)) continue;

@@ -235,7 +235,8 @@ TrainerState read_trainer_state(const std::string& ckpt_dir, std::vector<int64_t
 /// Settings whose change alters the run's meaning: "section.key: saved -> now" for each key of
 /// the resolved configs that differs, ignoring keys that only extend or observe a run
 /// (training.max_steps, training.num_epochs, training.logging_steps, training.eval_steps,
-/// checkpoint.*, output_dir, cost.*).
+/// checkpoint.*, output_dir, cost.*). A key added since checkpoints were first written
+/// (data.deduplicate) that one config lacks reads as its default there (an older version's run).
 std::vector<std::string> config_differences(const std::string& saved_yaml, const std::string& current_yaml);
 
 }  // namespace qlora

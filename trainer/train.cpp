@@ -432,6 +432,9 @@ void Trainer::setup() {
               data_.stats.eval_examples, " of them give eval examples");
   log::info("data: ", data_.stats.train_examples, " train / ", data_.stats.eval_examples, " eval examples, ",
             data_.stats.tokens_trainable, " trainable tokens");
+  // Records that repeat another (deduplicate off): a hold-out sharing records with train measures memorisation.
+  if (const std::string note = data::duplicates_note(data_); !note.empty() && run_.dist.rank == 0)
+    log::warn("data: ", note);
   std::vector<const data::SourceStats*> data_files;
   for (const data::SourceStats& f : data_.train_sources) data_files.push_back(&f);
   for (const data::SourceStats& f : data_.eval_sources) data_files.push_back(&f);

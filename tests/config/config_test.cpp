@@ -245,6 +245,28 @@ TEST(Config, ErrorsNameFileLineAndKey) {
             "\"model.path\" here (docs/config.md)");
 }
 
+// data.deduplicate (Axolotl's dataset_exact_deduplication): a bool, false by default, written back
+// by to_yaml (config.resolved.yaml shows it, a resume compares it), read back equal; Axolotl's name,
+// at the top level or in the data section, is answered with ours.
+TEST(Config, DeduplicateKeyAndAxolotlsName) {
+  EXPECT_FALSE(parse(kMinimal).data.deduplicate);
+  const Config on = parse(kMinimal, {"data.deduplicate=true"});
+  EXPECT_TRUE(on.data.deduplicate);
+  EXPECT_NE(to_yaml(on).find("\n  deduplicate: true\n"), std::string::npos) << to_yaml(on);
+  EXPECT_NE(to_yaml(parse(kMinimal)).find("\n  deduplicate: false\n"), std::string::npos);
+  EXPECT_EQ(parse(to_yaml(on)), on);
+  EXPECT_FALSE(parse(to_yaml(on)) == parse(kMinimal)) << "deduplicate is part of a config's identity";
+  EXPECT_EQ(error_of("output_dir: o\nmodel: {path: m}\ndata: {train: t, deduplicate: 2}\n"),
+            "t.yaml:3: data.deduplicate: expected true or false, got 2");
+  const std::string hint = "unknown key; Axolotl's \"dataset_exact_deduplication\" is \"data.deduplicate\" here "
+                           "(true: drop exact duplicate records in data.train before the val_set_size hold-out, in "
+                           "data.eval, and data.eval records also in data.train) (docs/config.md)";
+  EXPECT_EQ(error_of(std::string(kMinimal) + "dataset_exact_deduplication: true\n"),
+            "t.yaml:5: dataset_exact_deduplication: " + hint);
+  EXPECT_EQ(error_of("output_dir: o\nmodel: {path: m}\ndata: {train: t, dataset_exact_deduplication: true}\n"),
+            "t.yaml:3: data.dataset_exact_deduplication: " + hint);
+}
+
 // A config brought over from Axolotl has many wrong keys; one run names every one of them (issue:
 // a user needed 8 runs of `qlora train`, one hint each). Each line reads exactly as that error
 // alone would; lines with a place in the file come in file order, then the --set ones.

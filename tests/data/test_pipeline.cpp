@@ -1218,3 +1218,177 @@ TEST(DataList, ErrorsNameTheirOwnFileAndEvalListsConcatenate) {
   EXPECT_EQ(d.eval_stats.read.format, "alpaca");
   EXPECT_EQ(d.stats.eval_examples, 4);
 }
+
+// data.deduplicate (Axolotl's dataset_exact_deduplication): duplicates are decided on the record
+// as read (record_digest), not the bytes: the same record later in the file, in another file of the
+// list, with other key order and spacing, or as a messages record, is one; a record with another
+// answer is not. Off: all kept, counted, one warning; on: the later ones dropped and listed.
+TEST(Dedup, WithinAFileAcrossFilesKeyOrderAndFormat) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  const qlora::test::TempDir tmp("dedup");
+  const std::string a = (tmp.path / "a.jsonl").string(), b = (tmp.path / "b.json").string(),
+                    c = (tmp.path / "c.jsonl").string();
+  std::ofstream(a) << R"({"instruction": "Say one", "output": "one"})" "\n"           // a:1
+                   << R"({"instruction": "Say two", "output": "two"})" "\n"           // a:2
+                   << R"({  "output":"one" ,"instruction":"Say one"})" "\n"            // a:3 = a:1 (key order, spaces)
+                   << R"({"instruction": "Say one", "output": "One"})" "\n";          // a:4: another answer
+  std::ofstream(b) << "[\n" << R"({"instruction": "Say two", "output": "two", "input": ""},)" "\n"  // b:2 = a:2
+                   << R"({"instruction": "Say \u0074hree", "output": "three"})" "\n]\n";          // b:3
+  std::ofstream(c) << R"({"messages": [{"role": "user", "content": "Say three"}, {"role": "assistant", "content": "three"}]})"
+                   << "\n";                                                             // c:1 = b:3 (messages)
+  DataOptions o;
+  o.template_name = "alpaca";
+  o.train = {{a}, {b}, {c}};
+  const Datasets off = load_datasets(o, tok);
+  EXPECT_EQ(off.train.size(), 7u) << "off: nothing dropped";
+  EXPECT_EQ(off.stats.duplicates, 3);
+  EXPECT_EQ(off.train_sources[0].stats.duplicates, 1);
+  EXPECT_EQ(off.train_sources[1].stats.duplicates, 1);
+  EXPECT_EQ(off.train_sources[2].stats.duplicates, 1);
+  EXPECT_EQ(duplicates_note(off), "3 records duplicate an earlier one (first: " + a + ":3 = " + a +
+                                      ":1); set data.deduplicate: true to drop them");
+  EXPECT_EQ(unused_records_note(off.train_sources[0].stats), "") << "off: a duplicate is used";
+  EXPECT_NE(render_preview(o, tok, 0).find("\nwarning: data: 3 records duplicate an earlier one (first: " + a + ":3 = "),
+            std::string::npos);
+  o.deduplicate = true;
+  const Datasets on = load_datasets(o, tok);
+  ASSERT_EQ(on.train.size(), 4u);
+  std::vector<std::string> kept;
+  for (const Example& e : on.train) kept.push_back(record_location(on.train_sources, e.record));
+  EXPECT_EQ(kept, (std::vector<std::string>{a + ":1", a + ":2", a + ":4", b + ":3"})) << "the first of each kept";
+  EXPECT_EQ(on.stats.duplicates, 3);
+  EXPECT_EQ(on.stats.read.records_read, 7);
+  EXPECT_EQ(duplicates_note(on), "") << "on: dropped, said per file";
+  EXPECT_EQ(unused_records_note(on.train_sources[1].stats),
+            "1 of 2 records not used (2 records read, 0 longer than sequence_len 2048 (dropped), 0 whose trainable "
+            "tokens were all past sequence_len 2048 (truncated away), 0 without an assistant turn, 1 duplicates of an "
+            "earlier record (data.deduplicate)); `qlora data preview` lists the first 5 of each kind");
+  const std::string summary = on.stats.summary();
+  EXPECT_NE(summary.find("whose trainable tokens were all truncated away, 3 duplicates (data.deduplicate); truncated: 0\n"
+                         "  duplicate: " + a + ":3: the same record as " + a + ":1\n  duplicate: " + b +
+                         ":2: the same record as " + a + ":2\n  duplicate: " + c + ":1: the same record as " + b + ":3\n"),
+            std::string::npos) << summary;
+  EXPECT_EQ(on.train_sources[2].examples, 0) << "a file of duplicates alone is no error: said per file";
+  EXPECT_EQ(unused_records_note(on.train_sources[2].stats).rfind("1 of 1 records not used (", 0), 0u);
+  const std::string prev = render_preview(o, tok, 0);
+  EXPECT_EQ(prev.find("warning: data: "), std::string::npos) << prev;
+  EXPECT_NE(prev.find(", 3 duplicates (data.deduplicate)"), std::string::npos) << prev;
+  // record_digest itself: where a record is does not count, what it holds does
+  Record r1, r2;
+  r1.turns.resize(2);
+  r1.turns[0].role = "user";
+  r1.turns[0].content = "hi";
+  r1.turns[1].role = "assistant";
+  r1.turns[1].content = "ho";
+  r2 = r1;
+  r2.file = "x";
+  r2.line = 9;
+  EXPECT_EQ(record_digest(r1), record_digest(r2));
+  r2.turns[1].train = false;  // Axolotl weight 0
+  EXPECT_NE(record_digest(r1), record_digest(r2));
+  r2 = r1;
+  r2.turns[0].content = "hih";  // the same bytes joined, split elsewhere
+  r2.turns[1].content = "o";
+  EXPECT_NE(record_digest(r1), record_digest(r2));
+  r2 = r1;
+  r2.tools = R"([{"name": "f"}])";
+  EXPECT_NE(record_digest(r1), record_digest(r2));
+}
+
+// The val_set_size hold-out: off, a held-out record whose twin stays in train is counted and warned
+// of, and data preview names the held-out records; on, duplicates go before the split, so the
+// hold-out (its fraction of the distinct records) shares no record with train.
+TEST(Dedup, HoldOutSharesNothingWithTrain) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  const qlora::test::TempDir tmp("dedup_split");
+  const std::string f = (tmp.path / "t.jsonl").string();
+  {
+    std::ofstream out(f);
+    for (int copy = 0; copy < 5; ++copy)  // 3 records, 5 copies each: 15 lines
+      for (const char* w : {"one", "two", "three"})
+        out << R"({"instruction": "Say )" << w << R"(", "output": ")" << w << "\"}\n";
+  }
+  DataOptions o;
+  o.template_name = "alpaca";
+  o.train = {{f}};
+  o.val_set_size = 0.2;  // ceil(0.2 * 15) = 3 of the 15 records; no 3 are all 5 copies of one
+  const Datasets off = load_datasets(o, tok);
+  ASSERT_EQ(off.eval.size(), 3u);
+  EXPECT_EQ(off.stats.duplicates, 12);
+  EXPECT_EQ(off.stats.held_out_in_train, 3);
+  EXPECT_EQ(off.stats.held_out_listed.size(), 3u);
+  const std::string note = duplicates_note(off);
+  EXPECT_EQ(note.rfind("12 records duplicate an earlier one (first: " + f + ":4 = " + f + ":1); 3 held-out records "
+                       "(val_set_size) also appear in train (first: " + off.stats.held_out_listed[0] + " = " + f + ":", 0),
+            0u) << note;
+  EXPECT_NE(off.stats.summary().find("(val_set_size: 3 records held out, before the drops)\n  held out: " +
+                                     off.stats.held_out_listed[0] + ", " + off.stats.held_out_listed[1] + ", " +
+                                     off.stats.held_out_listed[2] + "\n"),
+            std::string::npos) << off.stats.summary();
+  std::set<std::string> held;  // each listed once, in file order
+  for (size_t i = 0; i < off.stats.held_out_listed.size(); ++i) {
+    held.insert(off.stats.held_out_listed[i]);
+    if (i > 0) {
+      EXPECT_LT(std::stoi(off.stats.held_out_listed[i - 1].substr(f.size() + 1)),
+                std::stoi(off.stats.held_out_listed[i].substr(f.size() + 1)));
+    }
+  }
+  EXPECT_EQ(held.size(), 3u);
+  for (const Example& e : off.eval) EXPECT_TRUE(held.count(record_location(off.train_sources, e.record)));
+  o.val_set_size = 7;  // more than the 5 listed
+  EXPECT_NE(load_datasets(o, tok).stats.summary().find(" (and 2 more)\n"), std::string::npos);
+  o.val_set_size = 0.2;
+  o.deduplicate = true;
+  const Datasets on = load_datasets(o, tok);
+  ASSERT_EQ(on.train.size() + on.eval.size(), 3u) << "the 3 distinct records";
+  EXPECT_EQ(on.stats.held_out_records, 1);  // ceil(0.2 * 3)
+  EXPECT_EQ(on.stats.held_out_in_train, 0);
+  for (const Example& t : on.train) EXPECT_NE(t.input_ids, on.eval[0].input_ids);
+  EXPECT_EQ(duplicates_note(on), "");
+}
+
+// An explicit data.eval: its records also in data.train, and its own repeats, are counted (off) or
+// dropped (on; Axolotl deduplicates eval against train's hashes); an eval file left with nothing
+// is refused as before.
+TEST(Dedup, EvalRecordsAlsoInTrainAreDropped) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  const Tokenizer tok = llama(model);
+  const qlora::test::TempDir tmp("dedup_eval");
+  const std::string t = (tmp.path / "t.jsonl").string(), e = (tmp.path / "e.jsonl").string();
+  std::ofstream(t) << R"({"instruction": "Say one", "output": "one"})" "\n"
+                   << R"({"instruction": "Say two", "output": "two"})" "\n";
+  std::ofstream(e) << R"({"instruction": "Say two", "output": "two"})" "\n"      // e:1 = t:2
+                   << R"({"instruction": "Say five", "output": "five"})" "\n"    // e:2
+                   << R"({"instruction": "Say five", "output": "five"})" "\n"    // e:3 = e:2
+                   << R"({"instruction": "Say six", "output": "six"})" "\n";     // e:4
+  DataOptions o;
+  o.template_name = "alpaca";
+  o.train = {{t}};
+  o.eval = {{e}};
+  const Datasets off = load_datasets(o, tok);
+  EXPECT_EQ(off.eval.size(), 4u);
+  EXPECT_EQ(off.eval_stats.eval_in_train, 1);
+  EXPECT_EQ(off.eval_stats.duplicates, 1);
+  EXPECT_EQ(off.stats.duplicates, 0);
+  EXPECT_EQ(duplicates_note(off), "1 data.eval record also appears in data.train (first: " + e + ":1 = " + t +
+                                      ":2); 1 data.eval record duplicates an earlier one (first: " + e + ":3 = " + e +
+                                      ":2); set data.deduplicate: true to drop them");
+  o.deduplicate = true;
+  const Datasets on = load_datasets(o, tok);
+  ASSERT_EQ(on.eval.size(), 2u);
+  EXPECT_EQ(on.train.size(), 2u) << "train keeps its records";
+  EXPECT_EQ(record_location(on.eval_sources, on.eval[0].record), e + ":2");
+  EXPECT_EQ(record_location(on.eval_sources, on.eval[1].record), e + ":4");
+  EXPECT_NE(drop_reasons(on.eval_stats).find(", 1 duplicates of an earlier record (data.deduplicate), 1 also in "
+                                             "data.train (data.deduplicate)"),
+            std::string::npos) << drop_reasons(on.eval_stats);
+  const std::string prev = render_preview(o, tok, 0);
+  EXPECT_NE(prev.find("  also in data.train: " + e + ":1: the same record as " + t + ":2\n"), std::string::npos) << prev;
+  EXPECT_NE(prev.find("eval " + e + ": 2 examples kept; "), std::string::npos) << prev;
+  o.eval = {{t}};  // every eval record is a train record
+  const std::string err = qlora::test::error_of([&] { load_datasets(o, tok); });
+  EXPECT_EQ(err.rfind(t + ": data.eval: no eval example is left (2 records read, ", 0), 0u) << err;
+  EXPECT_NE(err.find("2 also in data.train (data.deduplicate)"), std::string::npos) << err;
+}

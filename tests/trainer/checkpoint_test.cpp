@@ -1007,6 +1007,24 @@ TEST(DataSourceChanges, NameWhatChangedPerFile) {
   EXPECT_EQ(changes({{"a"}}, {{"a", std::string("alpaca")}}, {}), V{"data.train[0].format: (unset) -> alpaca"});
 }
 
+// data.deduplicate changes which records train and which are held out: a resume with the other
+// value is refused like any data setting (config_differences); a checkpoint of a version without
+// the key ran without deduplication, so its absent key reads as false.
+TEST(ConfigDifferences, DeduplicateIsARunSettingAndAbsentReadsAsFalse) {
+  using V = std::vector<std::string>;
+  const std::string text = "output_dir: o\nmodel: {path: m}\ndata: {train: t.jsonl}\n";
+  const std::string off = qlora::to_yaml(qlora::parse_config_string(text, "t.yaml"));
+  const std::string on = qlora::to_yaml(qlora::parse_config_string(text, "t.yaml", {"data.deduplicate=true"}));
+  EXPECT_EQ(qlora::config_differences(off, on), V{"data.deduplicate: false -> true"});
+  EXPECT_EQ(qlora::config_differences(on, off), V{"data.deduplicate: true -> false"});
+  std::string older = off;  // an older version's config.resolved.yaml: no such key
+  const size_t at = older.find("  deduplicate: false\n");
+  ASSERT_NE(at, std::string::npos) << off;
+  older.erase(at, std::string("  deduplicate: false\n").size());
+  EXPECT_EQ(qlora::config_differences(older, off), V{});
+  EXPECT_EQ(qlora::config_differences(older, on), V{"data.deduplicate: false -> true"});
+}
+
 // `qlora data preview` with one path and with it as a one-entry list: the same text, byte for byte.
 TEST_F(Resume, DataPreviewOfOnePathAndAOneEntryListAreIdentical) {
   const std::string base = ::qlora::test::qlora_bin() + " data preview " + (root / "run.yaml").string() + " --n 2 ";
