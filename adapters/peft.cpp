@@ -1,6 +1,7 @@
 #include "adapters/peft.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -115,7 +116,11 @@ void save_peft_adapter(const std::string& dir, const PeftConfig& cfg, const Lora
   json j = {{"peft_type", "LORA"},
             {"task_type", "CAUSAL_LM"},
             {"r", cfg.r},
-            {"lora_alpha", cfg.lora_alpha},
+            // an integral alpha as an integer, as PEFT writes its `lora_alpha: int` (Ollama's
+            // converter decodes it into a uint32 and refuses 32.0; trial 15)
+            {"lora_alpha", cfg.lora_alpha == std::floor(cfg.lora_alpha) && std::fabs(cfg.lora_alpha) < 1e15
+                               ? json(static_cast<int64_t>(cfg.lora_alpha))
+                               : json(cfg.lora_alpha)},
             {"lora_dropout", cfg.lora_dropout},
             {"target_modules", cfg.target_modules},
             {"use_rslora", cfg.use_rslora},

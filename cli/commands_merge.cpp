@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "config/config.h"
 #include "model/model.h"
+#include "model/model_config.h"
 #include "trainer/train.h"
 
 namespace qlora {
@@ -119,6 +120,7 @@ void cmd_merge(const MergeOptions& o) {
   cfg.erase("quantization_config");
   cfg["torch_dtype"] = hf_dtype_name(out_type);
   if (cfg.contains("dtype")) cfg["dtype"] = hf_dtype_name(out_type);
+  add_legacy_rope_keys(&cfg);  // for GGUF converters that read only rope_theta / rope_scaling (trial 15)
 
   const fs::path out(o.out_dir);
   const fs::path tmp = o.out_dir + ".tmp-" + std::to_string(::getpid());

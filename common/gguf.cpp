@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "common/error.h"
@@ -27,6 +30,9 @@ bool known_value_type(uint32_t t) { return t <= static_cast<uint32_t>(ValueType:
 
 // A bounds-checked little-endian reader over the mapping. `where` names what is being read for
 // the error message ("metadata key 'x'", "tensor 'w'"); every read past the end throws.
+// What a read past the end most often means (an interrupted `ollama pull` / download).
+constexpr const char* kCutShort = "; the file is cut short (an interrupted download?): fetch it again";
+
 class Cursor {
  public:
   Cursor(const std::string& path, const uint8_t* data, uint64_t size)
@@ -36,7 +42,7 @@ class Cursor {
 
   void need(uint64_t n, const std::string& where, const char* what) const {
     QLORA_CHECK(n <= left(), path_, ": ", where, ": ", what, " (", n, " bytes at offset ", pos_,
-                ") runs past the end of the file (", size_, " bytes)");
+                ") runs past the end of the file (", size_, " bytes)", kCutShort);
   }
   template <typename T>
   T read(const std::string& where, const char* what) {
@@ -119,8 +125,22 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_shared<st::MappedF
   const std::string hdr = "header";
   QLORA_CHECK(file_->size() >= 4, path, ": not a GGUF file: ", file_->size(),
               " bytes, shorter than the 4-byte magic");
-  QLORA_CHECK(std::memcmp(file_->data(), "GGUF", 4) == 0, path,
-              ": not a GGUF file: bad magic (expected \"GGUF\")");
+  if (std::memcmp(file_->data(), "GGUF", 4) != 0) {
+    // the bytes found, printable ones as themselves, and what the common ones are
+    const std::string magic(reinterpret_cast<const char*>(file_->data()), 4);
+    std::string shown;
+    for (const unsigned char ch : magic) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", ch);
+      shown += ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\' ? std::string(1, static_cast<char>(ch)) : hex;
+    }
+    const bool ggml = magic == "tjgg" || magic == "fmgg" || magic == "lmgg";  // GGJT / GGMF / GGML, little-endian
+    const bool html = magic == "<!DO" || magic == "<!do" || magic == "<htm" || magic == "<HTM";
+    fail(path, ": not a GGUF file: bad magic \"", shown, "\" (expected \"GGUF\")",
+         ggml ? ": a pre-GGUF llama.cpp file (GGML / GGJT), which current llama.cpp no longer reads either; get the "
+                "model's GGUF"
+              : html ? ": an HTML page (a download that saved a web page, e.g. a login or error page?)" : "");
+  }
   c.read<uint32_t>(hdr, "magic");
   version_ = c.read<uint32_t>(hdr, "version");
   if (version_ != 2 && version_ != 3) {
@@ -132,9 +152,9 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_shared<st::MappedF
   const uint64_t n_kv = c.read<uint64_t>(hdr, "metadata key count");
   // Minimal encoded sizes: a key/value is >= 8+4+1 bytes, a tensor info >= 8+4+8+4+8.
   QLORA_CHECK(n_kv <= kMaxKeys && n_kv <= c.left() / 13, path, ": metadata key count ", n_kv,
-              " is impossible for a file of ", file_->size(), " bytes");
+              " is impossible for a file of ", file_->size(), " bytes", kCutShort);
   QLORA_CHECK(n_tensors <= kMaxTensors && n_tensors <= c.left() / 32, path, ": tensor count ",
-              n_tensors, " is impossible for a file of ", file_->size(), " bytes");
+              n_tensors, " is impossible for a file of ", file_->size(), " bytes", kCutShort);
 
   for (uint64_t k = 0; k < n_kv; ++k) {
     const std::string entry = "metadata entry #" + std::to_string(k);
@@ -156,7 +176,7 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_shared<st::MappedF
       const uint64_t n = c.read<uint64_t>(where, "array length");
       const uint64_t min_elem = et == static_cast<uint32_t>(ValueType::STRING) ? 8 : scalar_size(et);
       QLORA_CHECK(n <= c.left() / min_elem, path, ": ", where, ": array length ", n,
-                  " runs past the end of the file (", c.left(), " bytes left)");
+                  " runs past the end of the file (", c.left(), " bytes left)", kCutShort);
       if (v.elem == ValueType::STRING) {
         v.strings.reserve(n);
         for (uint64_t i = 0; i < n; ++i) v.strings.push_back(c.read_string(where, "array string"));
@@ -223,11 +243,11 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_shared<st::MappedF
   data_offset_ = (c.pos() + alignment_ - 1) / alignment_ * alignment_;
   const uint64_t data_size = data_offset_ <= file_->size() ? file_->size() - data_offset_ : 0;
   QLORA_CHECK(n_tensors == 0 || data_offset_ <= file_->size(), path, ": data section starts at ",
-              data_offset_, ", past the end of the file (", file_->size(), " bytes)");
+              data_offset_, ", past the end of the file (", file_->size(), " bytes)", kCutShort);
   for (const TensorInfo& t : tensors_)
     QLORA_CHECK(t.offset <= data_size && t.nbytes <= data_size - t.offset, path, ": tensor '",
                 t.name, "': data [", t.offset, ", +", t.nbytes,
-                ") runs past the end of the data section (", data_size, " bytes)");
+                ") runs past the end of the data section (", data_size, " bytes)", kCutShort);
   std::vector<const TensorInfo*> by_off;
   for (const TensorInfo& t : tensors_) by_off.push_back(&t);
   std::sort(by_off.begin(), by_off.end(), [](const TensorInfo* a, const TensorInfo* b) {
@@ -315,6 +335,31 @@ void GgufFile::release(const TensorInfo& t) const {
   const uintptr_t lo = (begin + page - 1) / page * page;  // whole pages inside the tensor only
   const uintptr_t hi = (begin + t.nbytes) / page * page;
   if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
+bool has_gguf_magic(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+std::string gguf_instead_of_model_dir(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (has_gguf_magic(path))
+    return path + " is a GGUF file (llama.cpp / Ollama), not a Hugging Face model directory: import it first: qlora "
+                  "import-gguf " + path + " --out DIR";
+  std::error_code ec;
+  if (!fs::is_directory(path, ec) || fs::exists(fs::path(path) / "config.json", ec)) return "";
+  std::vector<std::string> found;
+  for (const fs::directory_entry& e : fs::directory_iterator(path, ec))
+    if (has_gguf_magic(e.path().string())) found.push_back(e.path().filename().string());
+  if (found.empty()) return "";
+  std::sort(found.begin(), found.end());
+  return "; it holds the GGUF file " + found[0] +
+         (found.size() > 1 ? " (and " + std::to_string(found.size() - 1) + " more)" : std::string()) +
+         ": import it first: qlora import-gguf " + (fs::path(path) / found[0]).string() + " --out DIR";
 }
 
 }  // namespace qlora::gguf

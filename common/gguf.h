@@ -117,4 +117,16 @@ class GgufFile {
   std::map<std::string, size_t> index_;
 };
 
+/// True when `path` is a regular file whose first 4 bytes are GGUF's magic "GGUF" (any name: Ollama
+/// keeps models as blobs/sha256-<hex>). Reads at most 4 bytes; throws nothing.
+bool has_gguf_magic(const std::string& path);
+
+/// "" or what to do for a GGUF given where a Hugging Face model directory is needed (generate,
+/// inspect, merge, tokenize, train's model.path): for such a file "<path> is a GGUF file (llama.cpp
+/// / Ollama), not a Hugging Face model directory: import it first: qlora import-gguf <path> --out
+/// DIR"; for a directory holding *.gguf files but no config.json (a GGUF repo as TheBloke or
+/// bartowski publish them) "; it holds the GGUF file <name> [(and N more)]: import it first: ...".
+/// Throws nothing.
+std::string gguf_instead_of_model_dir(const std::string& path);
+
 }  // namespace qlora::gguf

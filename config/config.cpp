@@ -33,6 +33,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/gguf.h"
 #include "common/utf8.h"
 #include "common/yaml.h"
 
@@ -1807,6 +1808,8 @@ std::string tokenizer_source(const ModelSource& m) {
   if (!m.path.empty()) {
     std::error_code ec;
     QLORA_CHECK(fs::exists(m.path, ec), "model.path: ", m.path, ": model directory not found");
+    const std::string gguf = gguf::gguf_instead_of_model_dir(m.path);  // by its magic: Ollama's blobs have no .gguf
+    QLORA_CHECK(fs::is_directory(m.path, ec) || gguf.empty(), "model.path: ", gguf);
     QLORA_CHECK(fs::is_directory(m.path, ec), "model.path: ", m.path,
                 " is a file, expected a Hugging Face model directory (config.json, *.safetensors, tokenizer)",
                 fs::path(m.path).extension() == ".gguf" ? "; import a GGUF file first: qlora import-gguf FILE --out DIR"

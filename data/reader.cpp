@@ -418,12 +418,6 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
         if (!ck->is_string())
           bad("wrong type", where + "." + content_key + " must be a string, got " + type_name(*ck), in_turn(content_key));
         turn.content = ck->get<std::string>();
-        // An empty user / system / tool message renders as the jinja renders it (a trial: one such
-        // message refused a whole file); an empty assistant answer without calls would train the
-        // model to say nothing, so it stays an error.
-        if (turn.content.empty() && !calls && turn.role == "assistant" && !function_call)
-          bad("empty field", where + "." + content_key + " is an empty string (an assistant answer with nothing to "
-              "train; data.skip_invalid: true skips such records)", in_turn(content_key));
       }
       if (function_call) {
         // glaive / LLaMA-Factory: the content is the call's JSON, or an array of calls
@@ -456,6 +450,14 @@ Record normalise(const json& j, const std::string& format, const DataOptions& o)
           bad("wrong type", where + ".training must be true or false, got " + py_json_dumps(*tr), in_turn("training"));
         turn.train = turn.train && tr->get<bool>();
       }
+      // An empty user / system / tool message renders as the jinja renders it (a trial: one such
+      // message refused a whole file); an empty assistant answer without calls would train the
+      // model to say nothing, so it stays an error, unless the turn is not trained (weight 0 /
+      // training false: it is then rendered as the template renders "", and masked; trial 14).
+      if (turn.content.empty() && !calls && turn.role == "assistant" && !function_call && turn.train)
+        bad("empty field", where + "." + content_key + " is an empty string (an assistant answer with nothing to "
+            "train: drop the turn, mark it \"weight\": 0 to keep it untrained, or set data.skip_invalid: true to skip "
+            "the record)", in_turn(content_key));
       // transformers' reasoning_content (the thinking trace of an assistant message; qwen3 renders it)
       if (auto rc = t.find("reasoning_content"); rc != t.end() && !rc->is_null()) {
         if (turn.role != "assistant")
@@ -549,15 +551,31 @@ class Collector {
   }
   void add_json(const std::string& text, int64_t line) {
     const int64_t index = s_->records_read++;
+    json j;
     try {
-      json j = parse_value(text);
-      if (format_ == "auto") format_ = detect(j, o_);
+      j = parse_value(text);
+      if (format_ == "auto") {
+        format_ = detect(j, o_);
+        detected_at_ = line;
+      }
       Record r = normalise(j, format_, o_);
       r.file = path_;
       r.line = line;
       r.index = index;
       out_.push_back(std::move(r));
     } catch (BadRecord& b) {
+      // a record of another format in a file whose format was detected from its first record
+      // (merged exports; trial 14): said so, not only the field the detected format misses
+      if (detected_at_ > 0 && detected_at_ != line && j.is_object()) {
+        try {
+          const std::string other = detect(j, o_);
+          if (other != format_)
+            b.message += " (the file's format " + format_ + " was detected from line " + std::to_string(detected_at_) +
+                         "; this record's keys are format " + other +
+                         ": one file holds one format: split it and list the parts in data.train)";
+        } catch (const BadRecord&) {
+        }
+      }
       if (!b.at.empty()) {  // the line of the value at fault, not of the record's start
         const size_t off = value_offset(text, b.at);
         if (off != std::string::npos) b.line_offset = std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(off), '\n');
@@ -594,6 +612,7 @@ class Collector {
   const DataOptions& o_;
   ReadStats* s_;
   std::string format_;
+  int64_t detected_at_ = 0;  ///< the line format_ was detected from (0: set by the options)
   std::vector<Record> out_;
 };
 

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/gguf.h"
 #include "common/files.h"
 #include "data/tokenizer_backend.h"
 
@@ -183,8 +184,11 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
     dir = dir_or_file;
     file = fs::exists(dir / "tokenizer.json") ? dir / "tokenizer.json" : dir / "tokenizer.model";
     QLORA_CHECK(fs::exists(file), (dir / "tokenizer.model").string(),
-                ": tokenizer model not found (neither tokenizer.json nor tokenizer.model in ", dir.string(), ")");
+                ": tokenizer model not found (neither tokenizer.json nor tokenizer.model in ", dir.string(), ")",
+                gguf::gguf_instead_of_model_dir(dir_or_file));
   } else {
+    const std::string gguf = gguf::gguf_instead_of_model_dir(dir_or_file);
+    QLORA_CHECK(gguf.empty(), gguf);
     file = dir_or_file;
     dir = file.parent_path();
   }

@@ -19,6 +19,7 @@
 #include "data/llama_tokenizer.h"
 #include "kernels/gguf_dequant.h"
 #include "kernels/quant4.h"  // float_to_bf16
+#include "model/model_config.h"
 #include "model/options.h"
 
 namespace qlora {
@@ -53,6 +54,14 @@ int64_t positive_uint(const GgufFile& f, const std::string& key) {
 /// file with no tensors (a vocab-only GGUF, convert_hf_to_gguf.py --vocab-only). Throws qlora::Error
 /// naming the file and the key, with what to give instead.
 void check_is_model(const GgufFile& f) {
+  // one part of a split GGUF (llama-gguf-split; gguf-py's LLM_KV_SPLIT_COUNT / LLM_KV_SPLIT_NO):
+  // the first holds the metadata and some tensors, the others only tensors
+  if (f.has("split.count") && f.get_uint("split.count") > 1) {
+    const uint64_t n = f.get_uint("split.count"), no = f.has("split.no") ? f.get_uint("split.no") : 0;
+    fail(f.path(), ": metadata key 'split.count': ", n, ": this is part ", no + 1, " of ", n,
+         " of a split GGUF; merge the parts into one file first (llama-gguf-split --merge FIRST_PART OUT.gguf, "
+         "FIRST_PART the one named ...-00001-of-", n < 10 ? "0000" : n < 100 ? "000" : "00", n, ".gguf) and import that");
+  }
   const bool typed = f.has("general.type");
   const std::string type = typed ? f.get_string("general.type") : "model";
   bool lora_tensors = false;
@@ -527,6 +536,7 @@ json config_json(const Hparams& h, const json& special_ids, const std::string& d
                                  {"low_freq_factor", kLlama3LowFreqFactor},
                                  {"high_freq_factor", kLlama3HighFreqFactor},
                                  {"original_max_position_embeddings", kLlama3OriginalContext}});
+  add_legacy_rope_keys(&c);  // rope_theta / rope_scaling too, for converters back to GGUF (trial 15)
   c["tie_word_embeddings"] = h.tied;
   c["initializer_range"] = 0.02;
   c["attention_dropout"] = 0.0;
@@ -600,6 +610,7 @@ ImportGgufResult import_gguf(const ImportGgufOptions& o) {
       heads.push_back(std::move(w));
       res.parameters += p.src->numel();
       res.safetensors_bytes += heads.back().nbytes;
+      ++res.tensor_types[gguf::ggml_type_info(p.src->type).name];
     }
     std::vector<float> deq, perm;  // one tensor at a time (the largest sets the peak)
     st::write_safetensors_streaming(
@@ -652,8 +663,9 @@ std::string cmd_import_gguf(const ImportGgufOptions& o) {
   const ImportGgufResult r = import_gguf(o);
   std::ostringstream os;
   os << "imported " << o.gguf_path << " (" << r.architecture << ", " << r.tensors << " tensors, "
-     << r.parameters << " parameters" << (r.tied_embeddings ? ", tied embeddings" : "") << ") into "
-     << o.out_dir << " as " << o.dtype << " in " << r.seconds << " s\n";
+     << r.parameters << " parameters" << (r.tied_embeddings ? ", tied embeddings" : "") << "; stored as";
+  for (const auto& [type, n] : r.tensor_types) os << " " << type << " x" << n;
+  os << ") into " << o.out_dir << " as " << o.dtype << " in " << r.seconds << " s\n";
   return os.str();
 }
 

@@ -28,6 +28,7 @@
 //   generation_config.json bos/eos (pad) ids.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace qlora {
@@ -45,6 +46,9 @@ struct ImportGgufResult {
   uint64_t safetensors_bytes = 0;
   bool tied_embeddings = false;
   double seconds = 0;
+  /// ggml type name ("Q4_K", "F32", ...) -> how many of the written tensors the file stores in it:
+  /// what the import dequantized from (a Q4 file's errors are in the weights trained on).
+  std::map<std::string, int64_t> tensor_types;
 };
 
 /// Imports `gguf_path` into `out_dir`. Everything is built in "<out_dir>.tmp-<pid>" and renamed at

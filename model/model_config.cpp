@@ -4,6 +4,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/gguf.h"
 #include "common/files.h"
 
 namespace qlora {
@@ -250,9 +251,15 @@ std::string not_a_model_hint(const fs::path& dir) {
 }  // namespace
 
 ModelConfig load_model_config(const std::string& dir) {
-  QLORA_CHECK(fs::is_directory(dir), dir, ": model directory not found");
+  if (!fs::is_directory(dir)) {
+    const std::string gguf = gguf::gguf_instead_of_model_dir(dir);
+    QLORA_CHECK(gguf.empty(), gguf);
+    fail(dir, fs::exists(dir) ? ": a file, not a model directory (config.json, *.safetensors, tokenizer)"
+                              : ": model directory not found");
+  }
   const std::string path = (fs::path(dir) / "config.json").string();
-  QLORA_CHECK(fs::exists(path), path, ": not found (an HF model directory needs config.json)", not_a_model_hint(dir));
+  QLORA_CHECK(fs::exists(path), path, ": not found (an HF model directory needs config.json)", not_a_model_hint(dir),
+              gguf::gguf_instead_of_model_dir(dir));
   json j;
   try {
     j = json::parse(read_file(path));
@@ -369,6 +376,17 @@ std::map<std::string, std::string> model_file_digests(const std::string& model_d
       if (const auto f = std::filesystem::path(adapter_dir) / name; std::filesystem::is_regular_file(f))
         out[std::string("lora.model_dir/") + name] = sampled_file_digest(f.string());
   return out;
+}
+
+void add_legacy_rope_keys(nlohmann::json* config) {
+  const auto p = config->find("rope_parameters");
+  if (p == config->end() || !p->is_object()) return;
+  if (const auto t = p->find("rope_theta"); t != p->end() && !config->contains("rope_theta")) (*config)["rope_theta"] = *t;
+  const auto type = p->find("rope_type");
+  if (type == p->end() || *type == "default" || config->contains("rope_scaling")) return;
+  nlohmann::json scaling = *p;
+  scaling.erase("rope_theta");
+  (*config)["rope_scaling"] = std::move(scaling);
 }
 
 }  // namespace qlora

@@ -70,6 +70,14 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
 /// the error, with what to pass instead (the base model dir and --adapter, or qlora merge).
 ModelConfig load_model_config(const std::string& model_dir);
 
+/// Adds the pre-transformers-5 RoPE keys a config.json with `rope_parameters` lacks: a top-level
+/// `rope_theta` and, for a rope_type other than "default", `rope_scaling` (rope_parameters without
+/// rope_theta), as transformers 4.x wrote them (Llama 3.1's config.json). transformers 5 reads
+/// rope_parameters first, so nothing changes for it; converters that read only the old keys
+/// (llama.cpp's convert_hf_to_gguf.py before rope_parameters, Ollama's convert_llama.go) would
+/// otherwise take their default base 10000 silently. Keys already present are kept. Throws nothing.
+void add_legacy_rope_keys(nlohmann::json* config);
+
 /// Named shapes for init-model / estimate / bench: tiny, small, llama2-7b, llama2-13b, mistral-7b,
 /// llama3-8b, qwen2.5-7b, qwen3-8b, codellama-34b, llama2-70b (the released models' config.json
 /// numbers; tests/fixtures/make_preset_refs.py checks them against transformers + PEFT). Throws qlora::Error listing the names for an unknown one.

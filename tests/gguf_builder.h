@@ -24,6 +24,7 @@ class GgufBuilder {
   uint64_t alignment = 32;
   std::string magic = "GGUF";
 
+  void u16(const std::string& k, uint16_t v) { kv(k, 2, pod(v)); }
   void u32(const std::string& k, uint32_t v) { kv(k, 4, pod(v)); }
   void i32(const std::string& k, int32_t v) { kv(k, 5, pod(v)); }
   void f32(const std::string& k, float v) { kv(k, 6, pod(v)); }

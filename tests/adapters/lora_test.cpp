@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "adapters/lora.h"
 #include "adapters/peft.h"
@@ -106,6 +107,30 @@ TEST(Peft, RoundTrip) {
   for (const auto& [m, ab] : w) {
     EXPECT_TRUE(torch::equal(got.at(m).first, ab.first)) << m;
     EXPECT_TRUE(torch::equal(got.at(m).second, ab.second)) << m;
+  }
+}
+
+// adapter_config.json's lora_alpha is written as PEFT writes it: an integer for an integral alpha
+// (PEFT's fixture file says "lora_alpha": 8; Ollama's converter refuses 8.0 for its uint32), a
+// float otherwise (trial 15).
+TEST(Peft, LoraAlphaIsWrittenAsPeftWritesIt) {
+  QLORA_REQUIRE_FIXTURE(peft_made, "peft/adapter_init/adapter_config.json");
+  const nlohmann::json theirs = nlohmann::json::parse(std::ifstream(peft_made));
+  ASSERT_TRUE(theirs.at("lora_alpha").is_number_integer()) << theirs.at("lora_alpha");
+  const test::TempDir tmp("lora_alpha");
+  for (const double alpha : {8.0, 32.0, 0.5}) {
+    const fs::path d = tmp.path / ("a" + std::to_string(static_cast<int>(alpha * 10)));
+    PeftConfig c;
+    c.r = 2;
+    c.lora_alpha = alpha;
+    c.target_modules = {"q_proj", "v_proj"};
+    save_peft_adapter(d.string(), c, sample(2));
+    const nlohmann::json ours = nlohmann::json::parse(std::ifstream(d / "adapter_config.json"));
+    EXPECT_EQ(ours.at("lora_alpha").is_number_integer(), alpha != 0.5) << ours.at("lora_alpha");
+    if (alpha == 8.0) {
+      EXPECT_EQ(ours.at("lora_alpha").dump(), theirs.at("lora_alpha").dump());
+    }
+    EXPECT_EQ(read_peft_config(d.string()).lora_alpha, alpha);
   }
 }
 

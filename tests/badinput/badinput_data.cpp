@@ -315,6 +315,23 @@ TEST(BadInputData, ExportsThatAreNotJsonLinesAreNamedWithWhatToDo) {
   fs::remove_all(dir);
 }
 
+// A file whose records change format part way (merged exports; trial 14): the record's error says
+// the file's format was detected from its first record and what this one's keys are.
+TEST(BadInputData, AnotherFormatPartWayIsNamedWithTheDetectedOne) {
+  const fs::path dir = qlora::test::fresh_temp_dir("mixed");
+  std::ofstream(dir / "mixed.jsonl", std::ios::binary)
+      << "{\"instruction\": \"a\", \"output\": \"b\"}\n{\"instruction\": \"c\", \"output\": \"d\"}\n"
+      << R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}]})" << "\n";
+  EXPECT_EQ(error_of(dir / "mixed.jsonl"),
+            (dir / "mixed.jsonl").string() +
+                ":3: missing field 'instruction' (the file's format alpaca was detected from line 1; this record's keys "
+                "are format messages: one file holds one format: split it and list the parts in data.train)");
+  DataOptions o;  // a format set by the config: no detection to name
+  o.format = "alpaca";
+  EXPECT_EQ(error_of(dir / "mixed.jsonl", o), (dir / "mixed.jsonl").string() + ":3: missing field 'instruction'");
+  fs::remove_all(dir);
+}
+
 // A null field is named as null, not as missing; an invalid-UTF-8 record skipped under skip_invalid
 // is listed with the byte's offset, not the JSON parser's message echoing the raw byte (trial 14).
 TEST(BadInputData, NullFieldAndSkippedInvalidUtf8AreNamedAsSuch) {

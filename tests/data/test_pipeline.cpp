@@ -291,7 +291,21 @@ TEST(Readers, EmptyMessagesAreReadButNotAnEmptyAnswer) {
     FAIL();
   } catch (const qlora::Error& e) {
     EXPECT_EQ(std::string(e.what()), p.string() + ":1: messages[1].content is an empty string (an assistant answer "
-                                                   "with nothing to train; data.skip_invalid: true skips such records)");
+                                                   "with nothing to train: drop the turn, mark it \"weight\": 0 to keep "
+                                                   "it untrained, or set data.skip_invalid: true to skip the record)");
+  }
+  // ... unless that turn is not trained (weight 0, or Axolotl's training: false): a chat export's
+  // empty message kept in its conversation, the turns after it trained (trial 14)
+  for (const char* untrained : {R"("weight": 0)", R"("training": false)"}) {
+    std::ofstream(p) << R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "", )"
+                     << untrained << R"(}, {"role": "user", "content": "Hello?"}, )"
+                     << R"({"role": "assistant", "content": "Sorry, yes."}]})" << "\n";
+    const auto kept = read_records(p.string(), o, &st);
+    ASSERT_EQ(kept.size(), 1u) << untrained;
+    ASSERT_EQ(kept[0].turns.size(), 4u);
+    EXPECT_EQ(kept[0].turns[1].content, "");
+    EXPECT_FALSE(kept[0].turns[1].train);
+    EXPECT_TRUE(kept[0].turns[3].train);
   }
 }
 

@@ -101,6 +101,17 @@ size_t expect_matches_transformers(const fs::path& out, const fs::path& ref) {
   const json cfg = read_json(out / "config.json"), rc = read_json(ref / "config.json");
   for (auto it = cfg.begin(); it != cfg.end(); ++it) {
     if (it.key() == "architectures") continue;  // transformers leaves it null for a GGUF load
+    if (it.key() == "rope_theta" || it.key() == "rope_scaling") {
+      // transformers 4's keys, for converters back to GGUF (transformers 5 saves rope_parameters only
+      // and reads it first): the same values as rope_parameters, rope_scaling only when not default
+      EXPECT_EQ(it.value(), it.key() == "rope_theta" ? cfg["rope_parameters"]["rope_theta"] : [&] {
+        json scaling = cfg["rope_parameters"];
+        scaling.erase("rope_theta");
+        return scaling;
+      }()) << it.key();
+      EXPECT_TRUE(it.key() == "rope_theta" || cfg["rope_parameters"]["rope_type"] != "default");
+      continue;
+    }
     EXPECT_TRUE(rc.contains(it.key())) << it.key();
     EXPECT_EQ(it.value(), rc.value(it.key(), json())) << "config.json field " << it.key();
   }
@@ -157,6 +168,8 @@ TEST(ImportGguf, SmolLM2EqualsTransformersGgufLoad) {
   EXPECT_EQ(r.architecture, "llama");
   EXPECT_TRUE(r.tied_embeddings);
   EXPECT_EQ(r.parameters, 134515008);
+  // the types the summary names, as gguf-py's GGUFReader counts them (tensor_type of its 272 tensors)
+  EXPECT_EQ(r.tensor_types, (std::map<std::string, int64_t>{{"F32", 61}, {"Q4_1", 210}, {"Q8_0", 1}}));
   EXPECT_EQ(expect_matches_transformers(out, ref.parent_path()), 272u);
 
   // A few tensors in full, so a failure shows where (the permuted q/k rows first of all).
@@ -272,7 +285,7 @@ TEST(ImportGguf, TinyQwen3EqualsTransformersGgufLoad) {
   const CliRun cli = run_cli({"import-gguf", blob.string(), "--out", (dir / "from_blob").string()}, dir / "log");
   EXPECT_EQ(cli.status, 0) << cli.out;
   EXPECT_NE(cli.out.find("imported " + blob.string() + " (qwen3, 24 tensors, " + std::to_string(r.parameters) +
-                         " parameters, tied embeddings) into"),
+                         " parameters, tied embeddings; stored as "),
             std::string::npos)
       << cli.out;
   // The summary once: the CLI prints the result; the library logs no second copy of it.
@@ -306,6 +319,10 @@ TEST(ImportGguf, TinyLlama31RopeFreqsEqualsOriginalHfModel) {
                                           {"original_max_position_embeddings", 8192}}));
   EXPECT_EQ(cfg["max_position_embeddings"], 131072);
   EXPECT_EQ(cfg["head_dim"], 16);
+  // and the keys of Meta's Llama 3.1 config.json (transformers 4), which GGUF converters read
+  EXPECT_EQ(cfg["rope_theta"], 12000.0);
+  EXPECT_EQ(cfg["rope_scaling"], (json{{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}));
 
   const std::string want = "tensor 'rope_freqs.weight': element 6 is 6.66639 where llama 3 RoPE scaling";
   qlora::test::expect_file_error(bad.string(), want, "llama31_rope_bad",
@@ -467,7 +484,8 @@ TEST(ImportGguf, CliRefusesBadInputWithOneLineAndExit1) {
   const CliRun ok = run_cli({"import-gguf", (dir / "ok.gguf").string(), "--out", (dir / "out").string(), "--dtype", "fp32"},
                             dir / "log3");
   EXPECT_EQ(ok.status, 0) << ok.out;
-  EXPECT_NE(ok.out.find("imported " + (dir / "ok.gguf").string() + " (llama, 20 tensors, 1288 parameters, tied embeddings) into"),
+  EXPECT_NE(ok.out.find("imported " + (dir / "ok.gguf").string() +
+                        " (llama, 20 tensors, 1288 parameters, tied embeddings; stored as F32 x20) into"),
             std::string::npos) << ok.out;
   EXPECT_TRUE(fs::exists(dir / "out" / "model.safetensors"));
   fs::remove_all(dir);
@@ -478,6 +496,83 @@ TEST(ImportGguf, CliRefusesBadInputWithOneLineAndExit1) {
 // line saying so and what to give instead, not "metadata key 'llama.embedding_length': missing";
 // a vocab-only file (general.type "model", no tensors) is refused as having no tensors. Both from
 // the library and the CLI (exit 1), nothing left in --out.
+// A GGUF where a Hugging Face model directory is needed (trial 15: an Ollama user points every
+// command at the blob): each command says it is a GGUF and how to import it, by the file's magic
+// (an Ollama blob has no extension), also for a directory holding only a GGUF; exit 1, one line.
+TEST(ImportGguf, AGgufGivenAsAModelDirSaysImportIt) {
+  const fs::path dir = qlora::test::fresh_temp_dir("gguf_as_model_dir");
+  const fs::path blob = dir / ("sha256-" + std::string(64, 'b'));
+  std::ofstream(blob, std::ios::binary) << qlora::test::tiny_llama_gguf().bytes();
+  fs::create_directories(dir / "repo");
+  fs::copy_file(blob, dir / "repo" / "model-Q4_K_M.gguf");
+  const std::string is_gguf = blob.string() + " is a GGUF file (llama.cpp / Ollama), not a Hugging Face model "
+                                              "directory: import it first: qlora import-gguf " + blob.string() + " --out DIR";
+  const std::string cfg = (qlora::test::source_dir() / "configs/smollm2/135m_qlora.yaml").string();
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"generate", blob.string(), "--prompt", "hi"}, "error: " + is_gguf},
+      {{"inspect", blob.string()}, "error: " + is_gguf},
+      {{"tokenize", blob.string(), "--text", "hi"}, "error: " + is_gguf},
+      {{"merge", "--base", blob.string(), "--adapter", (dir / "none").string(), "--out", (dir / "m").string()},
+       "error: " + is_gguf},
+      {{"data", "preview", cfg, "--set", "model.path=" + blob.string()}, "model.path: " + is_gguf},
+      {{"inspect", (dir / "repo").string()},
+       "error: " + (dir / "repo" / "config.json").string() + ": not found (an HF model directory needs config.json); "
+       "it holds the GGUF file model-Q4_K_M.gguf: import it first: qlora import-gguf " +
+           (dir / "repo" / "model-Q4_K_M.gguf").string() + " --out DIR"},
+  };
+  for (const auto& [args, want] : cases) {
+    const CliRun r = run_cli(args, dir / "log");
+    EXPECT_EQ(r.status, 1) << args[0] << ": " << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << args[0] << ": " << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_FALSE(fs::exists(dir / "m"));
+  }
+  fs::remove_all(dir);
+}
+
+// What a broken download looks like, named so: a file cut short, a web page or a pre-GGUF file saved
+// as .gguf (the bytes found), one part of a split GGUF (gguf-py's split.count / split.no keys, as
+// llama-gguf-split and convert_hf_to_gguf.py --split-max-tensors write them) (trial 15).
+TEST(ImportGguf, CutShortWebPageOldFormatAndSplitPartsAreNamed) {
+  const fs::path dir = qlora::test::fresh_temp_dir("gguf_downloads");
+  std::string bytes = qlora::test::tiny_llama_gguf().bytes();
+  auto error_of = [&](const std::string& name, const std::string& content) {
+    const fs::path p = dir / name;
+    std::ofstream(p, std::ios::binary) << content;
+    try {
+      qlora::import_gguf({p.string(), (dir / "out").string(), "fp32"});
+    } catch (const qlora::Error& e) {
+      EXPECT_FALSE(fs::exists(dir / "out"));
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string cut = error_of("cut.gguf", bytes.substr(0, bytes.size() - 100));
+  EXPECT_NE(cut.find("runs past the end of the data section"), std::string::npos) << cut;
+  EXPECT_NE(cut.find("; the file is cut short (an interrupted download?): fetch it again"), std::string::npos) << cut;
+  const std::string head = error_of("head.gguf", bytes.substr(0, 40));
+  EXPECT_NE(head.find("the file is cut short"), std::string::npos) << head;
+  EXPECT_EQ(error_of("page.gguf", "<!DOCTYPE html><html>sign in</html>"),
+            (dir / "page.gguf").string() + ": not a GGUF file: bad magic \"<!DO\" (expected \"GGUF\"): an HTML page (a "
+                                           "download that saved a web page, e.g. a login or error page?)");
+  EXPECT_EQ(error_of("old.bin", std::string("tjgg\x03\x00\x00\x00", 8)),
+            (dir / "old.bin").string() + ": not a GGUF file: bad magic \"tjgg\" (expected \"GGUF\"): a pre-GGUF llama.cpp "
+                                         "file (GGML / GGJT), which current llama.cpp no longer reads either; get the "
+                                         "model's GGUF");
+  EXPECT_EQ(error_of("bin.gguf", std::string("\x01\x02\x03\x04rest", 8)),
+            (dir / "bin.gguf").string() + ": not a GGUF file: bad magic \"\\x01\\x02\\x03\\x04\" (expected \"GGUF\")");
+  qlora::test::GgufBuilder split = qlora::test::tiny_llama_gguf();
+  split.u16("split.no", 0);
+  split.u16("split.count", 3);
+  split.u16("split.tensors.count", 60);
+  EXPECT_EQ(error_of("m-00001-of-00003.gguf", split.bytes()),
+            (dir / "m-00001-of-00003.gguf").string() +
+                ": metadata key 'split.count': 3: this is part 1 of 3 of a split GGUF; merge the parts into one file "
+                "first (llama-gguf-split --merge FIRST_PART OUT.gguf, FIRST_PART the one named ...-00001-of-00003.gguf) "
+                "and import that");
+  fs::remove_all(dir);
+}
+
 TEST(ImportGguf, NotAModelGgufRefusedByItsType) {
   QLORA_REQUIRE_FIXTURE(adapter, "gguf/lora_adapter.gguf");
   QLORA_REQUIRE_FIXTURE(vocab_only, "gguf/vocab_only.gguf");

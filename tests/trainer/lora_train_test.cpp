@@ -471,6 +471,12 @@ TEST(LoraMerge, TiedEmbeddingsShardedOutput) {
   const json cfg = json::parse(read_file((tmp.path / "merged_bf16" / "config.json").string()));
   EXPECT_EQ(cfg.value("torch_dtype", ""), "bfloat16");
   EXPECT_TRUE(cfg.value("tie_word_embeddings", false));  // the merged model stays tied
+  // the base's RoPE base also as transformers 4's top-level rope_theta, which GGUF converters read
+  // (transformers 5 saved the base with rope_parameters only; trial 15: llama.cpp's older
+  // convert_hf_to_gguf.py then wrote no freq_base and the model ran at 10000)
+  const json base_cfg = json::parse(read_file((root / "base_tied" / "config.json").string()));
+  ASSERT_TRUE(base_cfg.contains("rope_parameters"));
+  EXPECT_EQ(cfg.at("rope_theta"), base_cfg["rope_parameters"]["rope_theta"]);
   EXPECT_TRUE(json::parse(read_file((out / "config.json").string())).value("tie_word_embeddings", false));
   {
     st::SafetensorsFile f((tmp.path / "merged_bf16" / "model.safetensors").string());
