@@ -169,6 +169,11 @@ std::string listed_records(const DataStats& st) {
   return o.str();
 }
 
+std::string source_key(bool is_eval, size_t n, size_t i) {
+  const std::string key = is_eval ? "data.eval" : "data.train";
+  return n == 1 ? key : key + "[" + std::to_string(i) + "]";
+}
+
 namespace {
 void count(const std::vector<Example>& v, DataStats* st) {
   const int64_t bin = (st->sequence_len + 7) / 8;
@@ -227,13 +232,6 @@ void add_stats(DataStats* into, const DataStats& from) {
 
 namespace fs = std::filesystem;
 
-/// The config key of file `i` of `n` in data.train (data.eval when `is_eval`): "data.train" for the
-/// only file, else "data.train[i]" (Config::key_sources knows both: with_key_sources puts the
-/// entry's file:line in front of a message that starts with it).
-std::string source_key(bool is_eval, size_t n, size_t i) {
-  const std::string key = is_eval ? "data.eval" : "data.train";
-  return n == 1 ? key : key + "[" + std::to_string(i) + "]";
-}
 
 /// Every file of data.train and data.eval exists and is not a directory; else throws one line per
 /// file at fault, each starting with its config key: "data.train[1]: no such file: /x/y.json" (an

@@ -73,6 +73,11 @@ struct DataStats {
 int64_t trained_targets(const std::vector<int32_t>& labels);
 
 /// One file of data.train / data.eval and what its load did.
+/// The config key of file `i` of `n` in data.train (data.eval when `is_eval`): "data.train" for the
+/// only file, else "data.train[i]" (Config::key_sources knows both: with_key_sources puts the
+/// entry's file:line in front of a message that starts with it). Throws nothing.
+std::string source_key(bool is_eval, size_t n, size_t i);
+
 struct SourceStats {
   DataSource source;      ///< the list entry (path and its overrides)
   DataStats stats;        ///< that file's reads and drops (token counts, histogram: not filled)

@@ -435,12 +435,15 @@ void Trainer::setup() {
   // Records that repeat another (deduplicate off): a hold-out sharing records with train measures memorisation.
   if (const std::string note = data::duplicates_note(data_); !note.empty() && run_.dist.rank == 0)
     log::warn("data: ", note);
-  std::vector<const data::SourceStats*> data_files;
-  for (const data::SourceStats& f : data_.train_sources) data_files.push_back(&f);
-  for (const data::SourceStats& f : data_.eval_sources) data_files.push_back(&f);
-  for (const data::SourceStats* f : data_files) {  // each file of data.train / data.eval: its own drops
+  // each file of data.train / data.eval: its own drops, named by its key (the same file can be both)
+  std::vector<std::pair<std::string, const data::SourceStats*>> data_files;
+  for (const bool is_eval : {false, true}) {
+    const std::vector<data::SourceStats>& v = is_eval ? data_.eval_sources : data_.train_sources;
+    for (size_t i = 0; i < v.size(); ++i)
+      data_files.emplace_back(data::source_key(is_eval, v.size(), i) + " " + v[i].source.path, &v[i]);
+  }
+  for (const auto& [file, f] : data_files) {
     if (run_.dist.rank != 0) continue;  // every rank reads the same data: rank 0 says it once
-    const std::string& file = f->source.path;
     const data::DataStats* st = &f->stats;
     for (const std::string& note : data::file_notes(*st, cfg_.data.template_name)) log::warn("data: ", file, ": ", note);
     if (st->split_documents > 0)
@@ -474,7 +477,7 @@ void Trainer::setup() {
 
   // The run's identity: its run-meaning settings and the content (not only the paths) of its data;
   // which run owns output_dir and what to resume is decided before anything is written.
-  for (const data::SourceStats* f : data_files) data_sha_[f->source.path] = sha256_file(f->source.path);
+  for (const auto& [key, f] : data_files) data_sha_[f->source.path] = sha256_file(f->source.path);
   model_files_ = model_file_digests(cfg_.model.path, cfg_.model.tokenizer, cfg_.lora.model_dir);
   fingerprint_ = run_fingerprint(to_yaml(cfg_), data_sha_);
   // Data parallel: every rank runs rank 0's config on the same data; rank 0 alone decides (and
