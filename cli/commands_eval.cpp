@@ -187,6 +187,8 @@ std::string cmd_eval(const EvalOptions& o) {
   }
   data::Datasets ds = with_key_sources(cfg, [&] { return data::load_datasets(dopts, tok); });
   const bool eval_file = o.data.empty() && !dopts.eval.empty();
+  // the config's eval set sharing records with its train set measures memorisation (as train warns)
+  if (const std::string note = data::duplicates_note(ds); o.data.empty() && !note.empty()) log::warn("data: ", note);
   for (const data::SourceStats& f : eval_file ? ds.eval_sources : ds.train_sources)  // each file's own drops
     for (const std::string& note : data::file_notes(f.stats, dopts.template_name))
       log::warn("data: ", f.source.path, ": ", note);

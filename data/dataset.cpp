@@ -514,9 +514,18 @@ std::string duplicates_note(const Datasets& d) {
   return out + "set data.deduplicate: true to drop them";
 }
 
+std::string truncated_note(const DataStats& st) {
+  if (st.truncated == 0) return "";
+  std::ostringstream o;
+  o << st.truncated << (st.truncated == 1 ? " record" : " records") << " longer than sequence_len " << st.sequence_len
+    << (st.truncated == 1 ? " was" : " were") << " cut to it (data.truncation: truncate): their tokens past "
+    << st.sequence_len << " are not trained; `qlora data preview` lists them";
+  return o.str();
+}
+
 std::vector<std::string> file_notes(const DataStats& st, const std::string& template_name) {
   std::vector<std::string> notes;
-  for (std::string note : {unused_records_note(st), placeholder_note(st.read), tools_note(st, template_name),
+  for (std::string note : {unused_records_note(st), truncated_note(st), placeholder_note(st.read), tools_note(st, template_name),
                            reasoning_note(st, template_name)})
     if (!note.empty()) notes.push_back(std::move(note));
   return notes;

@@ -153,8 +153,13 @@ std::string reasoning_note(const DataStats& st, const std::string& template_name
 /// `data preview` print, since a hold-out sharing records with train measures memorisation.
 std::string duplicates_note(const Datasets& d);
 
+/// "" or, for records kept but cut (data.truncation: truncate), "N records longer than sequence_len
+/// L were cut to it (data.truncation: truncate): their tokens past L are not trained; `qlora data
+/// preview` lists them" (a trial: only data preview said so).
+std::string truncated_note(const DataStats& st);
+
 /// The warnings `train` and `eval` log for one file of data.train / data.eval, in this order:
-/// unused_records_note, placeholder_note, tools_note, reasoning_note (each only when non-empty). The caller prefixes
+/// unused_records_note, truncated_note, placeholder_note, tools_note, reasoning_note (each only when non-empty). The caller prefixes
 /// "data: <path>: ". Empty when the file needs no warning.
 std::vector<std::string> file_notes(const DataStats& st, const std::string& template_name);
 

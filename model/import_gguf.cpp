@@ -281,7 +281,9 @@ std::vector<Planned> plan_tensors(const GgufFile& f, const Hparams& h) {
     }
     const gguf::GgmlTypeInfo& ti = gguf::ggml_type_info(t.type);
     QLORA_CHECK(ti.dequantize, f.path(), ": tensor '", t.name, "': ggml type ", ti.name,
-                " is not supported (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K)");
+                " is not supported (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K); "
+                "import a file of the same model in one of those (its F16 / BF16 or Q8_0 GGUF is best: NF4 "
+                "quantizes the imported weights again)");
     plan.push_back({&t, w.hf, shape, w.permute});
     seen.insert(t.name);
   }

@@ -411,6 +411,10 @@ TEST(Length, DropTruncateAndNoTrainable) {
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].input_ids.size(), 32u);
   EXPECT_EQ(st2.truncated, 1);
+  // train and eval say so per file too, not only data preview (trial 14)
+  EXPECT_EQ(truncated_note(st2), "1 record longer than sequence_len 32 was cut to it (data.truncation: truncate): "
+                                 "their tokens past 32 are not trained; `qlora data preview` lists them");
+  EXPECT_EQ(file_notes(st2, o.template_name), std::vector<std::string>{truncated_note(st2)});
   o.sequence_len = 8;  // the prompt alone fills the row: nothing trainable left
   DataStats st3;
   EXPECT_EQ(build_examples({longr}, o, tok, &st3).size(), 0u);
@@ -1366,6 +1370,28 @@ TEST(Dedup, HoldOutSharesNothingWithTrain) {
 // An explicit data.eval: its records also in data.train, and its own repeats, are counted (off) or
 // dropped (on; Axolotl deduplicates eval against train's hashes); an eval file left with nothing
 // is refused as before.
+// The repeats docs/data.md counts in the demo sets equal Python's count (records equal as parsed
+// JSON values, make_data_refs.py): alpaca 14 of 999, glaive 35 of 300.
+TEST(Dedup, DemoSetRepeatsEqualPythonsCount) {
+  QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_FIXTURE(refs, "data/dedup_refs.json");
+  const Tokenizer tok = llama(model);
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(refs));
+  ASSERT_EQ(j.at("cases").size(), 2u);
+  for (const nlohmann::json& c : j.at("cases")) {
+    QLORA_REQUIRE_SHARED(file, c.at("file").get<std::string>());
+    DataOptions o;
+    o.template_name = "chatml";
+    o.sequence_len = 1 << 20;  // every record kept: the count is of records, not of what fits
+    o.train = {{file.string()}};
+    const Datasets d = load_datasets(o, tok);
+    EXPECT_EQ(d.stats.read.records_read, c.at("records").get<int64_t>()) << file;
+    EXPECT_EQ(d.stats.duplicates, c.at("duplicates").get<int64_t>()) << file;
+  }
+  EXPECT_EQ(j.at("cases")[0].at("duplicates"), 14);  // the numbers docs/data.md gives
+  EXPECT_EQ(j.at("cases")[1].at("duplicates"), 35);
+}
+
 TEST(Dedup, EvalRecordsAlsoInTrainAreDropped) {
   QLORA_REQUIRE_SHARED(model, "tokenizers/llama2/tokenizer.model");
   const Tokenizer tok = llama(model);

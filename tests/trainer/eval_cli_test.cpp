@@ -171,6 +171,8 @@ TEST(EvalCli, BaseAndAdapterEvalsKeepTheirOwnFiles) {
   r = run("eval " + q(cfg));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("wrote " + (run_dir / "eval_base.json").string()), std::string::npos) << r.out;
+  // the demo's repeats are warned of by eval CONFIG too, as by train (its eval set is the config's)
+  EXPECT_NE(r.out.find("data: 14 records duplicate an earlier one"), std::string::npos) << r.out;
   EXPECT_EQ(read_json(run_dir / "eval.json")["adapter"], run_dir.string());
   EXPECT_EQ(read_json(run_dir / "eval_base.json")["adapter"], "");
   // --out under a regular file: refused up front, naming the file, before any loss is computed

@@ -330,7 +330,8 @@ TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
                         "model.path a file", "model.safetensors is a file, expected a Hugging Face model directory");
   write(d / "m.gguf", "GGUF");
   expect_one_line_error(run("train " + q(d / "model_notok.yaml") + set_out + " --set model.path=" + q(d / "m.gguf")),
-                        "model.path a gguf", "import a GGUF file first: qlora import-gguf");
+                        "model.path a gguf", "m.gguf is a GGUF file (llama.cpp / Ollama), not a Hugging Face model "
+                                             "directory: import it first: qlora import-gguf");
   expect_one_line_error(run("eval --model " + q(d / "nowhere") + " --data " + q(d / "train.json")),
                         "eval --model missing", "model directory not found");
   EXPECT_FALSE(fs::exists(d / "out4"));
