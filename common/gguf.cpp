@@ -28,11 +28,11 @@ uint64_t scalar_size(uint32_t t) {
 
 bool known_value_type(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::FLOAT64); }
 
-// A bounds-checked little-endian reader over the mapping. `where` names what is being read for
-// the error message ("metadata key 'x'", "tensor 'w'"); every read past the end throws.
 // What a read past the end most often means (an interrupted `ollama pull` / download).
 constexpr const char* kCutShort = "; the file is cut short (an interrupted download?): fetch it again";
 
+// A bounds-checked little-endian reader over the mapping. `where` names what is being read for
+// the error message ("metadata key 'x'", "tensor 'w'"); every read past the end throws.
 class Cursor {
  public:
   Cursor(const std::string& path, const uint8_t* data, uint64_t size)
