@@ -37,6 +37,13 @@ struct BadRecord {
   throw BadRecord{reason, message, 0, std::move(at)};
 }
 
+// A byte as the messages show it, "0xC3": named, not echoed (an invalid byte would garble the terminal).
+std::string hex_byte(char c) {
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(c));
+  return hex;
+}
+
 bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 // The byte offset of the value at `path` in `t`, the text of a JSON value that parsed (so it is
@@ -508,10 +515,8 @@ json parse_value(const std::string& text) {
     const int64_t off = std::count(text.begin(), text.begin() + upto, '\n');
     const size_t bad_at = first_invalid_utf8(text);
     if (bad_at != std::string::npos) {  // named as check_encoding names it, the byte not echoed
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(text[bad_at]));
       throw BadRecord{"invalid UTF-8",
-                      "invalid UTF-8 (byte " + std::string(hex) + " at byte offset " + std::to_string(bad_at) +
+                      "invalid UTF-8 (byte " + hex_byte(text[bad_at]) + " at byte offset " + std::to_string(bad_at) +
                           " of the record); the file must be UTF-8",
                       std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad_at), '\n'),
                       {}};
@@ -744,9 +749,7 @@ size_t check_encoding(const std::string& path, const std::string& buf, bool skip
     const size_t bad_at = first_invalid_utf8(buf);
     if (bad_at != std::string::npos) {
       const int64_t line = 1 + std::count(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(bad_at), '\n');
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(buf[bad_at]));
-      fail(path, ":", line, ": invalid UTF-8 at byte offset ", bad_at, " (byte ", hex, "); ", remedy);
+      fail(path, ":", line, ": invalid UTF-8 at byte offset ", bad_at, " (byte ", hex_byte(buf[bad_at]), "); ", remedy);
     }
   }
   return start;
