@@ -7,9 +7,12 @@
 #include <cctype>
 #include <csignal>
 #include <iostream>
+#include <map>
 
 #include "common/error.h"
+#include "common/format.h"
 #include "common/log.h"
+#include "config/config.h"
 #include "cli/commands.h"
 #include "model/import_gguf.h"
 #include "model/model_config.h"
@@ -36,10 +39,36 @@ CLI::Validator dtype_names() {
       "DTYPE");
 }
 
-/// After a CLI11 ExtrasError: "use --set ARG (...)" for each unexpected argument of the form
+/// What the config says of `section.key=value` as an override: "" when `--set ARG` would be
+/// taken, else the reason, e.g. "epochs: unknown key; torchtune's \"epochs\" is
+/// \"training.num_epochs\" here (docs/config.md)" (config_with_overrides on the defaults, so one
+/// command line gets the final key, not a second round trip through --set).
+std::string override_verdict(const std::string& arg) {
+  const std::string source = "--set " + arg;
+  const std::string key = arg.substr(0, arg.find('='));
+  qlora::Config base;
+  base.output_dir = "OUT";  // the one key a config must set itself
+  try {
+    qlora::config_with_overrides(base, {arg}, source);
+    return "";
+  } catch (const std::exception& e) {
+    std::string msg = first_line(e.what());
+    if (msg.rfind(source + ": ", 0) == 0) msg = msg.substr(source.size() + 2);
+    // Only what is said of this override's key, a section above it or an item below it (not of a
+    // key a real config file would set, such as data.train).
+    const std::string said = msg.substr(0, msg.find(':'));
+    auto under = [](const std::string& a, const std::string& b) {  // a is b or inside it
+      return a == b || (a.size() > b.size() && a.compare(0, b.size(), b) == 0 && (a[b.size()] == '.' || a[b.size()] == '['));
+    };
+    return under(key, said) || under(said, key) ? msg : "";
+  }
+}
+
+/// After a CLI11 ExtrasError: a line for each unexpected argument of the form key=value or
 /// section.key=value (torchtune's `tune run ... key=value` override style), where the command run
-/// takes --set; empty when there is none, or when another unexpected argument is not of that form
-/// (CLI11's own message is then the one said).
+/// takes --set: "use --set ARG (...)" when the config takes it, else what the config says of it
+/// (the key it means here); empty when there is none, or when another unexpected argument is not
+/// of that form (CLI11's own message is then the one said).
 std::vector<std::string> override_hints(const CLI::App& app) {
   const CLI::App* cmd = &app;  // the innermost subcommand given (data preview: data, then preview)
   for (bool deeper = true; deeper;) {
@@ -57,15 +86,62 @@ std::vector<std::string> override_hints(const CLI::App& app) {
     const size_t eq = arg.find('=');
     const std::string key = arg.substr(0, eq);
     const bool override_like =
-        eq != std::string::npos && !key.empty() && key.find('.') != std::string::npos &&
+        eq != std::string::npos && !key.empty() &&
         (std::isalpha(static_cast<unsigned char>(key[0])) || key[0] == '_') &&
         std::all_of(key.begin(), key.end(), [](char ch) {
           return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.';
         });
     if (!override_like) return {};
-    hints.push_back("use --set " + arg + " (overrides are --set section.key=value)");
+    const std::string verdict = override_verdict(arg);
+    hints.push_back(verdict.empty() ? "use --set " + arg + " (overrides are --set section.key=value)"
+                                    : arg + ": overrides are --set section.key=value here, and " + verdict);
   }
   return hints;
+}
+
+/// Other tools' commands a user types here (torchtune's `tune validate|cp|ls|run|download`,
+/// Axolotl's `axolotl preprocess|inference|merge-lora|evaluate|fetch`), with what does it here.
+const std::map<std::string, std::string>& peer_commands() {
+  static const std::map<std::string, std::string> kPeers = {
+      {"validate", "qlora data preview CONFIG reads and checks a config (every error at once) and renders its first "
+                   "examples without training"},
+      {"preprocess", "qlora data preview CONFIG reads, tokenises and renders the data (nothing is cached: every "
+                     "train run tokenises at its start)"},
+      {"cp", "the configs are plain files: cp configs/FAMILY/NAME.yaml my.yaml (one per model family, run line "
+             "first)"},
+      {"ls", "ls configs/*/ (one commented config per model family; docs/config.md)"},
+      {"run", "qlora train CONFIG.yaml [--set section.key=value] (--nproc-per-node N for N processes)"},
+      {"download", "nothing is downloaded: model.path is a local Hugging Face directory, or qlora import-gguf "
+                   "FILE.gguf --out DIR makes one"},
+      {"fetch", "nothing is downloaded: data.train is a local file (.json, .jsonl, .txt)"},
+      {"inference", "qlora generate MODEL_DIR --adapter RUN_DIR --prompt TEXT"},
+      {"chat", "qlora generate MODEL_DIR --adapter RUN_DIR --template auto --prompt TEXT"},
+      {"merge-lora", "qlora merge --base MODEL_DIR --adapter RUN_DIR --out DIR"},
+      {"evaluate", "qlora eval CONFIG.yaml --adapter RUN_DIR (or --model DIR --data FILE)"},
+      {"quantize", "the base is quantized to NF4 as it loads (quantization.method in the config; qlora inspect "
+                   "MODEL_DIR --quant nf4 shows it)"},
+  };
+  return kPeers;
+}
+
+/// `qlora WORD ...` where WORD is neither a command nor an option: "unknown command 'WORD'" with
+/// what does it here (peer_commands) or the nearest command; "" when WORD is a command, an option
+/// or absent. CLI11 would say "A subcommand is required", though one was given.
+std::string unknown_command_message(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-' || argv[1][0] == '\0') return "";
+  const std::string word = argv[1];
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->check_name(word)) return "";
+    names.push_back(sub->get_name());
+  }
+  std::string msg = "unknown command '" + word + "'";
+  if (auto it = peer_commands().find(word); it != peer_commands().end()) return msg + ": " + it->second;
+  const std::string near = qlora::closest_match(word, names);
+  if (!near.empty()) return msg + "; did you mean '" + near + "'?";
+  std::string all;
+  for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
+  return msg + " (commands: " + all + "; qlora --help)";
 }
 
 int run(int argc, char** argv) {
@@ -284,6 +360,10 @@ int run(int argc, char** argv) {
   import_cmd->add_option("--dtype", imp.dtype, "stored dtype of model.safetensors")->capture_default_str()
       ->transform(dtype_names())->check(CLI::IsMember({"bf16", "fp32"}));
 
+  if (const std::string unknown = unknown_command_message(app, argc, argv); !unknown.empty()) {
+    std::cerr << "error: " << unknown << "\n";
+    return qlora::kExitUsage;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

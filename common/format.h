@@ -1,11 +1,18 @@
-// qlora-cpp: human-readable quantities for reports and logs (torch-free).
+// qlora-cpp: human-readable quantities and names for reports, logs and messages (torch-free).
 #pragma once
 #include <string>
+#include <vector>
 
 namespace qlora {
 
 /// `bytes` in binary units, "1.23 GiB" style: B (no decimals), KiB, MiB, GiB, TiB (two decimals),
 /// the largest unit not above |bytes| (TiB at most); a negative value keeps its sign ("-2.00 KiB").
 std::string human_bytes(double bytes);
+
+/// The candidate nearest `word` when it is near enough to be a likely typo, else "": the optimal
+/// string alignment distance (Levenshtein plus adjacent transpositions, each edit 1) at most
+/// max(2, |word| / 3) characters; ties go to the earlier candidate. For "did you mean" hints
+/// (config keys and values, command names). Never throws but std::bad_alloc.
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 
 }  // namespace qlora

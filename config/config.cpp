@@ -8,6 +8,7 @@
 // scalars are always strings, unknown keys are errors with a did-you-mean, and every message is one
 // line that starts with `file:line:` (or the `--set` override that supplied the value).
 #include "config/config.h"
+#include "common/format.h"
 #include "common/safetensors.h"
 #include "model/model_config.h"
 
@@ -69,35 +70,6 @@ const std::vector<std::string> kTruncations = {"drop", "truncate", "split"};
 const std::vector<std::string> kPaddingSides = {"right", "left"};
 
 // ---- small string helpers ----
-
-/// Optimal-string-alignment distance (Levenshtein plus adjacent transpositions).
-size_t edit_distance(const std::string& a, const std::string& b) {
-  const size_t n = a.size(), m = b.size();
-  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
-  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
-  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
-  for (size_t i = 1; i <= n; ++i) {
-    for (size_t j = 1; j <= m; ++j) {
-      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  }
-  return d[n][m];
-}
-
-/// The candidate closest to `word` when it is close enough to be a likely typo, else "".
-std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = std::numeric_limits<size_t>::max();
-  for (const auto& c : candidates) {
-    const size_t d = edit_distance(word, c);
-    if (d < best_d) best_d = d, best = c;
-  }
-  const size_t limit = std::max<size_t>(2, word.size() / 3);
-  return best_d <= limit ? best : std::string();
-}
 
 std::string join(const std::vector<std::string>& v, const char* sep) {
   std::string out;
@@ -541,7 +513,7 @@ class Section {
     if (alias && !contains(choices, v))
       if (const char* name = alias(v)) return name;
     if (!contains(choices, v)) {
-      const std::string near = closest(v, choices);
+      const std::string near = closest_match(v, choices);
       error(key, expected + ", got " + describe(e->value) +
                      (near.empty() ? std::string() : "; did you mean \"" + near + "\"?"));
       return def;
@@ -813,7 +785,12 @@ class Section {
                           "\"output_dir\"", kTorchtune}},
         {"dataset", {" is the \"data\" section here: \"data.train\" is a local file (.json, .jsonl or .txt), "
                      "its format \"data.format\"; column_map is \"data.field_map\", packed is "
-                     "\"data.sample_packing\"", kTorchtune}},
+                     "\"data.sample_packing\", train_on_input is \"data.train_on_inputs\" (default false here; "
+                     "torchtune's alpaca_dataset defaults it to true)", kTorchtune}},
+        {"dataset_val", {" is \"data.eval\" here (a separate eval file; or \"data.val_set_size\" holds a part "
+                         "of data.train out)", kTorchtune}},
+        {"run_val_every_n_steps", {" is \"training.eval_steps\" here (optimizer steps; 0: at the end of each "
+                                   "epoch)", kTorchtune}},
         {"packed", {" is \"data.sample_packing\" here (rows filled up to data.sequence_len, attention kept "
                     "within each example)", kTorchtune}},
         {"batch_size", {" is \"training.micro_batch_size\" here (rows a forward pass, as torchtune's per-device "
@@ -871,6 +848,12 @@ class Section {
         {"message_property_mappings",
          "\"field_map\" here, the same way round: {role: YOUR_ROLE_FIELD, content: YOUR_CONTENT_FIELD} for "
          "format: messages ({from: ..., value: ...} for sharegpt); the role names themselves go in \"role_map\""},
+        {"source", {"what \"data.train\" names here (\"path\" in an entry of its list): a local file (.json, "
+                    ".jsonl or .txt, read by its extension; torchtune's source: json with data_files: FILE is "
+                    "data.train: FILE)", kTorchtune}},
+        {"split", {"not a key here: the whole file is read, and \"data.val_set_size\" holds a part out for "
+                   "evaluation (split: train[:95%] with the rest as validation is val_set_size: 0.05)",
+                   kTorchtune}},
         {"column_map", {"\"field_map\" here, the same way round: {instruction: YOUR_COLUMN, output: YOUR_COLUMN} "
                         "(our field: the column in your file)", kTorchtune}},
     };
@@ -880,7 +863,7 @@ class Section {
         return "unknown key; " + std::string(it->second.who ? it->second.who : "Axolotl") + "'s \"" + name +
                "\" is " + it->second.ours + " (docs/config.md)";
     if (entry) {
-      const std::string near = closest(name, keys_);
+      const std::string near = closest_match(name, keys_);
       if (!near.empty()) return "unknown key; did you mean \"" + near + "\"?";
       if (contains(section_keys("data"), name))
         return "unknown key; data." + name + " applies to every file: set it in the data section (an entry sets " +
@@ -893,7 +876,7 @@ class Section {
              name + "\"" +
              (ours[0] == ' ' ? ours : " is \"" + ours + "\" here") + " (docs/config.md)";
     }
-    const std::string near = closest(name, keys_);
+    const std::string near = closest_match(name, keys_);
     if (!near.empty()) return "unknown key; did you mean \"" + near + "\"?";
     // A key of another section written in the wrong place (e.g. top-level `learning_rate`).
     for (const SchemaSection& section : schema_sections())
@@ -1074,7 +1057,7 @@ void read_target_modules(const Section& s, const char* key, LoraConfig& l) {
                    "unknown module \"" + name + "\"; torchtune's \"" + name + "\" is \"" + it->second + "\" here");
       continue;
     }
-    const std::string near = closest(name, known);
+    const std::string near = closest_match(name, known);
     s.item_error(key, i,
                  "unknown module \"" + one_line(name) + "\"" +
                      (near.empty() ? " (known: " + join(known, ", ") + ")" : "; did you mean \"" + near + "\"?"));

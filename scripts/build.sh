@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Configures and builds qlora-cpp into $QLORA_BUILD (default ./build). Extra args go to cmake configure.
 #   QLORA_SANITIZE=1 scripts/build.sh   -> ASan+UBSan build in build-asan/
-#   QLORA_WERROR=1 scripts/build.sh     -> -Werror on the project's code (-Wall -Wextra); scripts/test.sh sets it
+#   QLORA_WERROR=0 scripts/build.sh     -> warnings stay warnings; the default 1 is -Werror on the project's code
+#                                          (-Wall -Wextra), as scripts/test.sh builds, so the quickstart's build
+#                                          and the test command's are one build (same flags: no object recompiled)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 "$QLORA_ROOT/scripts/setup.sh"
 
-extra=(-DQLORA_WERROR="$([ "${QLORA_WERROR:-0}" = 1 ] && echo ON || echo OFF)")
+extra=(-DQLORA_WERROR="$([ "${QLORA_WERROR:-1}" = 1 ] && echo ON || echo OFF)")
 if [ "${QLORA_SANITIZE:-0}" = 1 ]; then
   QLORA_BUILD="${QLORA_BUILD_ASAN:-$QLORA_ROOT/build-asan}"
   extra+=(-DQLORA_SANITIZE=ON -DQLORA_CUDA=OFF -DQLORA_BUILD_BENCH=OFF)

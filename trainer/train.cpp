@@ -616,8 +616,10 @@ void Trainer::setup() {
   atomic_write_string((fs::path(cfg_.output_dir) / "config.resolved.yaml").string(), to_yaml(cfg_));
   atomic_write_string((fs::path(cfg_.output_dir) / "metrics.jsonl").string(), step_ == 0 ? std::string() : metrics_history_);
   log::info("run: ", run_id_, step_ == 0 ? " (from step 0)" : " (resumed)", " in ", cfg_.output_dir);
-  log::info("train: ", total_steps_, " steps of ", t.micro_batch_size, " x ", t.gradient_accumulation_steps,
-            " rows, warmup ", warmup_steps_, ", device ", device_.str());
+  log::info("train: ", total_steps_, total_steps_ == 1 ? " step" : " steps", " of up to ", t.micro_batch_size,
+            " x ", t.gradient_accumulation_steps,
+            " rows (micro_batch_size x gradient_accumulation_steps; an epoch's last step takes the rows left), warmup ",
+            warmup_steps_, ", device ", device_.str());
   // (a max_steps run with warmup_steps was warned of with the config: config_warnings)
   if (warmup_steps_ >= total_steps_ && (t.max_steps <= 0 || t.warmup_ratio > 0))
     log::warn("train: ", t.warmup_ratio > 0 ? "training.warmup_ratio's" : "training.warmup_steps", " warmup (",

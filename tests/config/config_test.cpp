@@ -574,7 +574,12 @@ TEST(Config, TorchtuneNamesGetOurs) {
        "there without checkpoint_files), and its output_dir is the top-level \"output_dir\""},
       {"dataset: {packed: false}", "is the \"data\" section here: \"data.train\" is a local file (.json, .jsonl or "
                                    ".txt), its format \"data.format\"; column_map is \"data.field_map\", packed is "
-                                   "\"data.sample_packing\""},
+                                   "\"data.sample_packing\", train_on_input is \"data.train_on_inputs\" (default "
+                                   "false here; torchtune's alpaca_dataset defaults it to true)"},
+      {"dataset_val: {split: validation}", "is \"data.eval\" here (a separate eval file; or \"data.val_set_size\" "
+                                           "holds a part of data.train out)"},
+      {"run_val_every_n_steps: 100", "is \"training.eval_steps\" here (optimizer steps; 0: at the end of each "
+                                     "epoch)"},
       {"packed: true", "is \"data.sample_packing\" here (rows filled up to data.sequence_len, attention kept within "
                        "each example)"},
       {"batch_size: 4", "is \"training.micro_batch_size\" here (rows a forward pass, as torchtune's per-device batch; "
@@ -634,6 +639,16 @@ TEST(Config, TorchtuneNamesGetOurs) {
   EXPECT_EQ(error_of("output_dir: o\nmodel: {path: m}\ndata:\n  train:\n    - path: a.jsonl\n"
                      "      column_map: {output: answer}\n"),
             "t.yaml:6: data.train[0].column_map: " + column_map);
+  // torchtune's dataset arguments source / split (a torchtune user's trial, session 21), in the data
+  // section as in an entry.
+  EXPECT_EQ(error_of("output_dir: o\nmodel: {path: m}\ndata:\n  train: a.jsonl\n  source: json\n"
+                     "  split: train\n"),
+            "t.yaml:5: data.source: unknown key; torchtune's \"source\" is what \"data.train\" names here (\"path\" "
+            "in an entry of its list): a local file (.json, .jsonl or .txt, read by its extension; torchtune's source: "
+            "json with data_files: FILE is data.train: FILE) (docs/config.md)\n"
+            "t.yaml:6: data.split: unknown key; torchtune's \"split\" is not a key here: the whole file is read, and "
+            "\"data.val_set_size\" holds a part out for evaluation (split: train[:95%] with the rest as validation is "
+            "val_set_size: 0.05) (docs/config.md)");
   // Keys torchtune shares with Axolotl / HF: one hint, which names all three.
   EXPECT_EQ(top("resume_from_checkpoint: false"),
             p + "resume_from_checkpoint: unknown key; Axolotl / Hugging Face / torchtune's \"resume_from_checkpoint\" "
