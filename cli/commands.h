@@ -128,9 +128,13 @@ struct TrainCliOptions {
   bool overwrite_output_dir = false;   ///< a fresh run moves a used output_dir aside instead of refusing
   int nproc_per_node = 0;              ///< --nproc-per-node N: launch N local ranks (trainer/launch.h); 0 = be one
 };
+/// The train options a command line can get out of range, checked before the launcher starts ranks
+/// or the config is read: --max-time below 0 or not a number (qlora::Error, exit 1, as README's
+/// out-of-range values; a wrapper's remaining time gone negative must not mean "no limit").
+void check_train_options(const TrainCliOptions& o);
 /// `qlora train CONFIG [--set k=v]`: validates the config, trains, writes the adapter and reports
 /// into output_dir. Bad config or data: qlora::Error before anything is written to output_dir.
-/// Stopped by SIGTERM/SIGINT/SIGUSR1 or --max-time: checkpoint written, then qlora::Interrupted
+/// Stopped by a stop signal (trainer::kStopSignals) or --max-time: checkpoint written, then qlora::Interrupted
 /// whose message gives the exact command that resumes. A fresh run in a used output_dir, a resume
 /// path without a valid checkpoint, or changed data content on resume: qlora::Error
 /// (docs/checkpoints.md, "Run safety").

@@ -31,7 +31,13 @@ std::string cmd_data_preview(const DataPreviewOptions& o) {
   return preview;
 }
 
+void check_train_options(const TrainCliOptions& o) {
+  QLORA_CHECK(o.max_time_s >= 0, "--max-time ", o.max_time_s,
+              ": expected a budget in seconds >= 0 (0: no limit); a budget already spent is not a run");
+}
+
 void cmd_train(const TrainCliOptions& o) {
+  check_train_options(o);
   RunOptions run;
   run.dist = read_dist_env();  // RANK / WORLD_SIZE / ... (docs/distributed.md): checked before anything else
   if (run.dist.rank > 0) log::setup(log::Level::warn);  // rank 0 tells the story; the others warn and fail

@@ -255,7 +255,8 @@ int run(int argc, char** argv) {
   train_cmd->add_option("config", train.config_path, "training config (YAML)")->required();
   train_cmd->add_option("--set", train.overrides, "override a config key: section.key=value");
   train_cmd->add_flag("--force", train.force, "resume even if run-meaning settings changed");
-  train_cmd->add_option("--max-time", train.max_time_s, "wall-clock budget in seconds: stop cleanly with a checkpoint");
+  train_cmd->add_option("--max-time", train.max_time_s,
+                        "wall-clock budget in seconds (>= 0; 0: none): stop cleanly with a checkpoint, exit 75");
   train_cmd->add_flag("--overwrite-output-dir", train.overwrite_output_dir, "a fresh run moves a used output_dir aside");
   train_cmd->add_option("--nproc-per-node", train.nproc_per_node,
                         "start N local data-parallel ranks of this command (as torchrun; docs/distributed.md)")
@@ -394,6 +395,14 @@ int run(int argc, char** argv) {
   if (*init_model) qlora::cmd_init_model(init);
   if (*merge_cmd) qlora::cmd_merge(mrg);
   if (*data_preview) std::cout << qlora::cmd_data_preview(preview);
+  if (*train_cmd) {
+    qlora::check_train_options(train);
+    // `qlora train ... 2>&1 | tee log`: a Ctrl-C or a scheduler's SIGTERM to the job's process group
+    // ends tee at once, and the stop message written to its pipe would kill the run by SIGPIPE
+    // before its checkpoint (exit 141; a trial, session 21). Ignored, the write fails with EPIPE
+    // and the run saves and exits 75. (Children reset it: sync commands, trainer/sync.cpp.)
+    std::signal(SIGPIPE, SIG_IGN);
+  }
   if (*train_cmd && train.nproc_per_node > 0)  // the launcher: starts the ranks, returns their status
     return qlora::launch_local_ranks(train.nproc_per_node,
                                      qlora::strip_nproc_option(std::vector<std::string>(argv, argv + argc)));
@@ -418,6 +427,9 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const qlora::Interrupted& e) {
     std::cerr << "interrupted: " << first_line(e.what()) << "\n";
+    return qlora::kExitInterrupted;
+  } catch (const qlora::TryLater& e) {  // e.g. output_dir held by a live run: retry, not a bad input
+    std::cerr << "error: " << first_line(e.what()) << "\n";
     return qlora::kExitInterrupted;
   } catch (const qlora::ErrorList& e) {  // several errors of one input (a config): each on its own line
     for (const std::string& line : e.lines()) std::cerr << "error: " << line << "\n";

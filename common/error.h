@@ -3,6 +3,7 @@
 // Below main nothing calls exit(): code throws qlora::Error with a one-line message that names the
 // file (and line, tensor or config key) and the problem; main prints it and returns non-zero.
 #pragma once
+#include <csignal>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -40,6 +41,14 @@ class Interrupted : public Error {
  public:
   using Error::Error;
 };
+/// A refusal that the same command may not meet later: another live process holds the run's
+/// output_dir (its run.lock), as when a supervisor restarts a job whose old process is still in
+/// its SIGTERM grace period. `qlora` prints it as an error and exits kExitInterrupted (75,
+/// EX_TEMPFAIL: retry), not 1 (the input is wrong: retrying cannot help).
+class TryLater : public Error {
+ public:
+  using Error::Error;
+};
 /// An error this process only relays: another process has already printed it (a data-parallel
 /// rank's copy of rank 0's error, trainer/distributed.h from_main). Under `--nproc-per-node` (one
 /// terminal for every rank) `qlora` exits 1 without printing it again; otherwise it prints it.
@@ -47,8 +56,15 @@ class RelayedError : public Error {
  public:
   using Error::Error;
 };
-/// Exit code after Interrupted (EX_TEMPFAIL from sysexits.h: run the same command again to resume).
+/// Exit code after Interrupted or TryLater (EX_TEMPFAIL from sysexits.h: run the same command
+/// again to resume).
 constexpr int kExitInterrupted = 75;
+/// The signals that stop `qlora train` cleanly (the step finishes, a checkpoint, exit
+/// kExitInterrupted): SIGTERM (Kubernetes, scancel, spot reclaim notices), SIGINT (Ctrl-C),
+/// SIGUSR1 / SIGUSR2 (Slurm's --signal, LSF's and submitit's warnings), SIGHUP (the terminal or
+/// ssh session went away; left ignored when the run starts with it ignored, as under nohup).
+/// `--nproc-per-node`'s launcher forwards the same ones to its ranks.
+inline constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP};
 /// Exit code of a command-line usage error (unknown option, missing or malformed argument), as
 /// getopt-style tools and Python's argparse use; bad input files and values exit 1.
 constexpr int kExitUsage = 2;

@@ -468,7 +468,8 @@ std::string lock_held_message(const std::string& output_dir, const std::string& 
   while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\r')) holder.pop_back();
   return "output_dir " + output_dir + " is in use by another qlora train (" +
          (holder.empty() ? std::string("holder unknown") : holder) + "; lock " + path +
-         "): a run owns its output_dir; wait for that process to end (or stop it), or use another output_dir";
+         "): a run owns its output_dir; wait for that process to end (or stop it), or use another output_dir (exit "
+         "75: the same command can run once it has ended)";
 }
 }  // namespace
 
@@ -479,7 +480,7 @@ void OutputDirLock::check_free(const std::string& output_dir) {
   const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
   ::close(fd);  // releases the probe's lock, if it got one
   if (!held) return;
-  fail(lock_held_message(output_dir, path));
+  throw TryLater(lock_held_message(output_dir, path));
 }
 
 OutputDirLock::OutputDirLock(const std::string& output_dir) : dir_(output_dir) {
@@ -497,7 +498,7 @@ OutputDirLock::OutputDirLock(const std::string& output_dir) : dir_(output_dir) {
       const std::string held = err == EWOULDBLOCK ? lock_held_message(output_dir, path) : std::string();
       ::close(fd_);
       fd_ = -1;
-      QLORA_CHECK(err != EWOULDBLOCK, held);
+      if (err == EWOULDBLOCK) throw TryLater(held);
       fail("cannot lock ", path, ": ", std::strerror(err));
     }
     // The file may have been removed (by a holder that created output_dir and failed) between our

@@ -97,19 +97,28 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv) {
             omp ? std::string(omp) : env.count("OMP_NUM_THREADS") ? env["OMP_NUM_THREADS"] : std::string("(unset)"), ")");
 
   // Signals to forward: caught from before the first fork, so none is lost in between.
-  struct sigaction sa {}, old[3];
-  const int forwarded[3] = {SIGTERM, SIGINT, SIGUSR1};
+  // kStopSignals (common/error.h); a SIGHUP ignored at start (nohup) stays ignored, here and so in
+  // the ranks, which inherit the disposition.
+  constexpr size_t kN = std::size(kStopSignals);
+  struct sigaction sa {}, old[kN];
+  bool set[kN] = {};
   sa.sa_handler = on_launcher_signal;
   sigemptyset(&sa.sa_mask);
   g_forward_signal = 0;
-  for (int i = 0; i < 3; ++i) sigaction(forwarded[i], &sa, &old[i]);
+  for (size_t i = 0; i < kN; ++i) {
+    struct sigaction now {};
+    sigaction(kStopSignals[i], nullptr, &now);
+    if (kStopSignals[i] == SIGHUP && now.sa_handler == SIG_IGN) continue;
+    set[i] = sigaction(kStopSignals[i], &sa, &old[i]) == 0;
+  }
   struct RestoreSignals {
     struct sigaction* old;
-    const int* sigs;
+    const bool* set;
     ~RestoreSignals() {
-      for (int i = 0; i < 3; ++i) sigaction(sigs[i], &old[i], nullptr);
+      for (size_t i = 0; i < kN; ++i)
+        if (set[i]) sigaction(kStopSignals[i], &old[i], nullptr);
     }
-  } restore{old, forwarded};
+  } restore{old, set};
 
   std::vector<char*> cargv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));

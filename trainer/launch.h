@@ -23,7 +23,7 @@ constexpr int kLaunchKillSeconds = 5;
 /// MASTER_ADDR = 127.0.0.1, MASTER_PORT = $MASTER_PORT or a free TCP port of 127.0.0.1, and
 /// OMP_NUM_THREADS = 1 when unset and nproc > 1, QLORA_LAUNCHED_NPROC = nproc (so a rank's resume
 /// hint is the launcher's command). Each rank runs in its own session (setsid, as
-/// torchrun's workers), so a terminal's Ctrl-C reaches the launcher only; SIGTERM, SIGINT and SIGUSR1
+/// torchrun's workers), so a terminal's Ctrl-C reaches the launcher only; kStopSignals (common/error.h)
 /// received by the launcher are forwarded to every live rank, once per signal received. Waits for all
 /// ranks and returns: 0 when all exited 0; the first failure's status (exit code, or 128 + signal
 /// for a rank killed by a signal) when any failed; 130 when ranks quit on a second SIGINT (not a

@@ -18,6 +18,7 @@
 #include "trainer/fault.h"
 #include "trainer/sync.h"
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -217,6 +218,23 @@ bool is_temp_leftover(const std::string& name) {
          std::all_of(name.begin() + static_cast<std::ptrdiff_t>(at + 5), name.end(), ::isdigit);
 }
 
+// Removes output_dir's interrupted atomic writes (NAME.tmp.PID, common/files.h) whose process is
+// gone (kill(PID, 0): ESRCH), e.g. adapter_model.safetensors.tmp.5158 of a run killed by SIGKILL
+// while writing it (a trial, session 21: left there for good). Called by the run that holds
+// output_dir's lock; a live writer's file (qlora eval writing eval_base.json) is left. Never throws.
+void remove_dead_temp_files(const fs::path& out) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!is_temp_leftover(name)) continue;
+    const long pid = std::strtol(name.c_str() + name.rfind(".tmp.") + 5, nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      if (fs::remove(e.path(), rm)) log::info("output_dir: removed ", name, ", an interrupted write of a process gone");
+    }
+  }
+}
+
 // What makes output_dir used: anything but memory_report.json (what a run that failed while
 // loading, before it owned the directory, leaves behind), eval_base.json (what `qlora eval CONFIG`
 // writes there by default: a baseline before training; eval.json from before it had that name),
@@ -316,7 +334,7 @@ std::string output_dir_state(const std::string& output_dir, const std::string& c
 
 namespace {
 std::atomic<bool> g_announce_setup_stop{false};  // rank 0 says why it exits
-/// SIGTERM / SIGINT / SIGUSR1 during setup (model load, quantization, data: before the first step,
+/// A stop signal (kStopSignals) during setup (model load, quantization, data: before the first step,
 /// with nothing of this invocation to save): exit 75 at once, as a stop during training does after
 /// its checkpoint, so a supervisor that reruns on 75 reruns (before: the default action, a silent
 /// exit 143). What setup writes (run.json, the lock) is written atomically or is harmless to leave.
@@ -330,19 +348,27 @@ extern "C" void on_setup_signal(int) {
   }
   ::_exit(75);
 }
-/// Installs `handler` for SIGTERM, SIGINT and SIGUSR1 for its lifetime and restores the previous
-/// dispositions after: on_setup_signal during Trainer::setup, on_stop_signal during the steps.
+/// Installs `handler` for kStopSignals (common/error.h) for its lifetime and restores the previous
+/// dispositions after: on_setup_signal during Trainer::setup, on_stop_signal during the steps. A
+/// SIGHUP the process started with ignored (nohup, a detached job) stays ignored.
 struct StopHandlers {
-  struct sigaction old_[3];
-  static constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
+  static constexpr size_t kN = std::size(kStopSignals);
+  struct sigaction old_[kN];
+  bool set_[kN] = {};
   explicit StopHandlers(void (*handler)(int)) {
     struct sigaction sa {};
     sa.sa_handler = handler;
     sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old_[i]);
+    for (size_t i = 0; i < kN; ++i) {
+      struct sigaction now {};
+      sigaction(kStopSignals[i], nullptr, &now);
+      if (kStopSignals[i] == SIGHUP && now.sa_handler == SIG_IGN) continue;
+      set_[i] = sigaction(kStopSignals[i], &sa, &old_[i]) == 0;
+    }
   }
   ~StopHandlers() {
-    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_[i], nullptr);
+    for (size_t i = 0; i < kN; ++i)
+      if (set_[i]) sigaction(kStopSignals[i], &old_[i], nullptr);
   }
   StopHandlers(const StopHandlers&) = delete;
   StopHandlers& operator=(const StopHandlers&) = delete;
@@ -557,6 +583,7 @@ void Trainer::setup() {
     QLORA_CHECK(output_dir_state(cfg_.output_dir, checkpoint_dir()) == claimed_state, "output_dir ", cfg_.output_dir,
                 " changed while the model loaded (another process wrote to it); nothing of this run was written: "
                 "run the command again to decide anew which run owns it");
+    remove_dead_temp_files(cfg_.output_dir);
     return std::string();
   });
   if (ckpt.empty()) memory_.set_writes(dist_->is_main());  // before_load and after_load, written now
@@ -702,15 +729,23 @@ std::atomic<bool> g_announce_stop{false};  // rank 0: say at once that the signa
 /// checkpoint is of this step), or waiting for the sync commands after the last checkpoint.
 enum Phase : int { kInStep = 0, kStepDone = 1, kWaitingSync = 2 };
 std::atomic<int> g_phase{kInStep};
-/// Writes the string literal `m` to stderr with write(2): async-signal-safe.
-template <size_t N>
-void signal_say(const char (&m)[N]) {
-  [[maybe_unused]] const ssize_t n = ::write(2, m, N - 1);
+/// Writes `m` (a string literal) to stderr with write(2): async-signal-safe (strlen is too).
+void signal_say(const char* m) { [[maybe_unused]] const ssize_t n = ::write(2, m, std::strlen(m)); }
+
+/// The name of a stop signal as a literal (for the handler, which cannot build strings).
+const char* stop_signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGHUP: return "SIGHUP";
+    default: return "a signal";
+  }
 }
-/// The first SIGTERM / SIGINT / SIGUSR1 asks for a checkpoint at the end of the step. A SIGINT
+/// The first stop signal (kStopSignals) asks for a checkpoint at the end of the step. A SIGINT
 /// after any of them (a second Ctrl-C) quits at once with 130 (128 + SIGINT), as a shell's
 /// interrupted job does: checkpoints are written atomically, so what the next run resumes from is
-/// the last complete one. A repeated SIGTERM / SIGUSR1 (schedulers resend them) changes nothing.
+/// the last complete one. Another SIGTERM / SIGUSR1 / ... (schedulers resend them) changes nothing.
 /// While the run waits for checkpoint.sync_command after its last checkpoint, any SIGINT quits at
 /// once with 130 (the sync commands keep running in their own process group).
 /// Only write(2) and _exit(2) here: both are async-signal-safe, the log is not.
@@ -734,12 +769,14 @@ extern "C" void on_stop_signal(int sig) {
     else if (sig == SIGINT)
       signal_say("\nqlora: stop requested; this step is done: a checkpoint of it, then stop (Ctrl-C again: "
                  "quit now without one)\n");
-    else if (phase == kInStep)
-      signal_say("\nqlora: stop requested by SIGTERM/SIGUSR1; finishing this step, then a checkpoint and exit "
-                 "75 (repeating the signal changes nothing)\n");
-    else
-      signal_say("\nqlora: stop requested by SIGTERM/SIGUSR1; this step is done: a checkpoint of it, then "
-                 "exit 75 (repeating the signal changes nothing)\n");
+    else {
+      signal_say("\nqlora: stop requested by ");
+      signal_say(stop_signal_name(sig));
+      signal_say(phase == kInStep ? "; finishing this step, then a checkpoint and exit 75 (repeating the signal "
+                                    "changes nothing)\n"
+                                  : "; this step is done: a checkpoint of it, then exit 75 (repeating the signal "
+                                    "changes nothing)\n");
+    }
   }
   if (!first && sig == SIGINT) {
     if (g_announce_stop.load())

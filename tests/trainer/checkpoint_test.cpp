@@ -4,6 +4,7 @@
 // checkpoints are skipped; changed run-meaning settings are refused. Tiny model, CPU, LoRA dropout
 // on and gradient checkpointing on (so RNG restore is exercised).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <filesystem>
@@ -516,7 +517,9 @@ TEST_F(Resume, SecondRunOnTheSameOutputDirIsRefused) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(o.out, m, std::regex("pid=(\\d+)"))) << o.out;
   const std::string pid = m[1];
-  EXPECT_NE(o.out.find("rc2=1"), std::string::npos) << o.out;
+  // 75, retry: the same command runs once the holder has ended (a trial, session 21: 1, as a bad config)
+  EXPECT_NE(o.out.find("rc2=75"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("(exit 75: the same command can run once it has ended)"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("rc1=75"), std::string::npos) << o.out << qlora::read_file(out.string() + ".log");
   const std::string err = qlora::test::line_with(o.out, "error:");
   EXPECT_NE(err.find("output_dir " + out.string() + " is in use by another qlora train (pid " + pid + " on host "),
@@ -531,6 +534,73 @@ TEST_F(Resume, SecondRunOnTheSameOutputDirIsRefused) {
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("resume: from "), std::string::npos) << o.out;
   EXPECT_EQ(metrics(out).size(), 18u);
+}
+
+// Every stop signal (kStopSignals) stops cleanly: SIGUSR2 and SIGHUP (a trial, session 21: exit 140
+// and 129, killed without a checkpoint) as SIGTERM: the step finishes, a checkpoint, exit 75,
+// the signal named; a SIGHUP the run started with ignored (nohup) stays ignored.
+TEST_F(Resume, EveryStopSignalCheckpointsAndANohupRunIgnoresSigHup) {
+  auto stop_with = [&](const std::string& name, const char* sig, const std::string& before = "") {
+    const fs::path dir = root / ("sig_" + name), log = dir.string() + ".log";
+    Out o = sh(before + "QLORA_FAULT_STEP_DELAY_MS=1000 " + ::qlora::test::qlora_bin() + " train " +
+               (root / "run.yaml").string() + " --set output_dir=" + dir.string() + " > " + log.string() +
+               " 2>&1 & L=$!; while kill -0 $L 2>/dev/null && [ \"$(cat " + (dir / "metrics.jsonl").string() +
+               " 2>/dev/null | wc -l)\" -lt 1 ]; do sleep 0.05; done; kill -" + sig + " $L; " +
+               (before.empty() ? "" : "sleep 1.5; kill -TERM $L; ") + "wait $L; echo rc=$?");
+    return std::make_pair(dir, o.out + (fs::exists(log) ? qlora::read_file(log.string()) : ""));
+  };
+  for (const char* sig : {"USR2", "HUP"}) {
+    const auto [dir, lg] = stop_with(sig, sig);
+    EXPECT_NE(lg.find("rc=75"), std::string::npos) << sig << "\n" << lg;
+    EXPECT_NE(lg.find(std::string("qlora: stop requested by SIG") + sig), std::string::npos) << lg;
+    EXPECT_FALSE(qlora::list_checkpoints((dir / "checkpoints").string()).empty()) << lg;
+  }
+  // nohup: SIGHUP ignored from the start; the run goes on through it and stops at the SIGTERM.
+  const auto [dir, lg] = stop_with("nohup", "HUP", "trap '' HUP; ");
+  EXPECT_NE(lg.find("rc=75"), std::string::npos) << lg;
+  EXPECT_EQ(lg.find("stop requested by SIGHUP"), std::string::npos) << lg;
+  EXPECT_NE(lg.find("qlora: stop requested by SIGTERM"), std::string::npos) << lg;
+  EXPECT_GE(metric_lines(dir).size(), 2u) << "the run went on after the SIGHUP:\n" << lg;
+}
+
+// `qlora train ... 2>&1 | tee log`: a signal to the job's process group ends the log reader first;
+// the stop message to its closed pipe killed the run by SIGPIPE (exit 141, no checkpoint; a
+// trial, session 21). Now it saves and exits 75, its log reader gone.
+TEST_F(Resume, ALogPipeWhoseReaderIsGoneDoesNotKillTheRun) {
+  const fs::path dir = root / "pipe";
+  const std::string pid = dir.string() + ".pid", rc = dir.string() + ".rc";
+  Out o = sh("( QLORA_FAULT_STEP_DELAY_MS=1000 " + ::qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() +
+             " --set output_dir=" + dir.string() + " 2>&1 & echo $! > " + pid + "; wait $!; echo $? > " + rc +
+             " ) | head -c 1 > /dev/null & " +  // head reads one byte and closes the pipe
+             "while [ ! -s " + pid + " ]; do sleep 0.05; done; " +
+             "while [ ! -s " + rc + " ] && [ \"$(cat " + (dir / "metrics.jsonl").string() +
+             " 2>/dev/null | wc -l)\" -lt 1 ]; do sleep 0.05; done; " +  // (before: dead of SIGPIPE by now)
+             "kill -TERM $(cat " + pid + ") 2>/dev/null; while [ ! -s " + rc + " ]; do sleep 0.1; done; " +
+             "echo rc=$(cat " + rc + ")");
+  EXPECT_NE(o.out.find("rc=75"), std::string::npos) << o.out;
+  EXPECT_FALSE(qlora::list_checkpoints((dir / "checkpoints").string()).empty()) << o.out;
+  Out again = train(dir);
+  EXPECT_EQ(again.status, 0) << again.out;
+  EXPECT_NE(again.out.find("resume: from "), std::string::npos) << again.out;
+}
+
+// A SIGKILL while the adapter was written left adapter_model.safetensors.tmp.PID in output_dir
+// for good (a trial, session 21): the run that holds output_dir removes such files of processes
+// that are gone, and leaves a live process's.
+TEST_F(Resume, InterruptedWritesOfDeadProcessesAreRemoved) {
+  const fs::path out = root / "tmpleft";
+  fs::create_directories(out);
+  const std::string dead = qlora::test::run_command("sh -c 'echo $$'").out;  // a pid that has ended
+  const fs::path gone = out / ("adapter_model.safetensors.tmp." + dead.substr(0, dead.find('\n')));
+  const fs::path live = out / ("eval_base.json.tmp." + std::to_string(::getpid()));
+  std::ofstream(gone) << "partial";
+  std::ofstream(live) << "partial";
+  Out o = train(out, "--set training.max_steps=1");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_FALSE(fs::exists(gone)) << o.out;
+  EXPECT_NE(o.out.find("output_dir: removed " + gone.filename().string() + ", an interrupted write of a process gone"),
+            std::string::npos) << o.out;
+  EXPECT_TRUE(fs::exists(live)) << o.out;
 }
 
 // A data file that only moved (same content, new path: a new VM) resumes with a note; other

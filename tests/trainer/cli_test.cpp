@@ -96,6 +96,18 @@ TEST(Cli, UnknownCommandIsNamedWithWhatDoesItHere) {
   EXPECT_EQ(run("").out.find("unknown command"), std::string::npos);
 }
 
+// --max-time below 0 meant no limit (a trial, session 21: a wrapper's remaining time gone negative
+// got an unbounded run): an out-of-range value, exit 1, before the config is read.
+TEST(Cli, NegativeMaxTimeIsRefused) {
+  for (const char* v : {"-5", "nan"}) {
+    const CliRun r = run(std::string("train missing.yaml --max-time ") + v);
+    EXPECT_EQ(r.status, 1) << v << ": " << r.out;
+    EXPECT_EQ(r.out, std::string("error: --max-time ") + (std::string(v) == "nan" ? "nan" : "-5") +
+                         ": expected a budget in seconds >= 0 (0: no limit); a budget already spent is not a run\n")
+        << v;
+  }
+}
+
 TEST(Cli, InitInspectGenerateOnTinyPreset) {
   fs::path d = temp_dir("tiny");
   fs::path corpus = d / "corpus.txt";
