@@ -67,6 +67,23 @@ std::vector<std::string> strip_nproc_option(const std::vector<std::string>& argv
   return out;
 }
 
+StopSignalHandlers::StopSignalHandlers(void (*handler)(int)) {
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < kN; ++i) {
+    struct sigaction now {};
+    sigaction(kStopSignals[i], nullptr, &now);
+    if (kStopSignals[i] == SIGHUP && now.sa_handler == SIG_IGN) continue;
+    set_[i] = sigaction(kStopSignals[i], &sa, &old_[i]) == 0;
+  }
+}
+
+StopSignalHandlers::~StopSignalHandlers() {
+  for (size_t i = 0; i < kN; ++i)
+    if (set_[i]) sigaction(kStopSignals[i], &old_[i], nullptr);
+}
+
 int launch_local_ranks(int nproc, const std::vector<std::string>& argv) {
   QLORA_CHECK(nproc >= 1 && nproc <= 1024, "--nproc-per-node: must be in 1..1024, got ", nproc);
   QLORA_CHECK(!argv.empty(), "--nproc-per-node: no command to run");
@@ -97,28 +114,10 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv) {
             omp ? std::string(omp) : env.count("OMP_NUM_THREADS") ? env["OMP_NUM_THREADS"] : std::string("(unset)"), ")");
 
   // Signals to forward: caught from before the first fork, so none is lost in between.
-  // kStopSignals (common/error.h); a SIGHUP ignored at start (nohup) stays ignored, here and so in
-  // the ranks, which inherit the disposition.
-  constexpr size_t kN = std::size(kStopSignals);
-  struct sigaction sa {}, old[kN];
-  bool set[kN] = {};
-  sa.sa_handler = on_launcher_signal;
-  sigemptyset(&sa.sa_mask);
+  // kStopSignals; a SIGHUP ignored at start (nohup) stays ignored, here and so in the ranks, which
+  // inherit the disposition.
   g_forward_signal = 0;
-  for (size_t i = 0; i < kN; ++i) {
-    struct sigaction now {};
-    sigaction(kStopSignals[i], nullptr, &now);
-    if (kStopSignals[i] == SIGHUP && now.sa_handler == SIG_IGN) continue;
-    set[i] = sigaction(kStopSignals[i], &sa, &old[i]) == 0;
-  }
-  struct RestoreSignals {
-    struct sigaction* old;
-    const bool* set;
-    ~RestoreSignals() {
-      for (size_t i = 0; i < kN; ++i)
-        if (set[i]) sigaction(kStopSignals[i], &old[i], nullptr);
-    }
-  } restore{old, set};
+  const StopSignalHandlers forward(on_launcher_signal);
 
   std::vector<char*> cargv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));

@@ -7,10 +7,32 @@
 // (torchrun --standalone: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1,
 // a free MASTER_PORT, OMP_NUM_THREADS=1 when unset and nproc > 1).
 #pragma once
+#include <signal.h>
+
+#include <iterator>
 #include <string>
 #include <vector>
 
+#include "common/error.h"
+
 namespace qlora {
+
+/// Installs `handler` for every kStopSignals (common/error.h) for its lifetime and restores the
+/// previous dispositions after; a SIGHUP that is ignored when it is made (nohup, a detached job)
+/// stays ignored. Used by Trainer (setup, then the steps) and by launch_local_ranks (forwarding).
+/// Never throws; a sigaction that fails leaves that signal as it was.
+class StopSignalHandlers {
+ public:
+  explicit StopSignalHandlers(void (*handler)(int));
+  ~StopSignalHandlers();
+  StopSignalHandlers(const StopSignalHandlers&) = delete;
+  StopSignalHandlers& operator=(const StopSignalHandlers&) = delete;
+
+ private:
+  static constexpr size_t kN = std::size(kStopSignals);
+  struct sigaction old_[kN];
+  bool set_[kN] = {};
+};
 
 /// Seconds the launcher waits, after one rank failed (non-zero status other than 75, or killed by
 /// a signal), for the others to exit on their own (they normally fail at their next collective,

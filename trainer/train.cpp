@@ -16,6 +16,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/distributed.h"
 #include "trainer/fault.h"
+#include "trainer/launch.h"
 #include "trainer/sync.h"
 
 #include <cerrno>
@@ -348,31 +349,7 @@ extern "C" void on_setup_signal(int) {
   }
   ::_exit(75);
 }
-/// Installs `handler` for kStopSignals (common/error.h) for its lifetime and restores the previous
-/// dispositions after: on_setup_signal during Trainer::setup, on_stop_signal during the steps. A
-/// SIGHUP the process started with ignored (nohup, a detached job) stays ignored.
-struct StopHandlers {
-  static constexpr size_t kN = std::size(kStopSignals);
-  struct sigaction old_[kN];
-  bool set_[kN] = {};
-  explicit StopHandlers(void (*handler)(int)) {
-    struct sigaction sa {};
-    sa.sa_handler = handler;
-    sigemptyset(&sa.sa_mask);
-    for (size_t i = 0; i < kN; ++i) {
-      struct sigaction now {};
-      sigaction(kStopSignals[i], nullptr, &now);
-      if (kStopSignals[i] == SIGHUP && now.sa_handler == SIG_IGN) continue;
-      set_[i] = sigaction(kStopSignals[i], &sa, &old_[i]) == 0;
-    }
-  }
-  ~StopHandlers() {
-    for (size_t i = 0; i < kN; ++i)
-      if (set_[i]) sigaction(kStopSignals[i], &old_[i], nullptr);
-  }
-  StopHandlers(const StopHandlers&) = delete;
-  StopHandlers& operator=(const StopHandlers&) = delete;
-};
+
 }  // namespace
 
 namespace {
@@ -434,7 +411,7 @@ int64_t load_initial_adapter(LlamaModel& model, const std::string& dir, const Pe
 
 void Trainer::setup() {
   g_announce_setup_stop.store(run_.dist.rank == 0);
-  const StopHandlers setup_signals(on_setup_signal);
+  const StopSignalHandlers setup_signals(on_setup_signal);
   setup_start_ = std::chrono::steady_clock::now();
   const TrainingConfig& t = cfg_.training;
   device_ = training_device(run_.dist);  // CPU, or CUDA (cuda:LOCAL_RANK in a launched job)
@@ -822,7 +799,7 @@ void Trainer::train_steps() {
   const CheckpointConfig& c = cfg_.checkpoint;
   g_stop_signal.store(0);
   g_phase.store(kInStep);
-  const StopHandlers signals(on_stop_signal);
+  const StopSignalHandlers signals(on_stop_signal);
   g_announce_stop.store(dist_->is_main());
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
