@@ -11,7 +11,9 @@ void setup(Level level) {
     spdlog::set_default_logger(l);
     return l;
   }();
-  spdlog::set_pattern("[%H:%M:%S] %v");
+  // The date and UTC (with its Z): a run's log spans days, and is read beside other machines' logs
+  // and the scheduler's (trial 17: a local clock without a date or zone).
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%SZ] %v", spdlog::pattern_time_type::utc);
   switch (level) {
     case Level::debug: spdlog::set_level(spdlog::level::debug); break;
     case Level::info: spdlog::set_level(spdlog::level::info); break;

@@ -9,7 +9,7 @@ namespace qlora::log {
 
 enum class Level { debug, info, warn, error };
 
-/// Sets the threshold and the pattern "[HH:MM:SS] message" on stderr (a warning's message reads
+/// Sets the threshold and the pattern "[YYYY-MM-DD HH:MM:SSZ] message" (UTC) on stderr (a warning's message reads
 /// "warning: message": the pattern shows no level).
 void setup(Level level);
 /// Writes one line at `level` (spdlog's default logger, stderr).

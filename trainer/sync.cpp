@@ -44,7 +44,10 @@ struct CheckpointSync::Job {
   std::thread watcher;
   std::mutex mu;
   std::condition_variable cv;
-  bool ended = false;  // guarded by mu
+  bool ended = false;  // guarded by mu, as the three below
+  bool ok = false;
+  std::string error;
+  double seconds = 0;
 };
 
 namespace {
@@ -90,6 +93,7 @@ void CheckpointSync::start(const std::string& dir) {
   if (pid < 0) {
     log::warn("checkpoint.sync_command for ", dir, ": failed (cannot start /bin/sh: ", std::strerror(-pid),
               "): ", job->cmd);
+    job->error = std::string("cannot start /bin/sh: ") + std::strerror(-pid);
     job->ended = true;
     return;
   }
@@ -103,18 +107,21 @@ void CheckpointSync::start(const std::string& dir) {
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.2f s", s);
+    std::string error;
     if (r < 0)
-      log::warn("checkpoint.sync_command for ", job->dir, ": failed (waitpid: ", std::strerror(errno), ", ", secs,
-                "): ", job->cmd);
-    else if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+      error = std::string("waitpid: ") + std::strerror(errno);
+    else if (WIFEXITED(st) && WEXITSTATUS(st) != 0)
+      error = "exit code " + std::to_string(WEXITSTATUS(st));
+    else if (!WIFEXITED(st))
+      error = "killed by signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
+    if (error.empty())
       log::info("checkpoint.sync_command for ", job->dir, ": ok (", secs, ")");
-    else if (WIFEXITED(st))
-      log::warn("checkpoint.sync_command for ", job->dir, ": failed (exit code ", WEXITSTATUS(st), ", ", secs,
-                "): ", job->cmd);
     else
-      log::warn("checkpoint.sync_command for ", job->dir, ": failed (killed by signal ", WTERMSIG(st), " (",
-                strsignal(WTERMSIG(st)), "), ", secs, "): ", job->cmd);
+      log::warn("checkpoint.sync_command for ", job->dir, ": failed (", error, ", ", secs, "): ", job->cmd);
     std::lock_guard<std::mutex> lock(job->mu);
+    job->ok = error.empty();
+    job->error = error;
+    job->seconds = s;
     job->ended = true;
     job->cv.notify_all();
   });
@@ -127,6 +134,15 @@ std::set<std::string> CheckpointSync::running() const {
     if (!j->ended) dirs.insert(j->dir);
   }
   return dirs;
+}
+
+std::vector<SyncOutcome> CheckpointSync::outcomes() const {
+  std::vector<SyncOutcome> out;
+  for (const auto& j : jobs_) {
+    std::lock_guard<std::mutex> lock(j->mu);
+    out.push_back({j->dir, !j->ended ? "running" : j->ok ? "ok" : "failed", j->error, j->seconds});
+  }
+  return out;
 }
 
 bool CheckpointSync::ended_since_last_call() {

@@ -18,6 +18,14 @@ namespace qlora {
 /// of plain characters left as is), so a path with spaces or quotes stays one word.
 std::string expand_sync_command(const std::string& command, const std::string& dir);
 
+/// What became of one started command (summary.json's `checkpoint_sync`).
+struct SyncOutcome {
+  std::string dir;     ///< the checkpoint directory it was started for
+  std::string state;   ///< "ok", "failed", or "running" (not ended yet, or left running by wait())
+  std::string error;   ///< for "failed": "exit code N", "killed by signal N (NAME)", "cannot start /bin/sh: ..."
+  double seconds = 0;  ///< seconds from its start to its end; 0 while running
+};
+
 /// The sync commands started by one run. Each started command is watched by a thread that waits
 /// for it and logs one line when it ends: "checkpoint.sync_command for DIR: ok (S s)" or
 /// "...: failed (exit code N, S s): CMD" / "...: failed (killed by signal N, S s): CMD". Not
@@ -36,6 +44,8 @@ class CheckpointSync {
   void start(const std::string& dir);
   /// The checkpoint directories whose command still runs.
   std::set<std::string> running() const;
+  /// Every started command's outcome so far, in start order.
+  std::vector<SyncOutcome> outcomes() const;
   /// True when some command ended since the last call (the caller prunes what it held back).
   bool ended_since_last_call();
   /// Waits until every started command has ended or `timeout_s` seconds (>= 0) have passed; logs

@@ -934,7 +934,40 @@ void Trainer::train_steps() {
   }
   if (dist_->is_main()) save_outputs(train_seconds_before_ + elapsed());
   dist_->barrier();  // the other ranks end once rank 0 has written the adapter
-  if (dist_->is_main()) wait_for_syncs();
+  if (dist_->is_main()) {
+    wait_for_syncs();
+    record_sync_outcomes();
+  }
+}
+
+namespace {
+/// summary.json's `checkpoint_sync`: the command, how many ran and ended ok, and each one that
+/// failed ({checkpoint, error, seconds}) or still runs (its checkpoint).
+json sync_summary(const CheckpointSync& sync, const std::string& command) {
+  json failed = json::array(), running = json::array();
+  int64_t ok = 0, started = 0;
+  for (const SyncOutcome& o : sync.outcomes()) {
+    ++started;
+    if (o.state == "ok") ++ok;
+    else if (o.state == "running") running.push_back(o.dir);
+    else failed.push_back({{"checkpoint", o.dir}, {"error", o.error}, {"seconds", o.seconds}});
+  }
+  return {{"command", command}, {"started", started}, {"ok", ok}, {"failed", failed}, {"running", running}};
+}
+}  // namespace
+
+void Trainer::record_sync_outcomes() {
+  if (!sync_ || summary_.is_null()) return;
+  const json now = sync_summary(*sync_, cfg_.checkpoint.sync_command);
+  if (now != summary_["checkpoint_sync"]) {
+    summary_["checkpoint_sync"] = now;
+    atomic_write_string((fs::path(cfg_.output_dir) / "summary.json").string(), summary_.dump(2) + "\n");
+  }
+  const size_t failed = now["failed"].size(), running = now["running"].size();
+  if (failed + running > 0)
+    log::warn("checkpoint.sync_command: ", failed, " of ", now["started"].get<int64_t>(), " failed",
+              running > 0 ? ", " + std::to_string(running) + " left running" : std::string(),
+              " (summary.json: checkpoint_sync); the off-machine copies of those checkpoints are missing or incomplete");
 }
 
 void Trainer::prune_after_syncs() {
@@ -990,6 +1023,13 @@ double Trainer::Progress::record(int64_t step, double step_seconds, int64_t tota
   return seconds / steps * static_cast<double>(std::max<int64_t>(0, total_steps - step));
 }
 
+namespace {
+/// Seconds since the Unix epoch (UTC), as TensorBoard's event wall_time.
+double unix_seconds_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
 void Trainer::log_step(const StepLog& s) {
   const int64_t step = s.step;
   const StepResult& r = s.result;
@@ -1009,7 +1049,8 @@ void Trainer::log_step(const StepLog& s) {
             {"target_tokens", r.targets},
             {"tokens_per_s", train_s > 0 ? r.tokens / train_s : 0.0},
             {"skipped", r.skipped},
-            {"memory", memory_snapshot(device_)}};
+            {"memory", memory_snapshot(device_)},
+            {"wall_time", unix_seconds_now()}};
   if (!std::isnan(eval_loss)) j["eval_loss"] = eval_loss;
   append_line((fs::path(cfg_.output_dir) / "metrics.jsonl").string(), j.dump());
   metrics_history_ += j.dump() + "\n";
@@ -1133,6 +1174,8 @@ void Trainer::save_outputs(double seconds) {
               cfg_.cost.gpu_hour_price, " per GPU-hour",
               dist_->active() ? " x " + std::to_string(dist_->world_size()) + " devices" : std::string(), ")");
   }
+  if (sync_) s["checkpoint_sync"] = sync_summary(*sync_, cfg_.checkpoint.sync_command);
+  summary_ = s;
   atomic_write_string((fs::path(cfg_.output_dir) / "summary.json").string(), s.dump(2) + "\n");
   log::info("done: ", step_, " steps, ", input_tokens_, " input tokens (", target_tokens_, " trained) in ", seconds, " s; adapter in ",
             cfg_.output_dir);

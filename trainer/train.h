@@ -197,7 +197,12 @@ class Trainer {
   };
   /// Appends the step's line to metrics.jsonl and draws the progress line (or logs it).
   void log_step(const StepLog& s);
+  /// Rank 0: writes the adapter, config.resolved.yaml and summary.json (kept in summary_).
   void save_outputs(double seconds);
+  /// Rank 0, after the wait for the last syncs: summary.json's `checkpoint_sync` with the commands'
+  /// final outcomes (rewritten), and one warning line when any failed or was left running.
+  void record_sync_outcomes();
+  nlohmann::json summary_;  ///< what save_outputs wrote to summary.json
   /// train()'s loop: the optimizer steps, checkpoints and the final outputs.
   void train_steps();
   /// Decides which run this invocation is and which checkpoint (if any) it continues, from

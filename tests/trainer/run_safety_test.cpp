@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -347,12 +348,37 @@ TEST_F(Cases, EmptyEvalSetIsAnErrorWithCountsPerReason) {
   EXPECT_FALSE(fs::exists(out)) << "refused before anything is written";
   // With a usable eval file the same run logs eval_loss at every step (eval_steps: 1). The rate
   // is the optimizer step's own: tokens / train_seconds, the eval time only in step_seconds.
+  // Each metrics line's wall_time (Unix seconds) and each log line's UTC date-time fall within the
+  // run, as the system clock says (trial 17: a clock without date or zone).
+  const auto unix_now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  const double t0 = unix_now();
   o = train(cs, out, case_dir(cs) / "train.jsonl", "--set data.eval=" + (case_dir(cs) / "train.jsonl").string());
+  const double t1 = unix_now();
   ASSERT_EQ(o.status, 0) << o.out;
+  std::smatch when;
+  ASSERT_TRUE(std::regex_search(o.out, when, std::regex(R"((^|\n)\[(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)Z\] )")))
+      << o.out;
+  std::tm tm{};
+  tm.tm_year = std::stoi(when[2]) - 1900;
+  tm.tm_mon = std::stoi(when[3]) - 1;
+  tm.tm_mday = std::stoi(when[4]);
+  tm.tm_hour = std::stoi(when[5]);
+  tm.tm_min = std::stoi(when[6]);
+  tm.tm_sec = std::stoi(when[7]);
+  const double logged = static_cast<double>(timegm(&tm));
+  EXPECT_GE(logged, std::floor(t0)) << when[0];
+  EXPECT_LE(logged, t1) << when[0];
   std::ifstream m(out / "metrics.jsonl");
   int evals = 0;
+  double last_wall = t0;
   for (std::string l; std::getline(m, l);) {
     const json j = json::parse(l);
+    const double wall = j.at("wall_time").get<double>();
+    EXPECT_GE(wall, last_wall) << l;
+    EXPECT_LE(wall, t1) << l;
+    last_wall = wall;
     evals += j.contains("eval_loss");
     const double train_s = j.at("train_seconds").get<double>();
     EXPECT_GT(train_s, 0.0) << l;

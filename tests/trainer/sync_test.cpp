@@ -121,6 +121,10 @@ TEST_F(Sync, SigtermAndTheEndWaitForTheLastSync) {
   EXPECT_EQ(qlora::verify_checkpoint((copies / "checkpoint-5").string()), "") << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex("checkpoint\\.sync_command for \\S+checkpoint-5: ok \\(1\\.[5-9]\\d s\\)")))
       << o.out;
+  const nlohmann::json cs = nlohmann::json::parse(qlora::read_file((out / "summary.json").string()))["checkpoint_sync"];
+  EXPECT_EQ(cs["ok"], cs["started"]) << cs.dump();
+  EXPECT_TRUE(cs["failed"].empty() && cs["running"].empty()) << cs.dump();
+  EXPECT_FALSE(has(o.out, "warning: checkpoint.sync_command:")) << o.out;
 }
 
 // A failing sync is logged with its exit code (not the wait status), never fatal; one that outlasts
@@ -131,6 +135,20 @@ TEST_F(Sync, FailureTimeoutAndCtrlCDuringTheWait) {
   EXPECT_EQ(o.status, 0) << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex("checkpoint\\.sync_command for \\S+checkpoint-2: failed \\(exit code "
                                                   "3, [0-9.]+ s\\): exit 3"))) << o.out;
+  // recorded in summary.json and counted in the run's last warning: the exit code says nothing
+  nlohmann::json sum = nlohmann::json::parse(qlora::read_file((root / "fail" / "summary.json").string()));
+  ASSERT_TRUE(sum.contains("checkpoint_sync")) << sum.dump(2);
+  const nlohmann::json& cs = sum["checkpoint_sync"];
+  EXPECT_EQ(cs["command"], "exit 3");
+  EXPECT_EQ(cs["ok"], 0) << cs.dump();
+  ASSERT_GE(cs["started"].get<int>(), 1) << cs.dump();
+  ASSERT_EQ(cs["failed"].size(), cs["started"].get<size_t>()) << cs.dump();
+  EXPECT_EQ(cs["failed"].back()["checkpoint"], (root / "fail" / "checkpoints" / "checkpoint-2").string()) << cs.dump();
+  EXPECT_EQ(cs["failed"].back()["error"], "exit code 3") << cs.dump();
+  EXPECT_TRUE(cs["running"].empty()) << cs.dump();
+  EXPECT_TRUE(has(o.out, "warning: checkpoint.sync_command: " + std::to_string(cs["started"].get<int>()) + " of " +
+                             std::to_string(cs["started"].get<int>()) + " failed (summary.json: checkpoint_sync)"))
+      << o.out;
 
   const auto t0 = std::chrono::steady_clock::now();
   // (the command lets go of qlora's stdout, which run_command reads to its end)
@@ -142,6 +160,10 @@ TEST_F(Sync, FailureTimeoutAndCtrlCDuringTheWait) {
   EXPECT_TRUE(std::regex_search(o.out, std::regex("checkpoint\\.sync_command for \\S+checkpoint-2: timed out after 1 s "
                                                   "\\(checkpoint\\.sync_timeout_seconds\\); left running as process group "
                                                   "\\d+: exec sleep 8"))) << o.out;
+  sum = nlohmann::json::parse(qlora::read_file((root / "slow" / "summary.json").string()));
+  EXPECT_EQ(sum["checkpoint_sync"]["running"].back(), (root / "slow" / "checkpoints" / "checkpoint-2").string())
+      << sum.dump(2);
+  EXPECT_TRUE(has(o.out, " left running (summary.json: checkpoint_sync)")) << o.out;
 
   const fs::path waiting = root / "ctrlc_wait";
   const auto t1 = std::chrono::steady_clock::now();
