@@ -136,7 +136,7 @@ void save_peft_adapter(const std::string& dir, const PeftConfig& cfg, const Lora
 
 PeftConfig read_peft_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_config.json").string();
-  QLORA_CHECK(fs::is_directory(dir), dir, ": adapter directory not found");
+  QLORA_CHECK(fs::is_directory(dir), dir, ": adapter directory not found", relative_path_note(dir));
   QLORA_CHECK(fs::exists(path), path, ": not found (a PEFT adapter directory needs adapter_config.json)");
   json j;
   try {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -268,7 +269,10 @@ std::string cmd_bench(const BenchOptions& o) {
   QLORA_CHECK(o.preset.empty() != o.model_dir.empty(), "bench: give exactly one of --preset NAME, --model DIR");
   QLORA_CHECK(o.steps > 0, "bench: --steps must be > 0, got ", o.steps);
   QLORA_CHECK(o.lora_r > 0, "bench: --lora-r must be > 0, got ", o.lora_r);
-  QLORA_CHECK(o.gpu_hour_price >= 0, "bench: --gpu-hour-price must be >= 0, got ", o.gpu_hour_price);
+  QLORA_CHECK(std::isfinite(o.gpu_hour_price) && o.gpu_hour_price >= 0,
+              "bench: --gpu-hour-price must be a finite number >= 0, got ", o.gpu_hour_price);
+  QLORA_CHECK(std::isfinite(o.peak_tflops) && o.peak_tflops >= 0,
+              "bench: --peak-tflops must be > 0 (or 0: from the GPU's name), got ", o.peak_tflops);
   QLORA_CHECK(o.max_time_s >= 0, "bench: --max-time-s must be >= 0, got ", o.max_time_s);
   std::vector<std::pair<int64_t, int64_t>> grid;
   if (o.sweep) {
@@ -479,7 +483,14 @@ std::string cmd_bench(const BenchOptions& o) {
   if (peak_flops <= 0) os << "MFU: no peak FLOPs for this device (pass --peak-tflops)\n";
   os << "MFU counts 4·N_frozen + 6·N_lora + attention FLOPs per token (no weight gradients for the frozen base); "
         "HFU adds the checkpoint recompute (docs/memory.md)\n";
+  os << "error = (estimated - measured) / measured: below 0, the estimate is under what was measured\n";
+  os << "tokens/s = positions of full rows of seq_len per second (no padding in a bench row); a run pads each "
+        "batch to its longest row and counts only real tokens: price a dataset by its batch positions "
+        "(`qlora data preview CONFIG`), docs/memory.md \"Cost\"\n";
   if (!cuda) os << "CPU: measured = peak RSS − RSS before the model (includes allocator caching; docs/memory.md)\n";
+  if (!cuda && o.sweep && pts.size() > 1)
+    os << "CPU sweep: the points share one process, whose RSS keeps the pages earlier points freed: a point's "
+          "measured peak depends on the points before it; bench one point per process for a clean number\n";
   if (o.sweep) {
     os << "wrote " << o.out_prefix << ".csv (" << pts.size() << " rows) and " << o.out_prefix << ".svg\n";
   }

@@ -47,8 +47,10 @@ void cmd_train(const TrainCliOptions& o) {
   // The resume command of the interrupt message: this command without --overwrite-output-dir.
   run.command = "qlora train " + shell_quote(o.config_path);
   run.command_without_resume = run.command;
+  run.estimate_command = "qlora estimate --config " + shell_quote(o.config_path);
   for (const std::string& ov : o.overrides) {
     run.command += " --set " + shell_quote(ov);
+    run.estimate_command += " --set " + shell_quote(ov);
     if (ov.rfind("checkpoint.resume=", 0) != 0 && ov.rfind("checkpoint.resume_from_dir=", 0) != 0)
       run.command_without_resume += " --set " + shell_quote(ov);
   }

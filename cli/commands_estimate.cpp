@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/format.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "trainer/estimate.h"
@@ -54,13 +55,28 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
               "for the shape)");
   QLORA_CHECK(o.overrides.empty() || !o.config_path.empty(), "estimate: --set needs --config YAML");
   auto given = [&](const char* name) { return o.given.count(name) > 0; };
+  // The cost flags, checked as given (a value out of range is an error, never read as "not given";
+  // trial 19: --tokens 1e30 printed a negative count, --tokens-per-s 0 said it was missing).
+  if (given("--tokens"))
+    QLORA_CHECK(std::isfinite(o.tokens) && o.tokens >= 1 && o.tokens <= 1e18,
+                "estimate: --tokens must be a token count in 1..1e18, got ", o.tokens);
+  if (given("--tokens-per-s"))
+    QLORA_CHECK(std::isfinite(o.tokens_per_s) && o.tokens_per_s > 0, "estimate: --tokens-per-s must be > 0, got ",
+                o.tokens_per_s);
+  if (given("--gpu-hour-price"))
+    QLORA_CHECK(std::isfinite(o.gpu_hour_price) && o.gpu_hour_price >= 0,
+                "estimate: --gpu-hour-price must be a finite number >= 0, got ", o.gpu_hour_price);
+  QLORA_CHECK(std::isfinite(o.utilization) && o.utilization > 0 && o.utilization <= 1,
+              "estimate: --utilization must be in (0, 1], got ", o.utilization);
   ModelConfig model;
   EstimateOptions e;
   const bool cuda = o.device == "cuda";
   double price = o.gpu_hour_price;
   std::vector<std::string> applied;  // "--seq-len 4096", ...: flags that replaced the config's values
+  bool packing = false;              // the config's data.sample_packing (a mask at every micro-batch)
   if (!o.config_path.empty()) {
     const Config cfg = load_config(o.config_path, o.overrides);
+    packing = cfg.data.sample_packing;
     if (shapes == 0) {
       const std::string& p = cfg.model.path;
       QLORA_CHECK(p.empty() || fs::exists(fs::path(p) / "config.json"), o.config_path, ": model.path ", p,
@@ -147,6 +163,22 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
   e.world_size = o.world_size;
   const MemoryEstimate est = estimate_memory(model, e);
 
+  // Per card class: the largest micro_batch_size that fits, everything else as estimated (with a
+  // config, rows of a micro-batch above 1 are padded and get the attention mask, as in `train`).
+  json largest = json::array();
+  if (e.cuda) {
+    const bool from_config = !o.config_path.empty();
+    auto options_for = [&](int64_t mb) {
+      EstimateOptions x = e;
+      x.micro_batch_size = mb;
+      if (from_config) x.attention_mask = packing || mb > 1;
+      return x;
+    };
+    for (const GpuCard& g : common_gpu_cards())
+      largest.push_back({{"card", g.name}, {"capacity_bytes", g.capacity_bytes},
+                         {"micro_batch_size", largest_micro_batch(model, options_for, g.capacity_bytes)}});
+  }
+
   // Cost: needs planned tokens and one GPU's throughput; what is missing is said, not an error.
   json cost;
   std::string cost_note;
@@ -168,6 +200,7 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
             {"world_size", o.world_size},
             {"job_tokens_per_s", c.job_tokens_per_s},
             {"wall_hours_full_utilization", c.wall_hours_full},
+            {"wall_hours_at_utilization", c.wall_hours_full / o.utilization},
             {"utilization", o.utilization},
             {"gpu_hour_price", price},
             {"gpu_hours_full_utilization", c.gpu_hours_full},
@@ -186,6 +219,7 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
   if (o.json) {
     json j = estimate_to_json(est);
     if (!applied.empty()) j["overrides"] = applied;
+    if (!largest.empty()) j["largest_micro_batch_size"] = largest;
     if (!cost.is_null()) j["cost"] = cost;
     if (!cost_note.empty()) j["cost_note"] = cost_note;
     return j.dump(2) + "\n";
@@ -205,22 +239,33 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
                               "for a CPU run)"
                             : "cpu (no CUDA context, cuBLAS or allocator terms)")
      << "\n" << format_estimate(est);
+  if (!largest.empty()) {
+    os << "\nlargest micro_batch_size that fits (" << e.seq_len << "-token rows, the rest as above; 4096 at most):\n";
+    for (const json& l : largest) {
+      const int64_t mb = l["micro_batch_size"].get<int64_t>();
+      os << "  " << std::left << std::setw(36) << l["card"].get<std::string>() << std::setw(12)
+         << human_bytes(static_cast<double>(l["capacity_bytes"].get<int64_t>()))
+         << (mb > 0 ? std::to_string(mb) : std::string("none (micro-batch 1 does not fit)")) << "\n";
+    }
+  }
   if (!cost.is_null()) {
     os << std::fixed << std::setprecision(2) << "\ncost of " << with_separators(o.tokens) << " tokens at "
        << o.tokens_per_s << " tokens/s";
     if (o.world_size > 1)
       os << " per rank x " << o.world_size << " ranks = " << cost["job_tokens_per_s"].get<double>() << " tokens/s (ideal scaling), "
          << cost["wall_hours_full_utilization"].get<double>() << " h wall-clock; GPU-hours of all ranks";
-    os << ":\n  full utilization: " << cost["gpu_hours_full_utilization"].get<double>() << " GPU-hours";
+    os << ":\n  full utilization: " << cost["gpu_hours_full_utilization"].get<double>() << " GPU-hours ("
+       << cost["wall_hours_full_utilization"].get<double>() << " h wall-clock)";
     if (price > 0) os << ", cost " << cost["cost_full_utilization"].get<double>() << " at " << price << " per GPU-hour";
     if (o.utilization < 1) {
       os << "\n  at utilization " << o.utilization << ": " << cost["gpu_hours_at_utilization"].get<double>()
-         << " GPU-hours";
+         << " GPU-hours (" << cost["wall_hours_at_utilization"].get<double>() << " h wall-clock)";
       if (price > 0) os << ", cost " << cost["cost_at_utilization"].get<double>();
     }
     if (price > 0) os << "\n  per 1M tokens (full utilization): " << cost["cost_per_million_tokens"].get<double>();
     if (price <= 0) os << "\n  (no price: --gpu-hour-price P or cost.gpu_hour_price in the config adds the cost)";
-    os << "\n";
+    os << "\n  (--tokens are batch positions, padding included, as bench's tokens/s counts them: `qlora data "
+          "preview CONFIG` prints a dataset's per epoch)\n";
   }
   if (!cost_note.empty()) os << "\n" << cost_note << "\n";
   return os.str();

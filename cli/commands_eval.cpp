@@ -233,7 +233,7 @@ std::string cmd_eval(const EvalOptions& o) {
                 " examples has an assistant answer to match (use --metric loss)");
   }
   if (!o.adapter.empty()) {
-    QLORA_CHECK(fs::is_directory(o.adapter), o.adapter, ": adapter directory not found");
+    QLORA_CHECK(fs::is_directory(o.adapter), o.adapter, ": adapter directory not found", relative_path_note(o.adapter));
     read_peft_config(o.adapter);  // fails early on a bad adapter_config.json
   }
 

@@ -271,7 +271,7 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   used.quantization.quant_type = std::nullopt;
   std::optional<AdapterRun> run;
   if (!o.adapter.empty()) {
-    QLORA_CHECK(fs::is_directory(o.adapter), o.adapter, ": adapter directory not found");
+    QLORA_CHECK(fs::is_directory(o.adapter), o.adapter, ": adapter directory not found", relative_path_note(o.adapter));
     run = read_adapter_run(o.adapter, "generate");
   }
   if (run) {

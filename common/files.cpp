@@ -68,6 +68,13 @@ void check_can_create(const std::string& path, const std::string& what) {
               std::strerror(errno));
 }
 
+std::string relative_path_note(const std::string& path) {
+  if (path.empty() || std::filesystem::path(path).is_absolute()) return "";
+  std::error_code ec;
+  const std::filesystem::path cwd = std::filesystem::current_path(ec);
+  return ec ? std::string(" (relative to the working directory)") : " (relative to the working directory " + cwd.string() + ")";
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read ", path, ": ", std::strerror(errno));

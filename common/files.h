@@ -41,6 +41,12 @@ std::string sha256_file(const std::string& path);
 /// Throws qlora::Error naming the path when it cannot be read.
 std::string sampled_file_digest(const std::string& path);
 
+/// For a "not found" message about `path`: "" when it is absolute, else " (relative to the working
+/// directory CWD)": a relative path in a config or on the command line is resolved against the
+/// process's working directory, not the config file's (docs/config.md), and a job started in
+/// another directory (a scheduler, a container's WORKDIR) misses it. Never throws.
+std::string relative_path_note(const std::string& path);
+
 /// Lowercase hex SHA-256 of `bytes`.
 std::string sha256_hex(const std::string& bytes);
 

@@ -7,6 +7,7 @@
 // rules are ours and documented (docs/config.md): YAML 1.2 core numbers and booleans, quoted
 // scalars are always strings, unknown keys are errors with a did-you-mean, and every message is one
 // line that starts with `file:line:` (or the `--set` override that supplied the value).
+#include "common/files.h"
 #include "config/config.h"
 #include "common/format.h"
 #include "common/safetensors.h"
@@ -1790,7 +1791,7 @@ std::string tokenizer_source(const ModelSource& m) {
   namespace fs = std::filesystem;
   if (!m.path.empty()) {
     std::error_code ec;
-    QLORA_CHECK(fs::exists(m.path, ec), "model.path: ", m.path, ": model directory not found");
+    QLORA_CHECK(fs::exists(m.path, ec), "model.path: ", m.path, ": model directory not found", relative_path_note(m.path));
     const std::string gguf = gguf::gguf_instead_of_model_dir(m.path);  // by its magic: Ollama's blobs have no .gguf
     QLORA_CHECK(fs::is_directory(m.path, ec) || gguf.empty(), "model.path: ", gguf);
     QLORA_CHECK(fs::is_directory(m.path, ec), "model.path: ", m.path,
@@ -1807,7 +1808,8 @@ std::string tokenizer_source(const ModelSource& m) {
   const char* key = own ? "model.tokenizer: " : "model.path: ";
   std::error_code ec;
   QLORA_CHECK(fs::exists(src, ec), key, src,
-              ": tokenizer not found (expected a tokenizer.json or tokenizer.model file, or a directory holding one)");
+              ": tokenizer not found (expected a tokenizer.json or tokenizer.model file, or a directory holding one)",
+              relative_path_note(src));
   if (fs::is_directory(src, ec))
     QLORA_CHECK(fs::exists(fs::path(src) / "tokenizer.json", ec) || fs::exists(fs::path(src) / "tokenizer.model", ec),
                 key, src, ": no tokenizer.json or tokenizer.model in this directory",

@@ -243,7 +243,8 @@ void check_files_exist(const DataOptions& opts) {
     for (size_t i = 0; i < v.size(); ++i) {
       std::error_code ec;
       const fs::file_status st = fs::status(v[i].path, ec);
-      if (!fs::exists(st)) bad.push_back(source_key(is_eval, v.size(), i) + ": no such file: " + v[i].path);
+      if (!fs::exists(st)) bad.push_back(source_key(is_eval, v.size(), i) + ": no such file: " + v[i].path +
+                                         relative_path_note(v[i].path));
       else if (fs::is_directory(st))
         bad.push_back(source_key(is_eval, v.size(), i) + ": " + v[i].path +
                       " is a directory, expected a data file (.json, .jsonl or .txt)");

@@ -192,7 +192,7 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
     file = dir_or_file;
     dir = file.parent_path();
   }
-  QLORA_CHECK(fs::exists(file), file.string(), ": tokenizer model not found");
+  QLORA_CHECK(fs::exists(file), file.string(), ": tokenizer model not found", relative_path_note(file.string()));
   const fs::path tok_cfg_path = dir / "tokenizer_config.json", gen_cfg_path = dir / "generation_config.json",
                  model_cfg_path = dir / "config.json";
   const nlohmann::json tok_cfg = read_json_if_exists(tok_cfg_path), model_cfg = read_json_if_exists(model_cfg_path);

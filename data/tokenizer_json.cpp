@@ -1459,7 +1459,7 @@ class JsonBackend final : public TokenizerBackend {
 JsonBackend::JsonBackend(const std::string& path, const json* class_pipeline) {
   ctx_.file = path;
   const Ctx& c = ctx_;
-  QLORA_CHECK(std::filesystem::is_regular_file(path), path, ": tokenizer.json not found");
+  QLORA_CHECK(std::filesystem::is_regular_file(path), path, ": tokenizer.json not found", relative_path_note(path));
   const std::string bytes = read_file(path);
   json j;
   try {

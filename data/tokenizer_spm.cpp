@@ -69,7 +69,7 @@ class SpmBackend final : public TokenizerBackend {
 };
 
 SpmBackend::SpmBackend(const std::string& path, PrependScheme scheme) : scheme_(scheme) {
-  QLORA_CHECK(fs::is_regular_file(path), path, ": tokenizer model not found");
+  QLORA_CHECK(fs::is_regular_file(path), path, ": tokenizer model not found", relative_path_note(path));
   const std::string bytes = read_file(path);
   sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
   check_status(sp_->LoadFromSerializedProto(bytes), path + ": not a sentencepiece model");

@@ -255,7 +255,7 @@ ModelConfig load_model_config(const std::string& dir) {
     const std::string gguf = gguf::gguf_instead_of_model_dir(dir);
     QLORA_CHECK(gguf.empty(), gguf);
     fail(dir, fs::exists(dir) ? ": a file, not a model directory (config.json, *.safetensors, tokenizer)"
-                              : ": model directory not found");
+                              : ": model directory not found" + relative_path_note(dir));
   }
   const std::string path = (fs::path(dir) / "config.json").string();
   QLORA_CHECK(fs::exists(path), path, ": not found (an HF model directory needs config.json)", not_a_model_hint(dir),

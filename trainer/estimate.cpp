@@ -134,6 +134,17 @@ void validate(const ModelConfig& cfg, const EstimateOptions& o) {
     QLORA_CHECK(o.blocksize >= 32 && o.blocksize <= 4096 && (o.blocksize & (o.blocksize - 1)) == 0,
                 "estimate: --blocksize must be a power of two in 32..4096, got ", o.blocksize);
   }
+  // Every term is int64 bytes: sizes whose activations pass 2^62 bytes (4 EiB) would wrap around
+  // to a negative total that "fits" every card (trial 19). An upper bound, in floating point: the
+  // tokens of a micro-batch x the widest row x 64 bytes x the layers, the B·T² masks, the weights.
+  const long double tokens = static_cast<long double>(o.micro_batch_size) * static_cast<long double>(o.seq_len);
+  const long double widest = static_cast<long double>(std::max({cfg.hidden_size, cfg.intermediate_size,
+                                                                cfg.num_attention_heads * cfg.head_dim, cfg.vocab_size}));
+  const long double bound = tokens * widest * 64.0L * static_cast<long double>(cfg.num_hidden_layers + 2) +
+                            8.0L * tokens * static_cast<long double>(o.seq_len) +  // the [B,1,T,T] masks
+                            16.0L * static_cast<long double>(cfg.num_parameters());
+  QLORA_CHECK(bound < 0x1p62L, "estimate: --micro-batch-size ", o.micro_batch_size, " x --seq-len ", o.seq_len,
+              " is out of range for this model (its activations alone would pass 2^62 bytes, 4 EiB)");
   using M = EstimateOptions::Method;
   QLORA_CHECK(!(o.method == M::QLora && o.bits == 16), "estimate: qlora needs --bits 4 or 8 (use --method lora for a 16-bit base)");
   QLORA_CHECK(!(o.method == M::Lora && o.bits != 16), "estimate: lora means a 16-bit base; use --method qlora for --bits ", o.bits);
@@ -673,6 +684,25 @@ json compare_memory(const MemoryEstimate& e, const json& phases, bool cuda) {
   return rows;
 }
 
+int64_t largest_micro_batch(const ModelConfig& cfg, const std::function<EstimateOptions(int64_t)>& options_for,
+                            int64_t capacity_bytes, int64_t limit) {
+  if (estimate_memory(cfg, options_for(1)).total_bytes > capacity_bytes) return 0;
+  auto fits = [&](int64_t mb) {
+    try {
+      return estimate_memory(cfg, options_for(mb)).total_bytes <= capacity_bytes;
+    } catch (const Error&) {  // out of range (validate's 2^62 bound): far too large
+      return false;
+    }
+  };
+  int64_t lo = 1, hi = limit;  // fits(lo); the answer is in [lo, hi]
+  if (fits(hi)) return hi;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 std::string format_comparison(const json& rows) {
   std::ostringstream os;
   os << std::left << std::setw(32) << "component" << std::right << std::setw(13) << "estimated" << std::setw(13)
@@ -683,6 +713,7 @@ std::string format_comparison(const json& rows) {
        << human_bytes(static_cast<double>(r["measured_bytes"].get<int64_t>())) << std::setw(8) << std::fixed
        << std::setprecision(1) << 100.0 * r["relative_error"].get<double>() << "%  "
        << r["measured_as"].get<std::string>() << "\n";
+  os << "(error = (estimated - measured) / measured: below 0, the estimate is under what was measured)\n";
   return os.str();
 }
 
@@ -759,7 +790,8 @@ json MemoryTracker::finish() {
   if (report_.contains("rows") && peak_under)
     log::info("memory: the estimate is of rows of ", full, " tokens (data.sequence_len); this run's longest row had ",
               longest_row_, " (rows are padded to their batch's longest), so its activations and logits took less "
-              "than estimated: `qlora estimate --seq-len ", longest_row_, "` estimates rows of that length");
+              "than estimated: `", estimate_command_.empty() ? std::string("qlora estimate --config CONFIG") : estimate_command_,
+              " --seq-len ", longest_row_, "` estimates rows of that length");
   return report_;
 }
 

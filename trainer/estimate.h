@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,13 @@ struct MemoryEstimate {
 /// {16, 8, 4}, 4/8-bit with method lora or full, r larger than a targeted layer's width, a LoRA
 /// target that matches no linear.
 MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o);
+
+/// The largest micro_batch_size in 1..`limit` whose estimate (estimate_memory of `cfg` under
+/// `options_for(mb)`) totals at most `capacity_bytes`, by bisection (the total grows with the
+/// micro-batch); 0 when micro-batch 1 does not fit. A size out of estimate_memory's range counts as
+/// not fitting; any other error of micro-batch 1 is thrown (qlora::Error, as estimate_memory).
+int64_t largest_micro_batch(const ModelConfig& cfg, const std::function<EstimateOptions(int64_t)>& options_for,
+                            int64_t capacity_bytes, int64_t limit = 4096);
 
 /// Per-layer saved-activation bytes (autograd's saved tensors of model/model.cpp layer_forward
 /// in training, no checkpointing), itemised; docs/memory.md "Activations" derives each term.
@@ -258,8 +266,12 @@ class MemoryTracker {
   /// that is why (the estimate is of full-length rows). Returns the report.
   nlohmann::json finish();
   bool active() const { return active_; }
+  /// The `qlora estimate ...` command of this run (its config, overrides and device) that the
+  /// rows note extends with `--seq-len N`; "" = "qlora estimate --config CONFIG".
+  void set_estimate_command(std::string command) { estimate_command_ = std::move(command); }
 
  private:
+  std::string estimate_command_;
   void write() const;
   bool active_ = false;
   bool first_step_done_ = false;

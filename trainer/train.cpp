@@ -526,6 +526,9 @@ void Trainer::setup() {
   // owns output_dir (below); a resume writes it only once it is known not to be a finished run's
   // (whose report stays).
   memory_.begin(cfg_, model_config_for(cfg_, tok_->vocab_size()), device_, dist_->world_size(), /*writes=*/false);
+  if (!run_.estimate_command.empty())
+    memory_.set_estimate_command(run_.estimate_command + (device_.is_cuda() ? "" : " --device cpu") +
+                                 (dist_->world_size() > 1 ? " --world-size " + std::to_string(dist_->world_size()) : ""));
   const torch::Dtype dtype = torch_dtype(cfg_.model.dtype, device_);
   model_ = std::make_unique<LlamaModel>(load_base_model(cfg_, tok_->vocab_size(), dtype, device_));
   QLORA_CHECK(model_->config().vocab_size >= tok_->vocab_size(), "model.tokenizer: the tokenizer has ",
@@ -593,6 +596,23 @@ void Trainer::setup() {
     return;
   }
   if (!aside_.empty()) {
+    // A retried job script that passes the flag starts over at every retry (trial 17): say so when
+    // what it moves aside is this same run (settings and data) with checkpoints to resume.
+    RunRecord old;
+    try {
+      old = read_run_record(cfg_.output_dir);
+    } catch (const Error&) {  // not a run record: nothing to compare
+    }
+    std::vector<std::string> old_ckpts;  // the run's own, newest first
+    if (!old.run_id.empty() && old.fingerprint == fingerprint_)
+      for (const std::string& ck : list_checkpoints(checkpoint_dir()))
+        if (checkpoint_run_id(ck) == old.run_id) old_ckpts.push_back(ck);
+    if (!old_ckpts.empty())
+      log::warn("output_dir: --overwrite-output-dir moves aside run ", old.run_id, " of these same settings and data with ",
+                old_ckpts.size(), " checkpoint", old_ckpts.size() == 1 ? "" : "s", " (newest ",
+                fs::path(old_ckpts[0]).filename().string(),
+                "); this run starts from step 0. Without the flag this command resumes it: a job script that is "
+                "retried after a preemption must not pass it (each retry would start over)");
     std::error_code ec;
     fs::rename(cfg_.output_dir, aside_, ec);
     QLORA_CHECK(!ec, "--overwrite-output-dir: cannot move ", cfg_.output_dir, " to ", aside_, ": ", ec.message());
@@ -623,7 +643,8 @@ void Trainer::setup() {
   log::info("train: ", total_steps_, total_steps_ == 1 ? " step" : " steps", " of up to ", t.micro_batch_size,
             " x ", t.gradient_accumulation_steps,
             " rows (micro_batch_size x gradient_accumulation_steps; an epoch's last step takes the rows left), warmup ",
-            warmup_steps_, ", device ", device_.str());
+            warmup_steps_, ", device ", device_.str(),
+            device_.is_cpu() ? " (" + std::to_string(at::get_num_threads()) + " threads: OMP_NUM_THREADS)" : std::string());
   // (a max_steps run with warmup_steps was warned of with the config: config_warnings)
   if (warmup_steps_ >= total_steps_ && (t.max_steps <= 0 || t.warmup_ratio > 0))
     log::warn("train: ", t.warmup_ratio > 0 ? "training.warmup_ratio's" : "training.warmup_steps", " warmup (",
@@ -1383,7 +1404,8 @@ namespace {
 /// output_dir. Throws qlora::Error when PATH does not exist or holds no valid checkpoint.
 std::string resolve_resume_path(const std::string& path) {
   fs::path p(path);
-  QLORA_CHECK(fs::exists(p), "checkpoint.resume: ", path, " does not exist (expected a checkpoint-<N> directory)");
+  QLORA_CHECK(fs::exists(p), "checkpoint.resume: ", path, " does not exist (expected a checkpoint-<N> directory)",
+              relative_path_note(path));
   if (fs::is_regular_file(p)) p = p.parent_path();
   if (fs::exists(p / "manifest.json") || fs::exists(p / "trainer_state.json")) return p.string();
   for (const fs::path& dir : {p, p / "checkpoints"}) {

@@ -155,6 +155,9 @@ struct RunOptions {
   /// `command` without its `--set checkpoint.resume=...` / `--set checkpoint.resume_from_dir=...`
   /// overrides: the base of a printed command that sets those keys itself (each once).
   std::string command_without_resume;
+  /// `qlora estimate --config CONFIG --set ...` of this run's config and overrides, for the memory
+  /// report's hint (a command that pastes); "" = "qlora estimate --config CONFIG".
+  std::string estimate_command;
   /// A rank that `qlora train --nproc-per-node N` started (`command` then ends with that option):
   /// the other ranks' interrupt message leaves the resume hint to rank 0.
   bool launched = false;

@@ -735,7 +735,8 @@ TEST(Config, KeySourcesNameFileLineForLaterErrors) {
       test::error_of([&] { with_key_sources(c, [] { fail("data.val_set_size: 5000 leaves no training record out of 681"); }); });
   EXPECT_EQ(msg, "t.yaml:6: data.val_set_size: 5000 leaves no training record out of 681");
   EXPECT_EQ(test::error_of([&] { with_key_sources(c, [&] { return tokenizer_source(c.model); }); }),
-            "t.yaml:3: model.path: models/m: model directory not found");
+            "t.yaml:3: model.path: models/m: model directory not found (relative to the working directory " +
+                std::filesystem::current_path().string() + ")");
   // A tokenizer that is not there is named by its key and file:line too (issue: configs/tiny said
   // only "../shared/tokenizers/llama2: tokenizer model not found").
   {

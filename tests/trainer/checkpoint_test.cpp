@@ -297,6 +297,14 @@ TEST_F(Resume, AFinishedRunResumedIntoANewDirRunsNoStep) {
     EXPECT_EQ(o.out.find("this run's longest row had " + std::to_string(longest) + " (rows are padded") !=
                   std::string::npos,
               peak_under) << o.out;
+    // ... with the estimate command of this run's config, overrides and device, which pastes as is
+    // (trial 19: `qlora estimate --seq-len N` alone exits 2: it needs --config).
+    if (peak_under) {
+      const std::string note = qlora::test::line_with(o.out, "this run's longest row had");
+      EXPECT_NE(note.find("`qlora estimate --config "), std::string::npos) << note;
+      EXPECT_NE(note.find(" --device cpu --seq-len " + std::to_string(longest) + "` estimates rows of that length"),
+                std::string::npos) << note;
+    }
     // A CPU run says under the table what its measured rows are (a trial read -51 % as an alarm).
     EXPECT_NE(o.out.find("memory: on the CPU the measured rows are the process's RSS, which also holds the "
                          "allocator's retained blocks, thread pools and the data: a sanity check"),

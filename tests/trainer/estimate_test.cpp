@@ -323,6 +323,32 @@ TEST(EstimateCli, TableJsonAndErrors) {
   r = run("estimate --model /nonexistent-dir");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("/nonexistent-dir"), std::string::npos) << r.out;
+  // Sizes whose int64 byte counts would wrap around (trial 19: a negative total that "fit" every
+  // card, exit 0), and cost values out of range (1e30 tokens printed as a negative count; a zero
+  // rate read as missing; an infinite price priced the run at inf): one-line errors, exit 1.
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"estimate --preset llama3-8b --seq-len 4194304 --micro-batch-size 4194304",
+       "error: estimate: --micro-batch-size 4194304 x --seq-len 4194304 is out of range for this model (its "
+       "activations alone would pass 2^62 bytes, 4 EiB)"},
+      {"estimate --preset llama3-8b --seq-len 2147483648", "error: estimate: --micro-batch-size 1 x --seq-len 2147483648 is out of range"},
+      {"estimate --preset tiny --tokens 1e30 --tokens-per-s 10", "error: estimate: --tokens must be a token count in 1..1e18, got 1e+30"},
+      {"estimate --preset tiny --tokens -1e9 --tokens-per-s 10", "error: estimate: --tokens must be a token count in 1..1e18, got -1e+09"},
+      {"estimate --preset tiny --tokens 1e9 --tokens-per-s 0", "error: estimate: --tokens-per-s must be > 0, got 0"},
+      {"estimate --preset tiny --tokens 1e9 --tokens-per-s -5", "error: estimate: --tokens-per-s must be > 0, got -5"},
+      {"estimate --preset tiny --tokens 1e9 --tokens-per-s 10 --gpu-hour-price inf",
+       "error: estimate: --gpu-hour-price must be a finite number >= 0, got inf"},
+      {"estimate --preset tiny --utilization 0", "error: estimate: --utilization must be in (0, 1], got 0"},
+      {"bench --preset tiny --peak-tflops -5", "error: bench: --peak-tflops must be > 0 (or 0: from the GPU's name), got -5"},
+      {"bench --preset tiny --gpu-hour-price inf", "error: bench: --gpu-hour-price must be a finite number >= 0, got inf"}};
+  for (const auto& [cmd, message] : refused) {
+    r = run(cmd);
+    EXPECT_EQ(r.status, 1) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << cmd << "\n" << r.out;
+  }
+  // A large size that does not wrap around is estimated (and fits no card).
+  r = run("estimate --preset llama3-8b --seq-len 100000000 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_GT(nlohmann::json::parse(r.out)["total_bytes"].get<int64_t>(), int64_t{50} << 40) << r.out;
 }
 
 // The presets of released models have those models' shapes: the parameter count of the model
@@ -543,6 +569,46 @@ TEST(EstimateCli, FitsStatesCapacityAndHeadroom) {
   EXPECT_NE(r.out.find("yes, " + spare80 + " spare"), std::string::npos) << r.out;
 }
 
+// "What micro_batch_size fits in 80 GB?" answered per card class (trial 19 looped by hand): the
+// largest N is the boundary of the estimate itself, which fits at N and not at N + 1 (each checked
+// by its own `estimate --micro-batch-size`), 0 where micro-batch 1 does not fit; the text lists it.
+TEST(EstimateCli, LargestMicroBatchPerCardIsTheEstimatesBoundary) {
+  const std::string shape = "estimate --preset llama3-8b --seq-len 2048";
+  CliRun r = run(shape + " --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json largest = nlohmann::json::parse(r.out)["largest_micro_batch_size"];
+  ASSERT_EQ(largest.size(), common_gpu_cards().size()) << largest;
+  auto fits = [&](int64_t mb, size_t card) {
+    const CliRun e = run(shape + " --micro-batch-size " + std::to_string(mb) + " --json");
+    EXPECT_EQ(e.status, 0) << e.out;
+    return nlohmann::json::parse(e.out)["fits"][card]["fits"].get<bool>();
+  };
+  int64_t previous = 0;
+  for (size_t c = 0; c < largest.size(); ++c) {
+    const int64_t n = largest[c]["micro_batch_size"].get<int64_t>();
+    EXPECT_GE(n, previous) << largest;  // the classes ascend in capacity
+    previous = n;
+    if (c != 0 && c != 2 && c + 1 != largest.size()) continue;  // three classes checked, each two runs
+    ASSERT_GT(n, 0) << largest[c];  // an 8B QLoRA at 2048 tokens fits micro-batch 1 on a 16 GB card
+    EXPECT_TRUE(fits(n, c)) << largest[c];
+    EXPECT_FALSE(fits(n + 1, c)) << largest[c];
+  }
+  r = run(shape);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("largest micro_batch_size that fits (2048-token rows, the rest as above; 4096 at most):\n"),
+            std::string::npos) << r.out;
+  // A 70B at 16 bits fits no micro-batch on a 16 GB card.
+  r = run("estimate --preset llama2-70b --method lora --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["largest_micro_batch_size"][0]["micro_batch_size"], 0) << r.out;
+  r = run("estimate --preset llama2-70b --method lora");
+  EXPECT_NE(r.out.find("none (micro-batch 1 does not fit)"), std::string::npos) << r.out;
+  // No GPU card on a CPU estimate.
+  r = run("estimate --preset tiny --device cpu --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_FALSE(nlohmann::json::parse(r.out).contains("largest_micro_batch_size")) << r.out;
+}
+
 // A class whose cards disagree names each (before: "24 GB (RTX 4090 / A10G / L4) no, 129.28 MiB
 // short" for codellama-34b, judged on the A10G's 23,028 MiB while an RTX 4090's 24,564 MiB fits).
 TEST(EstimateCli, SplitCardClassNamesWhichCardsFit) {
@@ -682,13 +748,14 @@ TEST(EstimateCli, CostFromConfigAndHints) {
   EXPECT_NE(nlohmann::json::parse(r.out)["cost_note"].get<std::string>().find("qlora bench"), std::string::npos);
   r = run("estimate --preset llama2-7b --tokens 1e8 --tokens-per-s 2000 --gpu-hour-price 2");
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("cost of 100,000,000 tokens at 2000.00 tokens/s:\n  full utilization: 13.89 GPU-hours, cost "
-                       "27.78 at 2.00 per GPU-hour\n  per 1M tokens (full utilization): 0.28\n"),
+  EXPECT_NE(r.out.find("cost of 100,000,000 tokens at 2000.00 tokens/s:\n  full utilization: 13.89 GPU-hours (13.89 h "
+                       "wall-clock), cost 27.78 at 2.00 per GPU-hour\n  per 1M tokens (full utilization): 0.28\n"),
             std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("at utilization"), std::string::npos) << r.out;
   r = run("estimate --preset llama2-7b --tokens 1e8 --tokens-per-s 2000 --gpu-hour-price 2 --utilization 0.5");
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("\n  at utilization 0.50: 27.78 GPU-hours, cost 55.56\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n  at utilization 0.50: 27.78 GPU-hours (27.78 h wall-clock), cost 55.56\n"), std::string::npos)
+      << r.out;
 }
 
 // The "7B in 16 GB" claim is a verdict on this config against the number it is compared with (the

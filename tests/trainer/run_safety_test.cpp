@@ -111,6 +111,7 @@ TEST_F(Cases, StaleCheckpointsNeverMixRuns) {
   EXPECT_TRUE(contains(o.out, "moved the previous contents of " + out.string() + " to " + out.string() + ".old-"))
       << o.out;
   EXPECT_TRUE(contains(line_with(o.out, "interrupted:"), "without --overwrite-output-dir")) << o.out;
+  EXPECT_FALSE(contains(o.out, "of these same settings and data")) << "run A's data differs: " << o.out;
   fs::path aside;
   for (const auto& e : fs::directory_iterator(w))
     if (contains(e.path().filename().string(), "run.old-")) aside = e.path();
@@ -134,6 +135,16 @@ TEST_F(Cases, StaleCheckpointsNeverMixRuns) {
   const json run = json::parse(qlora::read_file((out / "run.json").string()));
   EXPECT_EQ(json::parse(qlora::read_file((out / "summary.json").string()))["run_id"], run["run_id"]);
   EXPECT_EQ(run["data_sha256"][data.string()], sha(data));
+
+  // The flag again on run B (same settings and data, checkpoints to resume): a retried job script
+  // that passes it starts over each time, which the warning says.
+  o = train(cs, out, data, "--overwrite-output-dir");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_TRUE(contains(line_with(o.out, "moves aside run"),
+                       "warning: output_dir: --overwrite-output-dir moves aside run " + run["run_id"].get<std::string>() +
+                           " of these same settings and data with 2 checkpoints (newest checkpoint-4); this run starts "
+                           "from step 0. Without the flag this command resumes it"))
+      << o.out;
 }
 
 // Which run owns output_dir is decided before the model loads (a 7B load takes minutes): a fresh
@@ -368,6 +379,10 @@ TEST_F(Cases, EmptyEvalSetIsAnErrorWithCountsPerReason) {
   tm.tm_min = std::stoi(when[6]);
   tm.tm_sec = std::stoi(when[7]);
   const double logged = static_cast<double>(timegm(&tm));
+  // the banner names the CPU threads (OMP_NUM_THREADS when set)
+  std::smatch threads;
+  ASSERT_TRUE(std::regex_search(o.out, threads, std::regex(R"(, device cpu \((\d+) threads: OMP_NUM_THREADS\))"))) << o.out;
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) EXPECT_EQ(threads[1].str(), omp) << o.out;
   EXPECT_GE(logged, std::floor(t0)) << when[0];
   EXPECT_LE(logged, t1) << when[0];
   std::ifstream m(out / "metrics.jsonl");
