@@ -159,6 +159,8 @@ class QuietC10Log {
 
 /// The store key every rank adds 1 to once it is connected; rank 0 waits for WORLD_SIZE.
 constexpr const char* kJoinedKey = "qlora/joined";
+constexpr const char* kWorldSizeKey = "qlora/world_size";  ///< rank 0's WORLD_SIZE, set before any join
+constexpr const char* kJoinErrorKey = "qlora/join_error";  ///< why a rank refused to join: rank 0 fails with it
 
 /// When a waiting rank says that it still waits: 10 s in, then every 60 s.
 bool say_still_waiting(std::chrono::steady_clock::duration waited, int64_t* said) {
@@ -194,10 +196,16 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const std::string
       fail("MASTER_PORT=", env.master_port, ": rank 0 cannot host the rendezvous at ", where,
            " (port in use, or MASTER_ADDR is not this host?): ", first_line(e.what()));
     }
+    store->set(kWorldSizeKey, std::to_string(env.world_size));
+    store->add("qlora/rank/0", 1);
     store->add(kJoinedKey, 1);
     const auto start = clock::now();
     int64_t said = 0;
     for (int64_t joined = 1;; joined = store->add(kJoinedKey, 0)) {
+      // A rank that refused to join (another WORLD_SIZE, a RANK taken) said why: rank 0 fails at
+      // once with it instead of waiting out the timeout for a rank that never comes.
+      if (store->check({kJoinErrorKey}))
+        fail("distributed: ", store->get_to_str(kJoinErrorKey), " (rendezvous ", where, ")");
       if (joined >= env.world_size) break;
       const int64_t missing = env.world_size - joined;
       QLORA_CHECK(clock::now() - start < env.timeout, "distributed: not all ", env.world_size,
@@ -229,7 +237,44 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const DistEnv& env, const std::string
          " (gave up after ", waited, " s, QLORA_DIST_TIMEOUT_S=", timeout_s, " s per attempt; is rank 0 started, "
          "with this MASTER_ADDR and MASTER_PORT?): ", first_line(e.what()));
   }
+  // Who this rank claims to be, checked against rank 0 before it counts as joined (trial 18: another
+  // WORLD_SIZE on one rank, a RANK given twice, or a second job on a running job's MASTER_PORT
+  // each waited out the timeout, then blamed a "lost rank").
+  auto refuse = [&](const std::string& why) {
+    try {
+      store->set(kJoinErrorKey, why);
+    } catch (const std::exception&) {  // rank 0 is gone: this rank's own error still says why
+    }
+    fail("distributed: ", why, " (rendezvous ", where, ")");
+  };
+  const std::string ws0 = store->get_to_str(kWorldSizeKey);
+  if (ws0 != std::to_string(env.world_size))
+    refuse("rank " + std::to_string(env.rank) + " has WORLD_SIZE=" + std::to_string(env.world_size) + " but rank 0 has " +
+           "WORLD_SIZE=" + ws0 + ": every rank of a job needs the same WORLD_SIZE");
+  if (store->add("qlora/rank/" + std::to_string(env.rank), 1) > 1)
+    refuse("RANK=" + std::to_string(env.rank) + " joined twice: another process of this rendezvous already is rank " +
+           std::to_string(env.rank) + " (a RANK given to two processes, or MASTER_PORT=" + std::to_string(env.master_port) +
+           " is another running job's)");
   store->add(kJoinedKey, 1);
+  // Then wait, as rank 0 does, until all have joined (or one refused): the process group is made
+  // only by a complete job, so a missing rank is said here in one line, not as Gloo's timeout.
+  const auto joined_start = clock::now();
+  try {
+    for (int64_t joined = store->add(kJoinedKey, 0); joined < env.world_size; joined = store->add(kJoinedKey, 0)) {
+      if (store->check({kJoinErrorKey}))
+        fail("distributed: ", store->get_to_str(kJoinErrorKey), " (rendezvous ", where, ")");
+      QLORA_CHECK(clock::now() - joined_start < env.timeout, "distributed: rank ", env.rank, ": not all ",
+                  env.world_size, " ranks joined the rendezvous at ", where, " within ", timeout_s,
+                  " s (QLORA_DIST_TIMEOUT_S): ", joined, " did, ", env.world_size - joined,
+                  " did not (were they started, with this MASTER_ADDR, MASTER_PORT and WORLD_SIZE?)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("distributed: rank ", env.rank, " lost rank 0's rendezvous at ", where, " while the ranks joined (rank 0 "
+         "exited or was killed; its log says why): ", first_line(e.what()));
+  }
   return store;
 }
 }  // namespace

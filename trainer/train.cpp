@@ -124,23 +124,43 @@ void set_deterministic_algorithms() {
   ctx.setSDPUseMath(true);
 }
 
-std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
-                                         int64_t batch_size, const data::DataOptions& opts, int32_t pad_id) {
-  if (examples.empty()) return {std::nan(""), 0};
+std::vector<double> evaluate_batch_sums(const LlamaModel& model, const std::vector<data::Example>& examples,
+                                        int64_t batch_size, const data::DataOptions& opts, int32_t pad_id, int rank,
+                                        int world) {
+  QLORA_CHECK(batch_size > 0 && world > 0 && rank >= 0 && rank < world, "evaluate_batch_sums: batch size ", batch_size,
+              ", rank ", rank, " of ", world);
+  const size_t batches = (examples.size() + static_cast<size_t>(batch_size) - 1) / static_cast<size_t>(batch_size);
+  std::vector<double> sums(2 * batches, 0.0);
   torch::NoGradGuard ng;
-  double sum = 0;
-  int64_t count = 0;
-  for (size_t i = 0; i < examples.size(); i += batch_size) {
+  for (size_t k = static_cast<size_t>(rank); k < batches; k += static_cast<size_t>(world)) {
+    const size_t i = k * static_cast<size_t>(batch_size);
     std::vector<std::vector<const data::Example*>> rows;
     for (size_t j = i; j < std::min(examples.size(), i + batch_size); ++j) rows.push_back({&examples[j]});
     data::Batch b = data::collate(rows, pad_id, opts.padding_side == data::PaddingSide::kLeft);
     ForwardInputs in = batch_inputs(b, model.device());
     auto [rws, targets] = next_token_rows(model.hidden_states(in), batch_labels(b, model.device()), in.segment_ids);
     if (targets.numel() == 0) continue;
-    sum += chunked_cross_entropy_sum(rws, model.lm_head, targets).item<double>();
-    count += targets.numel();
+    sums[2 * k] = chunked_cross_entropy_sum(rws, model.lm_head, targets).item<double>();
+    sums[2 * k + 1] = static_cast<double>(targets.numel());
   }
-  return {count ? sum / count : std::nan(""), count};
+  return sums;
+}
+
+std::pair<double, int64_t> eval_mean(const std::vector<double>& batch_sums) {
+  double sum = 0;
+  int64_t count = 0;
+  for (size_t k = 0; k + 1 < batch_sums.size(); k += 2) {
+    if (batch_sums[k + 1] == 0) continue;
+    sum += batch_sums[k];
+    count += static_cast<int64_t>(batch_sums[k + 1]);
+  }
+  return {count ? sum / static_cast<double>(count) : std::nan(""), count};
+}
+
+std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
+                                         int64_t batch_size, const data::DataOptions& opts, int32_t pad_id) {
+  if (examples.empty()) return {std::nan(""), 0};
+  return eval_mean(evaluate_batch_sums(model, examples, batch_size, opts, pad_id));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -876,10 +896,16 @@ void Trainer::train_steps() {
     // eval_steps N > 0: every N steps; 0: at the end of each epoch (HF eval_strategy "epoch"); and
     // always after the last step.
     const bool eval_now = t.eval_steps > 0 ? step_ % t.eval_steps == 0 : epoch_ended;
-    if (dist_->is_main() && (eval_now || last)) {
+    if ((eval_now || last) && !data_.eval.empty()) {
+      // Data parallel: every rank evaluates its share of the batches (none waits on rank 0's
+      // whole pass; trial 18: a pass longer than QLORA_DIST_TIMEOUT_S failed the job), and the
+      // per-batch sums meet in one allreduce: the same eval_loss as one process, bit for bit.
       model_->training = false;
-      eval_loss = evaluate_loss(*model_, data_.eval, t.micro_batch_size, cfg_.data, pad_id_).first;
+      std::vector<double> sums =
+          evaluate_batch_sums(*model_, data_.eval, t.micro_batch_size, cfg_.data, pad_id_, dist_->rank(), dist_->world_size());
       model_->training = true;
+      dist_->sum(sums);
+      eval_loss = eval_mean(sums).first;
       memory_.after_eval();  // memory_report.json phase after_first_eval
       if (!std::isnan(eval_loss)) last_eval_loss_ = eval_loss;
     }
@@ -924,6 +950,9 @@ void Trainer::train_steps() {
     // A signal that came while the checkpoint was written stops right after it (not one step and
     // one checkpoint later); every rank knows a checkpoint was written, so the check is collective.
     if (!sig && !out_of_time && !last && !why.empty()) {
+      // The other ranks wait for rank 0's write first: a signal that reaches only them during it
+      // counts too (trial 18: their flags, sent at once, missed it, and the run did one more step).
+      dist_->barrier();
       std::vector<double> again{static_cast<double>(g_stop_signal.load())};
       dist_->max(again);
       if (again[0] > 0) {

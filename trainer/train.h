@@ -95,8 +95,20 @@ void set_deterministic_algorithms();
 /// seconds, from an hour on), "26h40m".
 std::string format_duration(double seconds);
 
-/// Mean next-token CE (nats) over `examples` in batches of `batch_size`, no grad, dropout off.
-/// Returns {mean loss, targets counted}.
+/// One rank's share of an evaluation: `examples` in batches of `batch_size` (in order, each batch
+/// padded as the trainer pads), of which this rank computes the batches k with k % world == rank.
+/// Returns 2 × batches doubles: [CE sum of batch k (nats), its targets] at 2k, 2k + 1, zeros for
+/// the batches of other ranks, so an element-wise sum over ranks (Distributed::sum: x + 0 = x
+/// exactly) holds every batch's own numbers and eval_mean() of it equals one process's. No grad,
+/// dropout as the model's `training` flag (the trainer turns it off).
+std::vector<double> evaluate_batch_sums(const LlamaModel& model, const std::vector<data::Example>& examples,
+                                        int64_t batch_size, const data::DataOptions& opts, int32_t pad_id,
+                                        int rank = 0, int world = 1);
+/// {mean next-token CE, targets} of evaluate_batch_sums' vector (summed over ranks), the sums
+/// taken in batch order; {NaN, 0} without targets.
+std::pair<double, int64_t> eval_mean(const std::vector<double>& batch_sums);
+/// Mean next-token CE (nats) over `examples` in batches of `batch_size`, no grad, dropout off:
+/// eval_mean(evaluate_batch_sums(...)) of one process. Returns {mean loss, targets counted}.
 std::pair<double, int64_t> evaluate_loss(const LlamaModel& model, const std::vector<data::Example>& examples,
                                          int64_t batch_size, const data::DataOptions& opts, int32_t pad_id);
 

@@ -205,6 +205,68 @@ TEST_F(DataParallel, ShortGroupAtEpochEndLeavesARankIdle) {
   expect_same_run(one, two, 6);
 }
 
+// SIGTERM to rank 1 alone while rank 0 writes checkpoint-2 (slowed by the fault hook) stops both
+// ranks right after that checkpoint, as a signal to one process does (docs/checkpoints.md): the
+// other ranks wait for the write before they share their stop flags (trial 18: rank 1's flag went
+// out at once, before the signal, and the job did step 3 and wrote checkpoint-4).
+TEST_F(DataParallel, SigtermToAnotherRankDuringTheCheckpointWriteStopsAfterIt) {
+  const fs::path out = root / "term_during_write";
+  const int port = free_tcp_port();
+  ASSERT_GT(port, 0);
+  const std::string common = "OMP_NUM_THREADS=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+                             " QLORA_DIST_TIMEOUT_S=60 ";
+  const std::string flags = "--set checkpoint.save_steps=2 --set training.max_steps=8";
+  const fs::path log0 = out.string() + ".rank0.log", log1 = out.string() + ".rank1.log";
+  const Out o = qlora::test::run_command(
+      "(" + common + "RANK=0 QLORA_FAULT_SLOW_CHECKPOINT_MS=3000 " + train_cmd(out, flags) + " > " + log0.string() +
+      " 2>&1; echo rc0=$? >> " + log0.string() + ") & A=$!; " + common + "RANK=1 " + train_cmd(out, flags) + " > " +
+      log1.string() + " 2>&1 & B=$!; while kill -0 $A 2>/dev/null && ! ls -a " + (out / "checkpoints").string() +
+      " 2>/dev/null | grep -q '^.tmp-checkpoint-2-'; do sleep 0.05; done; sleep 0.5; kill -TERM $B; wait $B; echo rc1=$?; "
+      "wait $A");
+  const std::string l0 = qlora::read_file(log0.string()), l1 = qlora::read_file(log1.string());
+  EXPECT_TRUE(qlora::test::contains(l0, "rc0=75")) << l0;
+  EXPECT_TRUE(qlora::test::contains(o.out, "rc1=75")) << o.out << l1;
+  EXPECT_TRUE(qlora::test::contains(l0, "(during the checkpoint write)")) << l0;
+  std::vector<std::string> ckpts;
+  for (const auto& e : fs::directory_iterator(out / "checkpoints")) ckpts.push_back(e.path().filename().string());
+  EXPECT_EQ(ckpts, std::vector<std::string>{"checkpoint-2"}) << l0;
+  EXPECT_EQ(steps(out).size(), 2u) << l0;
+}
+
+// Evaluation is sharded: each rank computes its share of the eval batches (batch k on rank
+// k % 2) and one allreduce of the per-batch sums gives the eval_loss of one process bit for bit
+// (trial 18: rank 0 evaluated alone while the other rank's wait ran into QLORA_DIST_TIMEOUT_S).
+// Rank 1's memory report has the after_first_eval phase only because it evaluated.
+TEST_F(DataParallel, EvaluationIsShardedAndEqualsOneProcess) {
+  const fs::path one = root / "eval_acc2", two = root / "eval_ws2";
+  const std::string common = "--set data.val_set_size=5 --set training.eval_steps=2 --set training.num_epochs=1 ";
+  Out s = single(one, common + "--set training.gradient_accumulation_steps=2");
+  ASSERT_EQ(s.status, 0) << s.out;
+  auto r = two_ranks(two, {common + "--set training.gradient_accumulation_steps=1",
+                           common + "--set training.gradient_accumulation_steps=1"});
+  ASSERT_EQ(r[0].status, 0) << r[0].out;
+  ASSERT_EQ(r[1].status, 0) << r[1].out;
+  auto evals = [](const fs::path& out) {
+    std::vector<std::pair<int64_t, double>> v;
+    std::ifstream in(out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line);
+      if (j.contains("eval_loss")) v.emplace_back(j["step"].get<int64_t>(), j["eval_loss"].get<double>());
+    }
+    return v;
+  };
+  const auto a = evals(one), b = evals(two);
+  ASSERT_GE(a.size(), 2u) << "eval_steps 2 and the last step";
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].first, a[i].first);
+    EXPECT_EQ(b[i].second, a[i].second) << "step " << a[i].first << ": the same eval_loss bit for bit";
+  }
+  const json mem = json::parse(qlora::read_file((two / "memory_report.json").string()));
+  ASSERT_EQ(mem["ranks"].size(), 2u) << mem.dump(1);
+  EXPECT_TRUE(mem["ranks"][1]["phases"].contains("after_first_eval")) << mem["ranks"][1].dump(1);
+}
+
 // SIGTERM to rank 1 alone (test hook: while step 4 draws global micro-batch 1) stops BOTH ranks
 // after step 4: one checkpoint-4 by rank 0, exit 75 on both; the rerun resumes and ends
 // byte-identical to the uninterrupted 2-rank run. With LoRA dropout on: each rank resumes its own
@@ -675,6 +737,53 @@ TEST_F(DataParallel, LoneRankSaysWhomItWaitsForAndFailsInOneLine) {
     EXPECT_EQ(x->out.find("socket.cpp"), std::string::npos) << x->out;
   }
   EXPECT_FALSE(fs::exists(out));
+}
+
+// A job whose ranks disagree about who they are fails at the rendezvous, at once and naming it
+// (trial 18: each waited out QLORA_DIST_TIMEOUT_S, then blamed a "lost rank"): rank 1 with another
+// WORLD_SIZE than rank 0's (both fail, saying both values); a RANK given to two processes (the
+// second is refused, and rank 0 with it). A rank 1 whose job misses a third rank fails in one line
+// at the timeout, without Gloo's backtrace.
+TEST_F(DataParallel, RanksThatDisagreeAboutTheJobFailAtTheRendezvousNamingIt) {
+  const fs::path out = root / "disagree";
+  // rank r of world size w on `port`, in the background, its output to LOG.r, status to LOG.r.rc
+  auto start = [&](int rank, int w, const std::string& port, const std::string& tag) {
+    const std::string log = (root / ("disagree." + tag)).string();
+    return "(OMP_NUM_THREADS=1 RANK=" + std::to_string(rank) + " WORLD_SIZE=" + std::to_string(w) +
+           " MASTER_ADDR=127.0.0.1 QLORA_DIST_TIMEOUT_S=60 MASTER_PORT=" + port + " " + train_cmd(out, "") + " > " + log +
+           " 2>&1; echo $? > " + log + ".rc) & ";
+  };
+  auto result = [&](const std::string& tag) {
+    const std::string log = (root / ("disagree." + tag)).string();
+    return Out{std::stoi(qlora::read_file(log + ".rc")), qlora::read_file(log)};
+  };
+  const std::string p = std::to_string(free_tcp_port());
+  const auto t0 = std::chrono::steady_clock::now();
+  qlora::test::run_command(start(0, 2, p, "ws0") + "sleep 1; " + start(1, 3, p, "ws1") + "wait");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 45.0) << "not the timeout";
+  const std::string why = "rank 1 has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2: every rank of a job needs the same "
+                          "WORLD_SIZE (rendezvous 127.0.0.1:" + p + ")";
+  for (const char* tag : {"ws0", "ws1"}) {
+    const Out o = result(tag);
+    EXPECT_EQ(o.status, 1) << tag << "\n" << o.out;
+    EXPECT_TRUE(qlora::test::contains(o.out, "error: distributed: " + why)) << tag << "\n" << o.out;
+  }
+
+  const std::string q = std::to_string(free_tcp_port());
+  qlora::test::run_command(start(0, 3, q, "dup0") + "sleep 1; " + start(1, 3, q, "dup1") + "sleep 3; " +
+                           start(1, 3, q, "dup2") + "wait");
+  const Out second = result("dup2"), zero = result("dup0"), first = result("dup1");
+  const std::string twice = "RANK=1 joined twice: another process of this rendezvous already is rank 1 (a RANK given to "
+                            "two processes, or MASTER_PORT=" + q + " is another running job's) (rendezvous 127.0.0.1:" + q + ")";
+  EXPECT_EQ(second.status, 1) << second.out;
+  EXPECT_TRUE(qlora::test::contains(second.out, "error: distributed: " + twice)) << second.out;
+  EXPECT_EQ(zero.status, 1) << zero.out;
+  EXPECT_TRUE(qlora::test::contains(zero.out, "error: distributed: " + twice)) << zero.out;
+  // the first rank 1 had joined and waited for rank 2: it loses rank 0's rendezvous, in one line
+  EXPECT_EQ(first.status, 1) << first.out;
+  EXPECT_TRUE(qlora::test::contains(first.out, "error: distributed: ")) << first.out;
+  for (const Out* x : {&second, &zero, &first}) EXPECT_EQ(x->out.find("frame #"), std::string::npos) << x->out;
+  EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
 }
 
 }  // namespace
