@@ -530,6 +530,12 @@ void Trainer::setup() {
   });
   run_id_ = claim.substr(0, claim.find('\n'));
   const std::string ckpt = claim.substr(claim.find('\n') + 1);
+  // Every rank reads the checkpoint rank 0 resumes from: one it cannot see is an output_dir that
+  // is not shared (trial 18: reported as "no manifest.json (incomplete)", of a complete checkpoint).
+  QLORA_CHECK(ckpt.empty() || dist_->is_main() || fs::exists(fs::path(ckpt) / "manifest.json"), "distributed: rank ",
+              dist_->rank(), " cannot see ", ckpt, ", the checkpoint rank 0 resumes from: output_dir (and "
+              "checkpoint.resume_from_dir) must be on a filesystem every rank shares (one node, or a shared mount; "
+              "docs/distributed.md)");
   // lora.model_dir: its adapter_config.json must fit this lora section; refused in seconds, before
   // the model loads, nothing written. A resume takes the checkpoint's weights: the adapter is not
   // read then (it may be gone; a changed lora.model_dir was refused by check_resume_settings).
@@ -686,12 +692,39 @@ int64_t Trainer::global_group_size() const {
   return cfg_.training.gradient_accumulation_steps * dist_->world_size();
 }
 
+namespace {
+/// `p` absolute and normal (symlinks resolved where the path exists), "" as is: the same file
+/// written relative on one rank and absolute on another is one path.
+std::string comparable_path(const std::string& p) {
+  if (p.empty()) return p;
+  std::error_code ec;
+  const fs::path c = fs::weakly_canonical(fs::absolute(p), ec);
+  return ec ? fs::absolute(p).lexically_normal().string() : c.string();
+}
+}  // namespace
+
 void Trainer::check_same_run_as_main() {
   if (!dist_->active()) return;
-  const std::string mine = to_yaml(cfg_);
+  // What this rank runs, comparable across ranks (trial 18): paths absolute, and the data files by
+  // their content (the same file at another mount point is the same data).
+  Config same = cfg_;
+  for (std::string* p : {&same.output_dir, &same.model.path, &same.model.tokenizer, &same.lora.model_dir,
+                         &same.checkpoint.resume_path, &same.checkpoint.resume_from_dir})
+    *p = comparable_path(*p);
+  for (std::vector<data::DataSource>* v : {&same.data.train, &same.data.eval})
+    for (data::DataSource& d : *v)
+      d.path = data_sha_.count(d.path) ? "sha256:" + data_sha_.at(d.path) : comparable_path(d.path);
+  const std::string mine = to_yaml(same);
   const std::string main_yaml = dist_->from_main("config", [&] { return mine; });
-  const std::string main_fp = dist_->from_main("fingerprint", [&] { return fingerprint_; });
-  if (main_yaml == mine && main_fp == fingerprint_) return;
+  // Rank 0 names what differs too: each rank sends its verdict ("" = the same run).
+  auto verdicts = [&](const std::string& mine_verdict) {
+    const std::vector<std::string> all = dist_->gather_to_main("same_run", mine_verdict);
+    if (!dist_->is_main()) return;
+    for (size_t r = 1; r < all.size(); ++r)
+      QLORA_CHECK(all[r].empty(), "distributed: rank ", r, "'s config differs from rank 0's (every rank must run the "
+                  "same config on the same data): ", all[r]);
+  };
+  if (main_yaml == mine) return verdicts("");
   // Name the differing keys: "section.key: rank 0's -> this rank's", from the resolved YAML lines.
   auto keyed = [](const std::string& yaml) {
     std::map<std::string, std::string> m;
@@ -718,6 +751,7 @@ void Trainer::check_same_run_as_main() {
   for (const auto& [k, v] : a)
     if (!b.count(k)) diffs += (diffs.empty() ? "" : "; ") + k + ":" + v + " -> (unset)";
   if (diffs.empty()) diffs = "the data files' content differs (sha256)";
+  verdicts(diffs);
   fail("distributed: rank ", dist_->rank(), "'s config differs from rank 0's (every rank must run the same config ",
        "on the same data): ", diffs);
 }

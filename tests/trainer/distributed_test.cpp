@@ -613,7 +613,22 @@ TEST_F(DataParallel, ConfigDifferingBetweenRanksIsRefusedNamingTheKey) {
   EXPECT_NE(r[1].out.find("error: distributed: rank 1's config differs from rank 0's"), std::string::npos) << r[1].out;
   EXPECT_NE(r[1].out.find("lora.r: 4 -> 8"), std::string::npos) << r[1].out;
   EXPECT_NE(r[0].status, 0) << r[0].out;
+  // rank 0 names it too (trial 18: it said only "lost rank 1")
+  EXPECT_NE(r[0].out.find("error: distributed: rank 1's config differs from rank 0's (every rank must run the same "
+                          "config on the same data): lora.r: 4 -> 8"),
+            std::string::npos) << r[0].out;
   EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
+
+  // The same files at other paths are the same run: the model written relative on rank 1, the
+  // data a byte-identical copy elsewhere (trial 18: both refused as a config difference).
+  const fs::path same = root / "same_files", copy = root / "data_copy.json";
+  fs::copy_file(root / "data.json", copy, fs::copy_options::overwrite_existing);
+  const std::string relative_model = fs::relative(root / "model", fs::current_path()).string();
+  ASSERT_FALSE(fs::path(relative_model).is_absolute());
+  const std::string ex = "--set training.max_steps=2 ";
+  r = two_ranks(same, {ex, ex + "--set model.path=" + relative_model + " --set data.train=" + copy.string()});
+  EXPECT_EQ(r[0].status, 0) << r[0].out;
+  EXPECT_EQ(r[1].status, 0) << r[1].out;
 }
 
 // QLORA_DIST_FORCE_PG=1 at world size 1 (the GPU check's NCCL smoke, here over Gloo): the process
