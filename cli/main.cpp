@@ -20,10 +20,9 @@
 #include "trainer/launch.h"
 #include "trainer/train.h"
 
-namespace {
+using qlora::first_line;
 
-/// The first line of a message (c10::Error carries a backtrace after it).
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+namespace {
 
 /// Every --dtype: our names or torch's (bfloat16, float16, float32), read by the one dtype parser
 /// (model/options.h dtype_from_name) and rewritten to ours, so a command sees bf16|fp16|fp32|auto

@@ -9,6 +9,10 @@ namespace qlora {
 /// the largest unit not above |bytes| (TiB at most); a negative value keeps its sign ("-2.00 KiB").
 std::string human_bytes(double bytes);
 
+/// The first line of `s` (all of it when it has no newline): an exception's message for a one-line
+/// error, as c10::Error's what() carries a backtrace after its first line.
+inline std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
 /// The candidate nearest `word` when it is near enough to be a likely typo, else "": the optimal
 /// string alignment distance (Levenshtein plus adjacent transpositions, each edit 1) at most
 /// max(2, |word| / 3) characters; ties go to the earlier candidate. For "did you mean" hints

@@ -27,14 +27,12 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/format.h"
 #include "common/log.h"
 
 namespace qlora {
 
 namespace {
-
-/// The first line of an exception's message (c10 errors carry a backtrace after it).
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 /// `name`'s value as a decimal integer in [lo, hi]; `fallback` when unset. Throws qlora::Error
 /// naming the variable otherwise.

@@ -8,6 +8,7 @@
 #include "adapters/peft.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/format.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "trainer/batch_tensors.h"
@@ -848,14 +849,60 @@ bool Trainer::outputs_written() const {
   return s.is_object() && s.value("run_id", std::string()) == run_id_ && s.value("steps", int64_t{-1}) == step_;
 }
 
+namespace {
+/// The current UTC time as "2026-12-03T15:20:00Z".
+std::string utc_now_iso() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+}  // namespace
+
+void Trainer::write_status(const std::string& state, int exit_code, const std::string& message) {
+  if (!dist_->is_main() || !lock_) return;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  const json s = {{"state", state},
+                  {"exit_code", exit_code >= 0 ? json(exit_code) : json(nullptr)},
+                  {"message", message.empty() ? json(nullptr) : json(message)},
+                  {"run_id", run_id_},
+                  {"pid", static_cast<int64_t>(::getpid())},
+                  {"host", std::string(host)},
+                  {"step", step_},
+                  {"total_steps", total_steps_},
+                  {"last_checkpoint", last_checkpoint_.empty() ? json(nullptr) : json(last_checkpoint_)},
+                  {"started_utc", invocation_started_utc_},
+                  {"updated_utc", utc_now_iso()}};
+  try {
+    atomic_write_string((fs::path(cfg_.output_dir) / "status.json").string(), s.dump(2) + "\n");
+  } catch (const std::exception& e) {
+    log::warn("status.json not written (", first_line(e.what()), ")");
+  }
+}
+
 void Trainer::train() {
   if (already_complete_) return;
   setup_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start_).count();
+  invocation_started_utc_ = utc_now_iso();
+  write_status("running");
   try {
     train_steps();
-  } catch (const Interrupted&) {
+  } catch (const Interrupted& e) {
+    write_status("stopped", kExitInterrupted, first_line(e.what()));
     throw;  // a stop: it waited for its checkpoint's sync itself
   } catch (...) {
+    // what main() prints for it (c10::Error's what() holds a backtrace: its first line)
+    std::string message = "unknown error";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      message = first_line(e.what());
+    } catch (...) {
+    }
+    write_status("failed", 1, message);
     // An error after a checkpoint (a full disk, non-finite steps, a lost rank): the last checkpoint
     // still reaches its off-machine copy before the error ends the process.
     if (dist_->is_main() && sync_ && !sync_->running().empty()) {
@@ -1022,6 +1069,7 @@ void Trainer::train_steps() {
     wait_for_syncs();
     record_sync_outcomes();
   }
+  write_status("completed", 0);
 }
 
 namespace {
@@ -1379,6 +1427,7 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds, doub
   preemption_["checkpoints"].push_back({{"step", step_}, {"reason", why}, {"seconds", secs}, {"bytes", bytes}});
   const std::string pruned = removed.empty() ? "" : ", pruned " + std::to_string(removed.size()) + " old";
   log::info("checkpoint ", path, " (", why, ", ", bytes, " bytes, ", secs, " s", pruned, ")");
+  write_status("running");
 }
 
 std::string shell_quote(const std::string& s) {
@@ -1813,6 +1862,7 @@ void Trainer::check_resume_settings(const std::string& ckpt, const TrainerState&
 }
 
 void Trainer::resume_from(const std::string& ckpt) {
+  last_checkpoint_ = ckpt;
   LoadedCheckpoint lc = read_checkpoint(ckpt, model_->adapted_shapes());
   // Changed settings, data and world size were refused (or --force'd) before the model loaded
   // (check_resume_settings).

@@ -212,6 +212,13 @@ class Trainer {
   };
   /// Appends the step's line to metrics.jsonl and draws the progress line (or logs it).
   void log_step(const StepLog& s);
+  /// Rank 0, once it owns output_dir: output_dir/status.json, atomically: `state` ("running",
+  /// "completed", "stopped", "failed"), `exit_code` (null while running), `message` (the stop's
+  /// resume line or the error; null otherwise), run_id, pid, host, step, total_steps,
+  /// last_checkpoint, started_utc (this invocation), updated_utc (docs/checkpoints.md, "Run
+  /// status"). A write that fails is logged, never thrown (the state it reports matters more).
+  void write_status(const std::string& state, int exit_code = -1, const std::string& message = "");
+  std::string invocation_started_utc_;  ///< when this invocation began training (status.json)
   /// Rank 0: writes the adapter, config.resolved.yaml and summary.json (kept in summary_).
   void save_outputs(double seconds);
   /// Rank 0, after the wait for the last syncs: summary.json's `checkpoint_sync` with the commands'
@@ -339,7 +346,7 @@ class Trainer {
   std::string fingerprint_;                      ///< run_fingerprint(config, data_sha_)
   std::string aside_;                            ///< where --overwrite-output-dir moves the old state
   std::unique_ptr<OutputDirLock> lock_;          ///< rank 0's lock on output_dir, held for the whole run
-  std::string last_checkpoint_;                  ///< path of the newest checkpoint written
+  std::string last_checkpoint_;                  ///< path of the newest checkpoint written (or resumed from)
   /// metrics.jsonl's lines of steps 1..step_ (rank 0), in order: written into each checkpoint
   /// (TrainerState::metrics_jsonl), so a resume on a new machine brings the run's history back.
   std::string metrics_history_;

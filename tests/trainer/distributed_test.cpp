@@ -75,6 +75,17 @@ class DataParallel : public qlora::test::TinyRunSuite<DataParallel> {
     if (fs::exists(log1.string() + ".rc")) r1.status = std::stoi(qlora::read_file(log1.string() + ".rc"));
     return {r0, r1};
   }
+  /// The same global batches two ways, flags `common` on both: one process with accumulation 2
+  /// into `one`, two ranks with accumulation 1 into `two`. True when all three exited 0.
+  static bool one_and_two_ranks(const fs::path& one, const fs::path& two, const std::string& common) {
+    const Out s = single(one, common + "--set training.gradient_accumulation_steps=2");
+    EXPECT_EQ(s.status, 0) << s.out;
+    const std::string ex = common + "--set training.gradient_accumulation_steps=1";
+    const auto r = two_ranks(two, {ex, ex});
+    EXPECT_EQ(r[0].status, 0) << r[0].out;
+    EXPECT_EQ(r[1].status, 0) << r[1].out;
+    return s.status == 0 && r[0].status == 0 && r[1].status == 0;
+  }
   static std::vector<Step> steps(const fs::path& out) {
     std::vector<Step> v;
     std::ifstream in(out / "metrics.jsonl");
@@ -195,13 +206,7 @@ TEST_F(DataParallel, TwoRanksStartFromTheInitialAdapterAsOneRankDoes) {
 // holds ONE micro-batch and rank 1 contributes zero gradient and zero targets to that step.
 TEST_F(DataParallel, ShortGroupAtEpochEndLeavesARankIdle) {
   const fs::path one = root / "mb5_acc2", two = root / "mb5_ws2";
-  const std::string common = "--set training.micro_batch_size=5 --set training.num_epochs=2 ";
-  Out s = single(one, common + "--set training.gradient_accumulation_steps=2");
-  ASSERT_EQ(s.status, 0) << s.out;
-  auto r = two_ranks(two, {common + "--set training.gradient_accumulation_steps=1",
-                           common + "--set training.gradient_accumulation_steps=1"});
-  ASSERT_EQ(r[0].status, 0) << r[0].out;
-  ASSERT_EQ(r[1].status, 0) << r[1].out;
+  ASSERT_TRUE(one_and_two_ranks(one, two, "--set training.micro_batch_size=5 --set training.num_epochs=2 "));
   expect_same_run(one, two, 6);
 }
 
@@ -239,13 +244,8 @@ TEST_F(DataParallel, SigtermToAnotherRankDuringTheCheckpointWriteStopsAfterIt) {
 // Rank 1's memory report has the after_first_eval phase only because it evaluated.
 TEST_F(DataParallel, EvaluationIsShardedAndEqualsOneProcess) {
   const fs::path one = root / "eval_acc2", two = root / "eval_ws2";
-  const std::string common = "--set data.val_set_size=5 --set training.eval_steps=2 --set training.num_epochs=1 ";
-  Out s = single(one, common + "--set training.gradient_accumulation_steps=2");
-  ASSERT_EQ(s.status, 0) << s.out;
-  auto r = two_ranks(two, {common + "--set training.gradient_accumulation_steps=1",
-                           common + "--set training.gradient_accumulation_steps=1"});
-  ASSERT_EQ(r[0].status, 0) << r[0].out;
-  ASSERT_EQ(r[1].status, 0) << r[1].out;
+  ASSERT_TRUE(one_and_two_ranks(
+      one, two, "--set data.val_set_size=5 --set training.eval_steps=2 --set training.num_epochs=1 "));
   auto evals = [](const fs::path& out) {
     std::vector<std::pair<int64_t, double>> v;
     std::ifstream in(out / "metrics.jsonl");

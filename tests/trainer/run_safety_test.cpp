@@ -112,6 +112,13 @@ TEST_F(Cases, StaleCheckpointsNeverMixRuns) {
       << o.out;
   EXPECT_TRUE(contains(line_with(o.out, "interrupted:"), "without --overwrite-output-dir")) << o.out;
   EXPECT_FALSE(contains(o.out, "of these same settings and data")) << "run A's data differs: " << o.out;
+  // status.json: stopped, 75, the interrupt line (its resume command), the checkpoint of step 3
+  json st = json::parse(qlora::read_file((out / "status.json").string()));
+  EXPECT_EQ(st["state"], "stopped") << st.dump(1);
+  EXPECT_EQ(st["exit_code"], 75) << st.dump(1);
+  EXPECT_EQ("interrupted: " + st["message"].get<std::string>(), line_with(o.out, "interrupted:")) << st.dump(1);
+  EXPECT_EQ(st["step"], 3) << st.dump(1);
+  EXPECT_EQ(st["last_checkpoint"], (out / "checkpoints" / "checkpoint-3").string()) << st.dump(1);
   fs::path aside;
   for (const auto& e : fs::directory_iterator(w))
     if (contains(e.path().filename().string(), "run.old-")) aside = e.path();
@@ -124,6 +131,12 @@ TEST_F(Cases, StaleCheckpointsNeverMixRuns) {
   o = train(cs, out, data);
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_TRUE(contains(o.out, "checkpoint-50: written by run ")) << o.out;
+  st = json::parse(qlora::read_file((out / "status.json").string()));
+  EXPECT_EQ(st["state"], "completed") << st.dump(1);
+  EXPECT_EQ(st["exit_code"], 0) << st.dump(1);
+  EXPECT_TRUE(st["message"].is_null()) << st.dump(1);
+  EXPECT_EQ(st["step"], st["total_steps"]) << st.dump(1);
+  EXPECT_EQ(st["run_id"], json::parse(qlora::read_file((out / "run.json").string()))["run_id"]) << st.dump(1);
   EXPECT_TRUE(contains(o.out, "resume: from " + (out / "checkpoints" / "checkpoint-3").string() + " at step 3")) << o.out;
   EXPECT_EQ(names(out / "checkpoints"), (std::vector<std::string>{"checkpoint-50", "checkpoint-4", "checkpoint-3"}));
 
@@ -810,6 +823,13 @@ TEST_F(Cases, AFailedCheckpointWriteNamesTheCheckpointThatSurvives) {
   EXPECT_TRUE(contains(line_with(o.out, "error:"), "; checkpoint-2 was not written: no earlier checkpoint of this run, "
                                                    "so a resume starts again from step 0"))
       << o.out;
+  // status.json says so for a job wrapper: failed, exit code 1, the error line, no checkpoint
+  const json st = json::parse(qlora::read_file((w / "run0" / "status.json").string()));
+  EXPECT_EQ(st["state"], "failed") << st.dump(1);
+  EXPECT_EQ(st["exit_code"], 1) << st.dump(1);
+  EXPECT_EQ("error: " + st["message"].get<std::string>(), line_with(o.out, "error:")) << st.dump(1);
+  EXPECT_TRUE(st["last_checkpoint"].is_null()) << st.dump(1);
+  EXPECT_EQ(st["pid"].get<int64_t>() > 0 && !st["host"].get<std::string>().empty(), true) << st.dump(1);
 }
 
 TEST(Eta, DurationsAreUnambiguousBesideAClock) {
