@@ -274,7 +274,7 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   eval_cmd->add_option("--predictions", ev.predictions,
                        "with --metric exact_match: write every example's prediction here, one JSON line each "
-                       "{id, reference, prediction, match} (the result file keeps the first 20)");
+                       "{id, source, reference, prediction, match} (the result file keeps the first 20)");
   eval_cmd->add_option("--set", ev.overrides, "override a config key: section.key=value");
 
   qlora::MergeOptions mrg;

@@ -1309,7 +1309,7 @@ void Trainer::save_outputs(double seconds) {
   if (sync_) s["checkpoint_sync"] = sync_summary(*sync_, cfg_.checkpoint.sync_command);
   summary_ = s;
   atomic_write_string((fs::path(cfg_.output_dir) / "summary.json").string(), s.dump(2) + "\n");
-  log::info("done: ", step_, " steps, ", input_tokens_, " input tokens (", target_tokens_, " trained) in ", seconds, " s; adapter in ",
+  log::info("done: ", step_, step_ == 1 ? " step, " : " steps, ", input_tokens_, " input tokens (", target_tokens_, " trained) in ", seconds, " s; adapter in ",
             cfg_.output_dir);
 }
 
@@ -1944,7 +1944,8 @@ void Trainer::resume_from(const std::string& ckpt) {
     if (j.contains("eval_loss") && j["eval_loss"].is_number()) last_eval_loss_ = j["eval_loss"].get<double>();
   }
   if (kept.size() > local_lines)
-    log::info("resume: metrics of ", kept.size() - local_lines, " steps restored from ", ckpt, "/metrics.jsonl");
+    log::info("resume: metrics of ", kept.size() - local_lines, kept.size() - local_lines == 1 ? " step" : " steps",
+              " restored from ", ckpt, "/metrics.jsonl");
   if (static_cast<int64_t>(kept.size()) < step_)
     log::warn("resume: metrics.jsonl has lines for ", kept.size(), " of the ", step_,
               " steps before the checkpoint; summary.json records the gap (metrics_complete: false)");

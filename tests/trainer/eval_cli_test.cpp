@@ -303,6 +303,12 @@ TEST(EvalCli, AdapterRunBringsEveryRenderingAndLabellingKey) {
   // each names its record's file:line (the records start on lines 2 and 3)
   EXPECT_EQ(lines[0]["source"], rr.eval_file.string() + ":2");
   EXPECT_EQ(lines[1]["source"], rr.eval_file.string() + ":3");
+  // --help names exactly the keys a line has (trial 20: it lacked `source`)
+  std::string keys;
+  for (const auto& [k, v] : lines[0].items()) keys += (keys.empty() ? "" : ", ") + k;  // nlohmann: sorted
+  EXPECT_EQ(keys, "id, match, prediction, reference, source");
+  const CliRun help = run("eval --help");
+  EXPECT_NE(help.out.find("{id, source, reference, prediction, match}"), std::string::npos) << help.out;
   // --predictions of the loss: refused before anything is read
   r = run(base + " --predictions " + q(d.path / "p2.jsonl"));
   EXPECT_EQ(r.status, 1) << r.out;
