@@ -18,7 +18,7 @@ namespace qlora {
 std::string cmd_data_preview(const DataPreviewOptions& o) {
   const Config cfg = load_config(o.config_path, o.overrides);
   for (const std::string& w : config_warnings(cfg)) log::warn(w);
-  const std::string tok_src = with_key_sources(cfg, [&] { return tokenizer_source(cfg.model); });
+  const std::string tok_src = check_config_inputs(cfg, /*need_weights=*/false);
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
   QLORA_CHECK(o.n >= 0, "data preview: --n must be >= 0, got ", o.n);
   data::DataOptions dopts = cfg.data;

@@ -22,6 +22,14 @@ std::string human_bytes(double b) {
   return os.str();
 }
 
+std::string utc_time(const char* format, std::time_t t) {
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  const size_t n = std::strftime(buf, sizeof buf, format, &tm);
+  return std::string(buf, n);
+}
+
 namespace {
 
 size_t edit_distance(const std::string& a, const std::string& b) {

@@ -232,10 +232,8 @@ void add_stats(DataStats* into, const DataStats& from) {
 
 namespace fs = std::filesystem;
 
+}  // namespace
 
-/// Every file of data.train and data.eval exists and is not a directory; else throws one line per
-/// file at fault, each starting with its config key: "data.train[1]: no such file: /x/y.json" (an
-/// ErrorList when there are several), before any file is read.
 void check_files_exist(const DataOptions& opts) {
   std::vector<std::string> bad;
   for (const bool is_eval : {false, true}) {
@@ -253,6 +251,8 @@ void check_files_exist(const DataOptions& opts) {
   if (bad.size() == 1) throw Error(bad[0]);
   if (bad.size() > 1) throw ErrorList(bad);
 }
+
+namespace {
 
 /// The records of a list seen so far (by record_digest) and where each was first: what
 /// data.deduplicate compares a record with.

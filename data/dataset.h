@@ -194,6 +194,11 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
 /// examples is left (same form: an eval set that silently evaluates nothing is refused).
 Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok);
 
+/// Every file of opts.train and opts.eval exists and is not a directory (what load_datasets checks
+/// first, before any file is read). Throws qlora::Error with one line per file at fault, each
+/// starting with its key: "data.train[1]: no such file: /x/y.json" (qlora::ErrorList for several).
+void check_files_exist(const DataOptions& opts);
+
 /// The training run's batch settings that `qlora data preview` reports on (TrainingConfig's names).
 struct BatchPlan {
   int64_t micro_batch_size = 1, gradient_accumulation_steps = 1, num_epochs = 1, max_steps = 0;

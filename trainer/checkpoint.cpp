@@ -11,13 +11,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <cstring>
-#include <ctime>
 #include <map>
 #include <random>
 #include <thread>
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/format.h"
 #include "common/tensor_io.h"
 #include "common/yaml.h"
 
@@ -385,15 +385,10 @@ std::string checkpoint_config_yaml(const std::string& ckpt_dir) {
 }
 
 std::string new_run_id() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
   std::random_device rd;
   char tail[16];
   std::snprintf(tail, sizeof tail, "-%08x", static_cast<unsigned>(rd()));
-  return std::string(buf) + tail;
+  return utc_time("%Y%m%dT%H%M%SZ") + tail;
 }
 
 std::string run_fingerprint(const std::string& config_yaml, const std::map<std::string, std::string>& data_sha256) {

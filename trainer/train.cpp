@@ -28,6 +28,7 @@
 #include <cstring>
 #include <sstream>
 #include <thread>
+#include <typeinfo>
 #include <atomic>
 #include <optional>
 #include <set>
@@ -171,6 +172,29 @@ ModuleShapes peft_module_shapes(const LlamaModel& model, const PeftConfig& pc) {
   for (const FrozenLinear* f : model.linears())
     if (peft_targets_module(pc, f->name)) out[f->name] = {f->in_features(), f->out_features()};
   return out;
+}
+
+std::string check_config_inputs(const Config& cfg, bool need_weights) {
+  std::vector<std::string> errors;
+  const auto collect = [&](auto&& check) {
+    try {
+      with_key_sources(cfg, check);
+    } catch (const ErrorList& e) {
+      errors.insert(errors.end(), e.lines().begin(), e.lines().end());
+    } catch (const Error& e) {
+      if (typeid(e) != typeid(Error)) throw;
+      errors.emplace_back(e.what());
+    }
+  };
+  std::string tok_src;
+  collect([&] {
+    tok_src = tokenizer_source(cfg.model);
+    if (need_weights) check_model_weights(cfg.model);  // after: a missing dir is named once, as not found
+  });
+  collect([&] { data::check_files_exist(cfg.data); });
+  if (errors.size() == 1) throw Error(errors[0]);
+  if (errors.size() > 1) throw ErrorList(errors);
+  return tok_src;
 }
 
 LlamaModel load_base_model(const Config& cfg, int64_t tokenizer_vocab, torch::Dtype dtype, torch::Device device) {
@@ -441,8 +465,7 @@ void Trainer::setup() {
 
   // Everything that can fail on bad input happens before output_dir is touched.
   // Errors naming a config key (model.path, data.val_set_size, ...) name its file:line too.
-  const std::string tok_src = with_key_sources(cfg_, [&] { return tokenizer_source(cfg_.model); });
-  with_key_sources(cfg_, [&] { check_model_weights(cfg_.model); });
+  const std::string tok_src = check_config_inputs(cfg_, /*need_weights=*/true);
   tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::from_pretrained(tok_src));
   with_key_sources(cfg_, [&] {
     cfg_.data.template_name = data::resolve_template(cfg_.data.template_name, tok_src);  // "auto" -> a name
@@ -851,14 +874,7 @@ bool Trainer::outputs_written() const {
 
 namespace {
 /// The current UTC time as "2026-12-03T15:20:00Z".
-std::string utc_now_iso() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string utc_now_iso() { return utc_time("%Y-%m-%dT%H:%M:%SZ"); }
 }  // namespace
 
 void Trainer::write_status(const std::string& state, int exit_code, const std::string& message) {

@@ -125,6 +125,13 @@ ModuleShapes peft_module_shapes(const LlamaModel& model, const PeftConfig& pc);
 /// Returns one line saying what was stored and what was done, or "" when nothing differed.
 std::string honour_quant_request(LlamaModel& model, const QuantOptions& q);
 
+/// Every input file `cfg` names, checked before any is read, so that a config with several wrong
+/// paths (a template whose model.path and data.train both need setting) names them all in one run:
+/// tokenizer_source(cfg.model), check_model_weights(cfg.model) when `need_weights`, and
+/// data::check_files_exist(cfg.data). Returns tokenizer_source's path. Throws qlora::Error (one
+/// problem) or qlora::ErrorList (several), each line placed at its key's file:line (with_key_sources).
+std::string check_config_inputs(const Config& cfg, bool need_weights);
+
 /// The base model a config names, on `device` in `dtype`, quantized as `cfg.quantization` says.
 /// `model.init: pretrained`: LlamaModel::load(model.path) (config.json and the safetensors
 /// weights), with honour_quant_request's line logged as a warning. `model.init: random`: weights

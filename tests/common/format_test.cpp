@@ -24,6 +24,14 @@ TEST(HumanBytes, UnitsAndRounding) {
   EXPECT_EQ(human_bytes(-5), "-5 B");
 }
 
+TEST(UtcTime, FormatsTheGivenInstantInUtc) {
+  // 1764775200 s after the epoch is 2025-12-03 15:20:00 UTC (date -u -d @1764775200).
+  EXPECT_EQ(utc_time("%Y-%m-%dT%H:%M:%SZ", 1764775200), "2025-12-03T15:20:00Z");
+  EXPECT_EQ(utc_time("%Y%m%dT%H%M%SZ", 1764775200), "20251203T152000Z");
+  EXPECT_EQ(utc_time("%Y", 0), "1970");
+  EXPECT_EQ(utc_time("%Y").size(), 4u);  // now
+}
+
 TEST(ProcStatus, RssAndPeakOfThisProcess) {
   const int64_t rss = rss_bytes();
   ASSERT_GT(rss, 0) << "no VmRSS in /proc/self/status";

@@ -301,6 +301,22 @@ TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
       << lr.out;
   EXPECT_FALSE(fs::exists(d / "out1"));
 
+  // A template config whose model.path and data.train both still need setting: both named in one
+  // run (model first), by train and by data preview alike.
+  write(d / "missing_both.yaml", "output_dir: " + (d / "out1").string() + "\nmodel:\n  path: " +
+                                     (d / "no_model").string() + "\ndata:\n  train: " + (d / "no_data.json").string() +
+                                     common);
+  const std::string both_cfg = (d / "missing_both.yaml").string();
+  const std::string both_lines = "error: " + both_cfg + ":3: model.path: " + (d / "no_model").string() +
+                                 ": model directory not found\nerror: " + both_cfg + ":5: data.train: no such file: " +
+                                 (d / "no_data.json").string() + "\n";
+  for (const char* cmd : {"train ", "data preview "}) {
+    CliRun br = run(std::string(cmd) + q(d / "missing_both.yaml"));
+    EXPECT_EQ(br.status, 1) << cmd << br.out;
+    EXPECT_NE(br.out.find(both_lines), std::string::npos) << cmd << br.out;
+  }
+  EXPECT_FALSE(fs::exists(d / "out1"));
+
   // A preset whose tokenizer file does not exist.
   write(d / "missing_tok.yaml", "output_dir: " + (d / "out2").string() +
                                     "\nmodel:\n  preset: tiny\n  init: random\n  tokenizer: " +
