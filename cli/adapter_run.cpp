@@ -43,9 +43,10 @@ const std::vector<AdapterRunKey>& adapter_run_keys() {
        [](C c) { return nlohmann::json(c.data.default_system_message).dump(); }},
       {"quantization", true, [](C f, Config& t) { t.quantization = f.quantization; },
        [](C c) { return show_quant(c.quantization); }},
-      // the compute dtype and the eval batch (bf16 rounding depends on the padded batch's shape):
-      // with them the loss is the run's eval_loss of the file, not within bf16 noise of it
-      {"model.dtype", false, [](C f, Config& t) { t.model.dtype = f.model.dtype; },
+      // the compute dtype (generate too: a bf16 run decodes in bf16, as it evaluated) and the eval
+      // batch (bf16 rounding depends on the padded batch's shape): with them the loss is the run's
+      // eval_loss of the file, not within bf16 noise of it
+      {"model.dtype", true, [](C f, Config& t) { t.model.dtype = f.model.dtype; },
        [](C c) { return std::string(dtype_name(c.model.dtype)); }},
       {"training.micro_batch_size", false,
        [](C f, Config& t) { t.training.micro_batch_size = f.training.micro_batch_size; },

@@ -23,8 +23,8 @@ struct AdapterRunKey {
 
 /// The one list of settings an adapter's run brings (eval takes all of them, generate those with
 /// for_prompt): data.template, data.sequence_len, data.truncation, data.train_on_inputs,
-/// data.add_eos, data.default_system_message, quantization (generate takes these three), and
-/// model.dtype, training.micro_batch_size (the eval batch). Not brought: the data paths, the
+/// data.add_eos, data.default_system_message, quantization, model.dtype (generate takes these
+/// four), and training.micro_batch_size (the eval batch). Not brought: the data paths, the
 /// per-file layout keys (data.format, field_map, role_map: they describe the run's own files, not
 /// --data) and everything else.
 const std::vector<AdapterRunKey>& adapter_run_keys();

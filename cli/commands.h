@@ -21,7 +21,8 @@ struct InspectOptions {
   int64_t blocksize = 64;     ///< with quant: 32..4096, power of two
 };
 /// `qlora inspect MODEL_DIR [--json]`: architecture, parameters and bytes per component, dtypes.
-/// Reads only config.json and the safetensors headers. Returns the text it printed.
+/// Reads only config.json and the safetensors headers (and, under tie_word_embeddings: true, a
+/// stored lm_head.weight and the embeddings to compare them: check_tied_lm_head). Returns the text it printed.
 /// With `--quant nf4|fp4 [--no-double-quant] [--blocksize N]` (double quant on by default, as
 /// training's quantization.double_quant): loads the model on the CPU, quantizing
 /// the decoder linears as it streams them (LlamaModel::load with QuantOptions; a bitsandbytes

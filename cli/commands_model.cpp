@@ -21,6 +21,7 @@
 #include "common/proc_status.h"
 #include "common/safetensors.h"
 #include "common/tensor_io.h"
+#include "common/utf8.h"
 #include "data/reader.h"
 #include "data/template.h"
 #include "data/tokenizer.h"
@@ -156,6 +157,7 @@ std::string cmd_inspect(const InspectOptions& o) {
   if (!o.quant.empty()) return inspect_quantized(o);
   const ModelConfig cfg = load_model_config(o.model_dir);
   st::SafetensorsCheckpoint ckpt(o.model_dir);
+  check_tied_lm_head(ckpt, cfg, o.model_dir);
   struct Comp {
     int64_t params = 0, bytes = 0, tensors = 0;
     std::set<std::string> dtypes;
@@ -248,12 +250,22 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   resolve_generate_options(flags, GenerationConfig{}, "generation_config.json");
   QLORA_CHECK(o.prompts_file.empty() || !o.print_ids,
               "generate: --ids prints one prompt's ids; --prompts writes them in each JSON line's \"ids\"");
+  // --prompt / --system / --stop: UTF-8, as tokenize --text and --prompts lines are (the text was
+  // silently decoded with U+FFFD before, trial 21)
+  for (const auto& [flag, text] : std::vector<std::pair<std::string, std::string>>{{"--prompt", o.prompt}, {"--system", o.system}}) {
+    const size_t bad = first_invalid_utf8(text);
+    QLORA_CHECK(bad == std::string::npos, "generate: ", flag, ": invalid UTF-8 at byte offset ", bad);
+  }
+  for (const std::string& stop : o.gen.stop_strings) {
+    const size_t bad = first_invalid_utf8(stop);
+    QLORA_CHECK(bad == std::string::npos, "generate: --stop: invalid UTF-8 at byte offset ", bad);
+  }
   // --prompts: every line checked before the model loads; --prompt: one prompt
   const std::vector<data::PromptLine> prompts =
       o.prompts_file.empty() ? std::vector<data::PromptLine>{data::PromptLine{o.prompt, std::nullopt, 0}}
                              : data::read_prompts_jsonl(o.prompts_file);
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
-  load_model_config(o.model_dir);  // a missing dir / config.json is named before the tokenizer's files
+  const ModelConfig model_cfg = load_model_config(o.model_dir);  // a missing dir / config.json is named before the tokenizer's files
   data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
   // Decoding as transformers' model.generate(input_ids) with this model dir: each flag given, else
   // generation_config.json's value, else transformers' default (model/generation_config.h).
@@ -269,6 +281,7 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   used.data.template_name = "raw";
   used.data.default_system_message.clear();
   used.quantization.quant_type = std::nullopt;
+  used.model.dtype = parse_dtype(o.dtype);
   std::optional<AdapterRun> run;
   if (!o.adapter.empty()) {
     QLORA_CHECK(fs::is_directory(o.adapter), o.adapter, ": adapter directory not found", relative_path_note(o.adapter));
@@ -283,12 +296,21 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
     if (rd.format == "completion" || rd.truncation == "split" || run->data_format == "completion")
       used.data.template_name = "raw";
   }
-  if (!o.template_name.empty()) used.data.template_name = o.template_name;
+  if (!o.template_name.empty()) {  // named before any line that would name it (trial 21)
+    const std::vector<std::string>& names = data::template_names();
+    std::string all;
+    for (const std::string& n : names) all += (all.empty() ? "" : "|") + n;
+    QLORA_CHECK(o.template_name == "auto" || o.template_name == "raw" ||
+                    std::find(names.begin(), names.end(), o.template_name) != names.end(),
+                "generate: --template: unknown template '", o.template_name, "' (", all, "|auto|raw)");
+    used.data.template_name = o.template_name;
+  }
   if (o.has_system) used.data.default_system_message = o.system;
   if (!o.quant.empty()) {
     used.quantization = QuantOptions{};
     used.quantization.quant_type = parse_quant_method(o.quant);
   }
+  if (o.dtype != "auto") used.model.dtype = parse_dtype(o.dtype);  // --dtype auto is the default: the run's wins
   if (run) {
     const auto flag = [&](const std::string& k) -> std::string {
       if (k == "data.template" && !o.template_name.empty()) return "--template";
@@ -296,6 +318,7 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
         return "the run's data (raw text)";
       if (k == "data.default_system_message" && o.has_system) return "--system";
       if (k == "quantization" && !o.quant.empty()) return "--quant";
+      if (k == "model.dtype" && o.dtype != "auto") return "--dtype";
       return "";
     };
     for (const std::string& line : adapter_run_log(*run, used, /*prompt_only=*/true, flag))
@@ -312,7 +335,9 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
     const std::string own = data::template_default_system(tpl);
     const auto quote = [](const std::string& t) { return nlohmann::json(t).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); };
     const std::string what =
-        !sys.empty() ? quote(sys) + (o.has_system ? " from --system" : " from the run's data.default_system_message")
+        o.has_system && sys.empty() ? "\"\" from --system (an empty system turn, as transformers renders "
+                                      "{\"role\": \"system\", \"content\": \"\"})"
+        : !sys.empty() ? quote(sys) + (o.has_system ? " from --system" : " from the run's data.default_system_message")
         : !own.empty() ? "the template's default " + quote(own) + " (" + tpl +
                              " writes it when a conversation has none; --system TEXT replaces it)"
                        : "none (template " + tpl + ")";
@@ -323,13 +348,26 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
                                      : " (for the " + std::to_string(prompts.size() - own_system) + " of " +
                                            std::to_string(prompts.size()) + " lines without \"system\"; the other " +
                                            std::to_string(own_system) + " render their own)");
+    // transformers' apply_chat_template(add_generation_prompt=True) on Qwen3 opens a thinking turn by
+    // default; our prompt is its enable_thinking=False one, which a comparison must pass (trial 22)
+    if (tpl == "qwen3")
+      log::info("generate: prompt: qwen3's non-thinking generation prompt (transformers' apply_chat_template(..., "
+                "add_generation_prompt=True, enable_thinking=False); docs/data.md, \"Chat prompts\")");
   }
   std::vector<std::vector<int64_t>> prompt_ids;
+  bool warned_positions = false;  // once per invocation
   std::vector<int64_t> max_new;  // per prompt: max_length - its length when the file's max_length rules
   for (const data::PromptLine& p : prompts) {
     QLORA_CHECK(!raw || !p.system || p.system->empty(), o.prompts_file, ":", p.line,
                 ": system: needs --template NAME (or auto); the prompt is raw text");
-    const std::string& system = p.system ? *p.system : used.data.default_system_message;
+    // a line's "system" or --system, even "" (an empty system turn, as transformers renders
+    // {"role": "system", "content": ""}; trial 21), else the run's default_system_message when set,
+    // else none (the template's own default, where it has one)
+    const std::optional<std::string> system =
+        p.system ? p.system
+        : o.has_system ? std::optional<std::string>(o.system)
+        : !used.data.default_system_message.empty() ? std::optional<std::string>(used.data.default_system_message)
+                                                    : std::nullopt;
     const data::TokenIds ids_in =
         raw ? tok.encode_with_special_tokens(p.prompt)  // = transformers' tokenizer(prompt): BOS as the tokenizer adds it
             : data::chat_prompt(tok, data::resolve_template(used.data.template_name, o.model_dir), system, p.prompt);
@@ -343,11 +381,37 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
                 gc_path, "'s max_length ", decoding.max_length.value_or(0),
                 " (transformers counts the prompt in max_length; pass --max-new-tokens)");
     max_new.push_back(decoding.new_tokens_for(len));
+    // past the positions the model was trained on: decoded all the same, as transformers does, with
+    // its warning (trial 21: nothing was said)
+    if (len + max_new.back() > model_cfg.max_position_embeddings && !warned_positions) {
+      warned_positions = true;
+      log::warn("generate: ", o.prompts_file.empty() ? "--prompt" : o.prompts_file + ":" + std::to_string(p.line),
+                ": ", len, " prompt tokens + up to ", max_new.back(), " new ones pass the model's max_position_embeddings ",
+                model_cfg.max_position_embeddings, " (config.json); decoding goes on, but the model was not trained on "
+                "those positions (transformers warns the same)");
+    }
     prompt_ids.emplace_back(ids_in.begin(), ids_in.end());
   }
   log::info("generate: ", decoding.summary);  // after the prompts' errors, which stand alone
   const QuantOptions& q = used.quantization;
-  LlamaModel model = load_with_quant_flag(o.model_dir, torch_dtype(parse_dtype(o.dtype), device), device, q);
+  // The compute dtype, said with where it came from: transformers 5's from_pretrained keeps the
+  // stored dtype, so `auto` (fp32 on a CPU) decodes otherwise than its default load of a bf16 dir
+  // (trial 21: 4 of 10 prompts differed, and nothing said which dtype ran).
+  const torch::Dtype dtype = torch_dtype(used.model.dtype, device);
+  const DType compute = resolve_dtype(used.model.dtype, device.is_cuda());
+  const DType stored = stored_dtype(load_model_config(o.model_dir).torch_dtype);
+  const std::string auto_rule = device.is_cuda() ? "auto: bf16 on CUDA" : "auto: fp32 on a CPU";
+  const std::string from = o.dtype != "auto" ? "--dtype"
+                           : run ? (used.model.dtype == DType::kAuto ? auto_rule + ", " : std::string()) +
+                                       "the adapter's training run"
+                                 : auto_rule;
+  log::info("generate: compute dtype ", dtype_name(compute), " (", from, ")",
+            stored != compute ? std::string("; ") + o.model_dir + " stores " + dtype_name(stored) +
+                                    ", which transformers' from_pretrained keeps by default (--dtype " + dtype_name(stored) +
+                                    " decodes as it does)"
+                              : std::string(),
+            "; quantization ", quant_method_name(q.quant_type));
+  LlamaModel model = load_with_quant_flag(o.model_dir, dtype, device, q);
   if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);  // dropout off
   // Dequantize the 4-bit linears once rather than at every decode step (same values: eval does the
   // same, RealModelParity.SmolLM2Nf4GreedyDecodeCachedDequantMatchesTransformers), within 2 GiB.

@@ -259,8 +259,22 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& dir, const std::
     files_.push_back(std::make_unique<SafetensorsFile>(single.string()));
     for (const TensorInfo& t : files_[0]->tensors()) where_[t.name] = 0;
   } else {
-    fail(dir, ": no ", stem, " or ", stem, ".index.json");
+    const std::string hint = stem == "model.safetensors" ? other_weights_hint(dir) : "";
+    fail(dir, ": no ", stem, " or ", stem, ".index.json", hint.empty() ? "" : " (" + hint + ")");
   }
+}
+
+std::string other_weights_hint(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("pytorch_model", 0) == 0)
+      return name + " is a pickle checkpoint, which is not read: save the model as safetensors "
+                    "(transformers: model.save_pretrained(dir), safetensors is its default)";
+    if (e.path().extension() == ".gguf")
+      return name + " is a GGUF file: qlora import-gguf " + e.path().string() + " --out DIR, then use DIR";
+  }
+  return "";
 }
 
 std::vector<std::string> SafetensorsCheckpoint::names() const {

@@ -1821,21 +1821,9 @@ void check_model_weights(const ModelSource& m) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (m.path.empty() || m.random_init || !fs::is_directory(m.path, ec)) return;  // tokenizer_source names a bad path
-  const fs::path dir(m.path);
   if (st::SafetensorsCheckpoint::present_in(m.path)) return;  // what the model load opens
-  std::string why = "a directory with config.json only gives a shape: model.init: random draws the weights";
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("pytorch_model", 0) == 0) {
-      why = name + " is a pickle checkpoint, which is not read: save the model as safetensors "
-            "(transformers: model.save_pretrained(dir), safetensors is its default)";
-      break;
-    }
-    if (e.path().extension() == ".gguf") {
-      why = name + " is a GGUF file: qlora import-gguf " + e.path().string() + " --out DIR, then model.path: DIR";
-      break;
-    }
-  }
+  std::string why = st::other_weights_hint(m.path);
+  if (why.empty()) why = "a directory with config.json only gives a shape: model.init: random draws the weights";
   fail("model.path: ", m.path, ": no model.safetensors or model.safetensors.index.json (", why, ")");
 }
 

@@ -861,7 +861,8 @@ std::vector<Record> read_records(const std::string& path, const DataOptions& opt
 }
 
 std::vector<PromptLine> parse_prompts_jsonl(const std::string& bytes, const std::string& path) {
-  const std::string buf = bytes.substr(check_encoding(path, bytes, /*skip_invalid=*/false));
+  // (generate has no data.skip_invalid: the remedy is the file's own, trial 21)
+  const std::string buf = bytes.substr(check_encoding(path, bytes, /*skip_invalid=*/false, "the file must be UTF-8"));
   std::vector<PromptLine> out;
   for_each_jsonl_line(buf, [&](const std::string& text, int64_t line_no) {
     const std::string at = path + ":" + std::to_string(line_no) + ": ";

@@ -253,10 +253,11 @@ std::pair<size_t, size_t> last_answer_span(const Example& ex) {
   return {start, end};
 }
 
-TokenIds chat_prompt(const Tokenizer& tok, const std::string& name, const std::string& system, const std::string& user) {
+TokenIds chat_prompt(const Tokenizer& tok, const std::string& name, const std::optional<std::string>& system,
+                     const std::string& user) {
   Record r;
   r.file = "--prompt";
-  if (!system.empty()) r.turns.push_back({"system", system});
+  if (system) r.turns.push_back({"system", *system});
   r.turns.push_back({"user", user});
   // Mistral's jinja has no generation prompt: a user-last conversation (which keeps the system
   // message, dropped when an assistant turn is last) is the prompt itself.
@@ -687,17 +688,115 @@ std::vector<Segment> render_family(const Record& r, const std::string& name, con
   return std::move(f.segs);
 }
 
-uint64_t template_text_hash(const std::string& jinja) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < jinja.size(); ++i) {
-    const char c = jinja[i];
-    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
-    if (c == '\\' && i + 1 < jinja.size() && jinja[i + 1] == 'n') {
+namespace {
+/// What of a jinja template decides its output, as one string: the text between tags as Jinja
+/// outputs it (whitespace control applied), each tag's code without its whitespace, and string
+/// literals decoded; two templates with the same form render the same strings.
+std::string template_canonical_form(const std::string& jinja_in) {
+  // Jinja's lexer as transformers configures it (ImmutableSandboxedEnvironment(trim_blocks=True,
+  // lstrip_blocks=True), keep_trailing_newline off; jinja2/lexer.py): "\r\n" is read as "\n"; one
+  // trailing newline of the source is dropped; text between tags is output, less the newline right
+  // after a block or comment tag (trim_blocks), the spaces and tabs from a line's start up to a
+  // block or comment tag (lstrip_blocks, unless "{%+"), and every whitespace next to a "-" marker.
+  std::string jinja;
+  for (size_t i = 0; i < jinja_in.size(); ++i)
+    if (!(jinja_in[i] == '\r' && i + 1 < jinja_in.size() && jinja_in[i + 1] == '\n')) jinja += jinja_in[i];
+  if (!jinja.empty() && jinja.back() == '\n') jinja.pop_back();
+  const auto is_ws = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  struct Tag {
+    size_t begin = 0, end = 0;  // [begin, end) of "{%...%}" etc.
+    char kind = 0;              // '{' variable, '%' block, '#' comment
+    bool strip_before = false, strip_after = false, keep_before = false;
+    std::string body;           // whitespace outside string literals removed, literals decoded
+  };
+  std::vector<Tag> tags;
+  for (size_t i = 0; i + 1 < jinja.size();) {
+    if (jinja[i] != '{' || (jinja[i + 1] != '{' && jinja[i + 1] != '%' && jinja[i + 1] != '#')) {
       ++i;
       continue;
     }
-    h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    Tag t;
+    t.begin = i;
+    t.kind = jinja[i + 1];
+    const char close = t.kind == '{' ? '}' : t.kind;
+    size_t j = i + 2;
+    if (j < jinja.size() && jinja[j] == '-') t.strip_before = true, ++j;
+    else if (j < jinja.size() && jinja[j] == '+') t.keep_before = true, ++j;
+    bool closed = false;
+    while (j < jinja.size()) {
+      const char c = jinja[j];
+      if (t.kind != '#' && (c == '\'' || c == '"')) {  // a string literal: kept, its escapes decoded
+        std::string lit;
+        size_t k = j + 1;
+        for (; k < jinja.size() && jinja[k] != c; ++k) {
+          if (jinja[k] == '\\' && k + 1 < jinja.size()) {
+            const char e = jinja[++k];
+            lit += e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
+            if (e != 'n' && e != 't' && e != 'r' && e != '\\' && e != '\'' && e != '"') lit.insert(lit.size() - 1, 1, '\\');
+          } else {
+            lit += jinja[k];
+          }
+        }
+        t.body += "\x01" + std::to_string(lit.size()) + ":" + lit;  // length-prefixed: no quoting ambiguity
+        j = k + 1;
+        continue;
+      }
+      if (c == '-' && j + 2 < jinja.size() && jinja[j + 1] == close && jinja[j + 2] == '}') {
+        t.strip_after = true;
+        t.end = j + 3;
+        closed = true;
+        break;
+      }
+      if (c == close && j + 1 < jinja.size() && jinja[j + 1] == '}') {
+        t.end = j + 2;
+        closed = true;
+        break;
+      }
+      if (t.kind != '#' && !is_ws(c)) t.body += c;
+      ++j;
+    }
+    if (!closed) break;  // an unclosed tag: the rest is compared as text
+    tags.push_back(std::move(t));
+    i = tags.back().end;
   }
+  std::string out;
+  size_t pos = 0;  // where the text after tags[n - 1] starts
+  for (size_t n = 0; n <= tags.size(); ++n) {
+    const size_t text_end = n < tags.size() ? tags[n].begin : jinja.size();
+    std::string text = jinja.substr(pos, text_end - pos);
+    bool line_starting = n == 0;  // jinja's lexer: did the previous token end a line?
+    if (n > 0) {
+      const Tag& prev = tags[n - 1];
+      size_t k = 0;
+      if (prev.strip_after)
+        while (k < text.size() && is_ws(text[k])) ++k;
+      else if (prev.kind != '{' && !text.empty() && text[0] == '\n')
+        k = 1;
+      line_starting = k > 0 && text[k - 1] == '\n';
+      text.erase(0, k);
+    }
+    if (n < tags.size()) {
+      const Tag& next = tags[n];
+      if (next.strip_before) {
+        while (!text.empty() && is_ws(text.back())) text.pop_back();
+      } else if (next.kind != '{' && !next.keep_before) {
+        const size_t l_pos = text.rfind('\n') + 1;  // npos + 1 = 0
+        bool blank = l_pos < text.size();
+        for (size_t k = l_pos; k < text.size(); ++k) blank = blank && is_ws(text[k]);
+        if ((l_pos > 0 || line_starting) && blank) text.erase(l_pos);
+      }
+    }
+    if (!text.empty()) out += "\x02" + std::to_string(text.size()) + ":" + text;
+    if (n < tags.size() && tags[n].kind != '#') out += std::string("\x03") + tags[n].kind + tags[n].body;
+    if (n < tags.size()) pos = tags[n].end;
+  }
+  return out;
+}
+}  // namespace
+
+uint64_t template_text_hash(const std::string& jinja) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : template_canonical_form(jinja)) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   return h;
 }
 

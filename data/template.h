@@ -24,6 +24,7 @@
 // runs can) belongs to the segment where it starts.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -120,9 +121,13 @@ std::string resolve_template(const std::string& name, const std::string& model_d
 /// Never throws (a model without a readable or known template gives "").
 std::string template_mismatch_note(const std::string& name, const std::string& model_dir);
 
-/// The normalised-text hash that resolve_template compares (64-bit FNV-1a of the jinja text
-/// with whitespace and "\n" escapes removed). Exposed for the test that checks the known table
-/// against tests/fixtures/chat_templates/*.jinja.
+/// The hash that resolve_template compares: 64-bit FNV-1a of the jinja's output-deciding form, as
+/// transformers' Jinja environment (trim_blocks, lstrip_blocks, no trailing newline) lexes it: the
+/// text between tags with Jinja's whitespace control applied, kept exactly; each tag's code with
+/// the whitespace outside its string literals removed; string literals with their escapes decoded
+/// ("\n" = a newline). Templates that differ only in layout hash alike; any change to text that
+/// is output (a literal, a separator, a newline between turns) changes the hash (jinja2/lexer.py).
+/// Exposed for the test that checks the known table against tests/fixtures/chat_templates/*.jinja.
 uint64_t template_text_hash(const std::string& jinja);
 
 /// json.dumps(x, ensure_ascii=False) of Python (", " and ": " separators, key order kept): the
@@ -141,14 +146,16 @@ Example tokenize(const std::vector<Segment>& segs, const Tokenizer& tok, bool tr
 /// template suffix and closing token). {0, 0} when the example has none.
 std::pair<size_t, size_t> last_answer_span(const Example& ex);
 
-/// The ids a model is prompted with to answer `user` (after `system` when not empty) in template
+/// The ids a model is prompted with to answer `user` (after a system turn of `system`'s text when
+/// it has a value, an empty one included, as a {"role": "system", "content": ""} message) in template
 /// `name`: the conversation rendered and tokenised as training does, with an empty assistant turn,
 /// cut before that turn's trained span (the prompt `eval --metric exact_match` uses; for the family
 /// templates the string of transformers' apply_chat_template(add_generation_prompt=True), for
 /// qwen3 with enable_thinking=False; mistral: the user-last conversation, its jinja having no
 /// generation prompt). BOS as the template writes it. Throws qlora::Error as
 /// render() does (unknown template, a family template on another family's tokenizer).
-TokenIds chat_prompt(const Tokenizer& tok, const std::string& name, const std::string& system, const std::string& user);
+TokenIds chat_prompt(const Tokenizer& tok, const std::string& name, const std::optional<std::string>& system,
+                     const std::string& user);
 
 /// The rendered string HF would tokenise: special ids written as their pieces ("<s>", "</s>").
 std::string render_string(const std::vector<Segment>& segs, const Tokenizer& tok);

@@ -57,8 +57,13 @@ std::string fmt(double x) {
 }  // namespace
 
 GenerationConfig parse_generation_config(const std::string& text, const std::string& path) {
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  QLORA_CHECK(!j.is_discarded() && j.is_object(), path, ":1: not a JSON object");
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {  // a cut or hand-edited file: where it breaks (trial 21)
+    fail(path, ": invalid JSON at byte ", e.byte);
+  }
+  QLORA_CHECK(j.is_object(), path, ":1: not a JSON object");
   GenerationConfig c;
   if (j.contains("do_sample") && !j["do_sample"].is_null()) {
     // transformers: "Invalid value for `do_sample`: expected a boolean" (utils.py)

@@ -49,7 +49,16 @@ int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.elem
 
 torch::Tensor FrozenLinear::forward(const torch::Tensor& x, bool train) const {
   torch::Tensor y = base_forward(x);
-  return lora ? y + lora->delta(x, train) : y;
+  if (!lora) return y;
+  // Inference on a 16-bit model (eval, generate, a run's eval pass): the LoRA branch in float32 and
+  // one rounding of the sum, as PEFT's lora.Linear computes it with its adapter weights in float32
+  // (PeftModel.from_pretrained's default autocast_adapter_dtype=True: x cast to lora_A's dtype,
+  // the bf16 result + the fp32 branch promoted, then cast back). Training keeps the branch in the
+  // compute dtype, as it runs under the HF Trainer's bf16 autocast (trial 21: a bf16 adapter's
+  // greedy text differed from PeftModel's on 5 of 5 prompts).
+  if (!train && y.scalar_type() != torch::kFloat32)
+    return (y.to(torch::kFloat32) + lora->delta(x.to(torch::kFloat32), false)).to(y.scalar_type());
+  return y + lora->delta(x, train);
 }
 
 int64_t FrozenLinear::in_features() const { return qweight ? qweight->shape.at(1) : weight.size(1); }
@@ -368,6 +377,27 @@ QuantizedWeight read_bnb_weight(const st::SafetensorsCheckpoint& ck, const std::
 
 }  // namespace
 
+void check_tied_lm_head(const st::SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const std::string& dir) {
+  const std::string head = "lm_head.weight", embed = "model.embed_tokens.weight";
+  if (!cfg.tie_word_embeddings || !ckpt.contains(head) || !ckpt.contains(embed)) return;
+  const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
+  const std::string why = cfg_path + ": tie_word_embeddings is true, but " + ckpt.file_of(head).path() +
+                          " stores an lm_head.weight that differs from model.embed_tokens.weight";
+  const std::string fix = " (transformers then unties them and uses the stored lm_head): set "
+                          "tie_word_embeddings: false in config.json, or remove lm_head.weight to tie them";
+  const st::TensorInfo& h = ckpt.info(head);
+  const st::TensorInfo& e = ckpt.info(embed);
+  if (h.shape != e.shape) fail(why, ": its shape ", c10::IntArrayRef(h.shape), " vs ", c10::IntArrayRef(e.shape), fix);
+  if (h.dtype == st::DType::U8 || e.dtype == st::DType::U8) return;  // a 4-bit lm_head: never tied storage
+  const torch::Tensor a = load_tensor(ckpt, head), b = load_tensor(ckpt, embed);
+  constexpr int64_t kRows = 4096;
+  for (int64_t r = 0; r < a.size(0); r += kRows) {
+    const int64_t n = std::min(kRows, a.size(0) - r);
+    if (!a.narrow(0, r, n).to(torch::kFloat).equal(b.narrow(0, r, n).to(torch::kFloat)))
+      fail(why, " (first in rows ", r, "..", r + n - 1, ")", fix);
+  }
+}
+
 LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::Device device) {
   return load(dir, dtype, device, QuantOptions{});
 }
@@ -386,6 +416,7 @@ LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::D
                 ": the checkpoint is stored as bitsandbytes ", bnb.quant_type, " (method ", bnb.quant_type,
                 " uses it as stored; none dequantizes it)");
   st::SafetensorsCheckpoint ckpt(dir);
+  check_tied_lm_head(ckpt, m.cfg_, dir);
   int64_t n_quantized = 0, n_prequantized = 0;
   for (const Shape& w : expected_weights(m)) {
     QLORA_CHECK(ckpt.contains(w.name), dir, ": tensor '", w.name, "' is missing from the checkpoint",

@@ -41,7 +41,9 @@ struct FrozenLinear {
   /// x: [..., in_features] → [..., out_features], same dtype as x. A quantized weight is
   /// dequantized into a temporary of x's dtype for the matmul and dropped after it; backward
   /// (grad wrt x only, the weight is frozen) dequantizes again instead of keeping the copy.
-  /// With a LoRA adapter attached, adds s·B·A·dropout(x) (dropout only when `train`).
+  /// With a LoRA adapter attached, adds s·B·A·dropout(x) (dropout only when `train`): when
+  /// training, in x's dtype; otherwise, for a 16-bit x, in float32 with the sum rounded once to
+  /// x's dtype, as PEFT's lora.Linear with float32 adapter weights (its default).
   torch::Tensor forward(const torch::Tensor& x, bool train = false) const;
   bool quantized() const { return qweight != nullptr; }
   std::shared_ptr<LoraAdapter> lora;  ///< trainable low-rank update, or null
@@ -100,6 +102,15 @@ struct Bnb4StoredWeight {
 /// nullopt when the checkpoint has no quant_state for it. Reads only the quant_state JSON.
 /// Throws qlora::Error naming the tensor for a malformed quant_state, or both an nf4 and an fp4 one.
 std::optional<Bnb4StoredWeight> bnb4_stored_weight(const st::SafetensorsCheckpoint& ck, const std::string& wname);
+
+/// A config with tie_word_embeddings: true whose checkpoint also stores an lm_head.weight is read
+/// as tied only when that tensor equals model.embed_tokens.weight (a duplicate save): transformers
+/// 5 otherwise ignores the flag ("both are present in the checkpoints with different values, so we
+/// will NOT tie them") and uses the stored lm_head, so reading it as tied would silently give
+/// another model. Throws qlora::Error naming `dir`'s config.json and both tensors in that case
+/// (fix: tie_word_embeddings: false, or drop lm_head.weight). Compares in float32, 4096 rows at a
+/// time, from the mapped files (no full copy). Does nothing for an untied config.
+void check_tied_lm_head(const st::SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const std::string& dir);
 
 class LlamaModel {
  public:

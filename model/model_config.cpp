@@ -63,12 +63,18 @@ RopeConfig parse_rope(const Reader& r) {
   const json* params = r.find("rope_parameters");
   if (!params) params = r.find("rope_scaling");
   rope.theta = r.number("rope_theta", 10000.0);
+  const double partial = r.number("partial_rotary_factor", 1.0);
+  QLORA_CHECK(partial == 1.0, r.src, ": field 'partial_rotary_factor': ", partial,
+              " is not supported (only 1.0: rotary embedding over the whole head_dim)");
   if (!params) return rope;
   const char* field = r.find("rope_parameters") ? "rope_parameters" : "rope_scaling";
   QLORA_CHECK(params->is_object(), r.src, ": field '", field, "': expected an object, got ", params->dump());
   const std::string key = std::string(field);
   Reader p{*params, r.src};
   rope.theta = p.number("rope_theta", rope.theta);
+  const double partial_in_params = p.number("partial_rotary_factor", 1.0);
+  QLORA_CHECK(partial_in_params == 1.0, r.src, ": field '", key, ".partial_rotary_factor': ", partial_in_params,
+              " is not supported (only 1.0: rotary embedding over the whole head_dim)");
   rope.type = p.string("rope_type", p.string("type", "default"));
   if (rope.type == "default") return rope;
   if (rope.type == "linear") {
@@ -141,8 +147,13 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
     c.mlp_bias = r.boolean("mlp_bias", false);
   }
   if (c.model_type == "mistral") c.sliding_window = r.integer("sliding_window", 0);
+  // transformers' ACT2FN maps "swish" to the same SiLU
   const std::string act = r.string("hidden_act", "silu");
-  QLORA_CHECK(act == "silu", src, ": field 'hidden_act': '", act, "' is not supported (only silu)");
+  QLORA_CHECK(act == "silu" || act == "swish", src, ": field 'hidden_act': '", act,
+              "' is not supported (only silu, or its alias swish)");
+  c.attention_dropout = r.number("attention_dropout", 0.0);
+  QLORA_CHECK(c.attention_dropout >= 0 && c.attention_dropout < 1, src, ": field 'attention_dropout' must be in [0, 1), got ",
+              c.attention_dropout);
   c.torch_dtype = r.string("dtype", r.string("torch_dtype", "float32"));
   c.bos_token_id = r.token_id("bos_token_id", 1);
   c.eos_token_id = r.token_id("eos_token_id", 2);

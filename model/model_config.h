@@ -44,6 +44,9 @@ struct ModelConfig {
   bool mlp_bias = false;
   bool tie_word_embeddings = false;
   int64_t sliding_window = 0;   ///< 0 = none (Mistral's window, when set)
+  /// transformers drops attention probabilities with it in train mode; qlora-cpp does not (the
+  /// trainer warns when it is > 0; eval and generate are unaffected: transformers skips it there).
+  double attention_dropout = 0.0;
   std::string torch_dtype = "float32";  ///< dtype the weights were saved in
   int64_t bos_token_id = 1, eos_token_id = 2, pad_token_id = -1;  ///< -1 = unset
 

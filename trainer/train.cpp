@@ -583,6 +583,10 @@ void Trainer::setup() {
   model_ = std::make_unique<LlamaModel>(load_base_model(cfg_, tok_->vocab_size(), dtype, device_));
   QLORA_CHECK(model_->config().vocab_size >= tok_->vocab_size(), "model.tokenizer: the tokenizer has ",
               tok_->vocab_size(), " pieces but the model's vocab_size is ", model_->config().vocab_size);
+  if (const double p = model_->config().attention_dropout; p > 0 && run_.dist.rank == 0)
+    log::warn("model: config.json has attention_dropout ", p, ", which qlora does not apply: this run trains "
+              "without attention dropout (transformers + PEFT would drop attention probabilities in training; "
+              "released Llama / Mistral / Qwen configs have 0.0)");
   const LoraConfig& l = cfg_.lora;
   LoraOptions lo = lora_options(peft_config());  // r, alpha, dropout, use_rslora
   lo.target_modules = l.target_modules;

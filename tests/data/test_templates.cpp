@@ -189,20 +189,26 @@ TEST(FamilyTemplates, ChatPromptIsTheGenerationPromptOfTransformers) {
   for (const auto& c : j["generation_prompts"]) {
     const std::string name = c["template"], tdir = c["tokenizer"];
     const Tokenizer tok = Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers" / tdir).string());
-    EXPECT_EQ(qlora::data::chat_prompt(tok, name, c["system"], c["user"]), c["ids"].get<TokenIds>())
-        << name << " on " << tdir << ", system '" << c["system"].get<std::string>() << "'";
-    ++checked[name];
+    const std::string sys = c["system"];
+    const bool turn = c.value("system_turn", !sys.empty());  // "": an empty system turn (generate --system "")
+    EXPECT_EQ(qlora::data::chat_prompt(tok, name, turn ? std::optional<std::string>(sys) : std::nullopt, c["user"]),
+              c["ids"].get<TokenIds>())
+        << name << " on " << tdir << ", system '" << sys << "'" << (turn ? " (a turn)" : "");
+    ++checked[turn && sys.empty() ? "empty system turn " + name : name];
     // template_default_system (what `generate` logs as the system message rendered, issue: trial 8):
     // transformers' prompt without a system message equals ours with that text as the system message
     const std::string own = qlora::data::template_default_system(name);
-    if (c["system"].get<std::string>().empty() && !own.empty()) {
+    if (!turn && !own.empty()) {
       EXPECT_EQ(qlora::data::chat_prompt(tok, name, own, c["user"]), c["ids"].get<TokenIds>()) << name << " on " << tdir;
       ++checked["default system " + name];
     }
   }
   EXPECT_EQ(checked, (std::map<std::string, int>{{"llama3", 2}, {"llama3.1", 2}, {"llama3.2", 2}, {"mistral", 8}, {"qwen2.5", 2},
                                                  {"qwen3", 2}, {"smollm2", 2}, {"default system qwen2.5", 1},
-                                                 {"default system smollm2", 1}}));
+                                                 {"default system smollm2", 1}, {"empty system turn llama3", 1},
+                                                 {"empty system turn llama3.1", 1}, {"empty system turn llama3.2", 1},
+                                                 {"empty system turn mistral", 4}, {"empty system turn qwen2.5", 1},
+                                                 {"empty system turn qwen3", 1}, {"empty system turn smollm2", 1}}));
   EXPECT_EQ(qlora::data::template_default_system("smollm2"), "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
   for (const std::string& name : template_names()) {
     if (name != "smollm2" && name != "qwen2.5") {
@@ -358,6 +364,33 @@ TEST(AutoTemplate, MatchesEachKnownJinjaAndRefusesOthers) {
   fs::remove(d / "chat_template.jinja");
   std::ofstream(d / "tokenizer_config.json") << "{}";
   EXPECT_THROW(resolve_template("auto", d.string()), qlora::Error);
+  fs::remove_all(d);
+}
+
+// Edited copies of each family jinja (make_template_refs.py's auto_variants): `auto` accepts exactly
+// those that transformers renders as the family's jinja over the family's conversations. Before,
+// whitespace was dropped everywhere, inside string literals too, so a fine-tune's Llama 3 jinja
+// without the blank line after each header resolved to llama3 and trained on text the model never
+// saw (trial 22).
+TEST(AutoTemplate, AcceptsExactlyTheEditsThatRenderAsTheFamily) {
+  QLORA_REQUIRE_FIXTURE(refs, "templates/template_refs.json");
+  const auto j = nlohmann::json::parse(std::ifstream(refs));
+  ASSERT_TRUE(j.contains("auto_variants")) << "old template refs: rerun make_template_refs.py";
+  const fs::path d = qlora::test::fresh_temp_dir("auto_variants");
+  int same = 0, other = 0;
+  for (const auto& v : j["auto_variants"]) {
+    const std::string family = v["family"], edit = v["edit"];
+    std::ofstream(d / "chat_template.jinja", std::ios::binary) << v["jinja"].get<std::string>();
+    if (v["renders_as_family"].get<bool>()) {
+      EXPECT_EQ(resolve_template("auto", d.string()), family) << family << ": " << edit;
+      ++same;
+    } else {
+      EXPECT_THROW(resolve_template("auto", d.string()), qlora::Error) << family << ": " << edit;
+      ++other;
+    }
+  }
+  EXPECT_GE(same, 20);   // 29 when written
+  EXPECT_GE(other, 15);  // 18
   fs::remove_all(d);
 }
 

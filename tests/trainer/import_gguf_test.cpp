@@ -514,7 +514,9 @@ TEST(ImportGguf, AGgufGivenAsAModelDirSaysImportIt) {
       {{"tokenize", blob.string(), "--text", "hi"}, "error: " + is_gguf},
       {{"merge", "--base", blob.string(), "--adapter", (dir / "none").string(), "--out", (dir / "m").string()},
        "error: " + is_gguf},
-      {{"data", "preview", cfg, "--set", "model.path=" + blob.string()}, "model.path: " + is_gguf},
+      // (data.train set to a file that exists: the shipped config's own would be named too)
+      {{"data", "preview", cfg, "--set", "model.path=" + blob.string(), "--set", "data.train=" + cfg},
+       "model.path: " + is_gguf},
       {{"inspect", (dir / "repo").string()},
        "error: " + (dir / "repo" / "config.json").string() + ": not found (an HF model directory needs config.json); "
        "it holds the GGUF file model-Q4_K_M.gguf: import it first: qlora import-gguf " +

@@ -325,6 +325,31 @@ TEST(LoraAdapterRoundTrip, PeftSavedLoadsWithPeftLogits) {
   std::cout << "[PEFT adapter -> qlora] logits max |diff| " << d << "\n";
 }
 
+// bf16 inference with a trained adapter (eval, generate): PeftModel.from_pretrained keeps lora_A /
+// lora_B in float32 (autocast_adapter_dtype=True, its default), computes the branch in float32 and
+// rounds the sum to bf16 once. Ours gives those logits, not those of the adapter cast to bf16
+// (autocast_adapter_dtype=False), which is what we computed before (trial 21: a bf16 adapter's
+// greedy text differed from PeftModel's on 5 of 5 prompts).
+TEST(LoraAdapterRoundTrip, Bf16InferenceComputesTheAdapterInFloat32AsPeft) {
+  QLORA_REQUIRE_FIXTURE(refs, "peft/ref_bf16_infer.safetensors");
+  const fs::path root = refs.parent_path();
+  const Refs ref = load_refs(refs);
+  LlamaModel m = LlamaModel::load((root / "base").string(), torch::kBFloat16, torch::kCPU);
+  const PeftConfig pc = read_peft_config((root / "adapter_trained").string());
+  m.set_lora(load_peft_adapter((root / "adapter_trained").string(), pc, m.lora_shapes(pc.target_modules),
+                               kSelectedByAdapterConfig),
+             lora_options(pc));
+  const torch::Tensor ours = logits_of(m, ref);
+  const torch::Tensor peft = real(ref.at("logits"), ref), cast = real(ref.at("logits_adapter_bf16"), ref);
+  const int64_t n = ours.numel();
+  const int64_t same_as_peft = ours.eq(peft).sum().item<int64_t>(), same_as_cast = ours.eq(cast).sum().item<int64_t>();
+  std::cout << "[bf16 inference] of " << n << " logits, equal to PEFT's: " << same_as_peft
+            << ", to the bf16-cast adapter's: " << same_as_cast << "; max |diff| " << max_diff(ours, peft) << " vs "
+            << max_diff(ours, cast) << "\n";
+  EXPECT_GE(same_as_peft, n - n / 1000);  // all 11264 equal when written; room for a CPU whose kernels sum otherwise
+  EXPECT_LE(same_as_cast, n - n / 20);    // the other rounding differs visibly
+}
+
 // Our adapter (after a training step), saved with save_peft_adapter, loaded by PEFT onto the
 // transformers model gives our logits.
 TEST(LoraAdapterRoundTrip, OursLoadsIntoPeftWithOurLogits) {

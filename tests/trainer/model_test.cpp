@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "cli/commands.h"
 #include "common/tensor_io.h"
 #include "test_util.h"
 #include "data/tokenizer.h"
@@ -132,6 +133,46 @@ TEST(TiedEmbeddings, LmHeadIsTheEmbeddingAndStaysUnquantized) {
   int64_t n = 0;
   for (const auto& [name, t] : plain.named_tensors()) n += t.numel();
   EXPECT_EQ(n, plain.config().num_parameters());
+}
+
+// tie_word_embeddings: true with a stored lm_head.weight: a copy equal to embed_tokens (a duplicate
+// save) loads as the tied model; a different one is refused naming config.json and the fix, since
+// transformers 5 then unties them and uses the stored lm_head (trial 22: a silently tied model
+// evaluated 7.9432 where transformers gave 8.0078).
+TEST(TiedEmbeddings, AStoredLmHeadUnderTheTieFlagMustEqualTheEmbeddings) {
+  QLORA_REQUIRE_FIXTURE(tied, "models/llama_tied_llama3");
+  QLORA_REQUIRE_FIXTURE(untied, "models/llama_gqa");
+  namespace fs = std::filesystem;
+  const fs::path d = test::fresh_temp_dir("tied_lm_head");
+  const auto with_tie_flag = [&](const fs::path& src, const fs::path& dst) {
+    fs::create_directories(dst);
+    fs::copy_file(src / "model.safetensors", dst / "model.safetensors");
+    nlohmann::json c = nlohmann::json::parse(std::ifstream(src / "config.json"));
+    c["tie_word_embeddings"] = true;
+    std::ofstream(dst / "config.json") << c.dump(2);
+  };
+  with_tie_flag(untied, d / "different");
+  const std::string e = error_of([&] { LlamaModel::load((d / "different").string(), torch::kFloat32, torch::kCPU); });
+  EXPECT_NE(e.find((d / "different" / "config.json").string() + ": tie_word_embeddings is true, but "), std::string::npos) << e;
+  EXPECT_NE(e.find("stores an lm_head.weight that differs from model.embed_tokens.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("set tie_word_embeddings: false in config.json"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  InspectOptions io;
+  io.model_dir = (d / "different").string();
+  EXPECT_EQ(error_of([&] { cmd_inspect(io); }), e);  // inspect says so too (it showed "tied" and an lm_head row)
+
+  // the tied fixture saved again with lm_head.weight = embed_tokens (as some exporters write it)
+  LlamaModel ref = LlamaModel::load(tied.string(), torch::kFloat32, torch::kCPU);
+  std::vector<std::pair<std::string, torch::Tensor>> ts = ref.named_tensors();
+  ts.emplace_back("lm_head.weight", ref.embed_tokens);
+  with_tie_flag(tied, d / "duplicate");
+  save_tensors((d / "duplicate" / "model.safetensors").string(), ts);
+  LlamaModel dup = LlamaModel::load((d / "duplicate").string(), torch::kFloat32, torch::kCPU);
+  EXPECT_TRUE(dup.lm_head.is_same(dup.embed_tokens));
+  const Ref r = load_ref(tied, "right");
+  torch::NoGradGuard ng;
+  EXPECT_TRUE(torch::equal(dup.forward({r.ids, r.mask, r.pos, {}}), ref.forward({r.ids, r.mask, r.pos, {}})));
+  fs::remove_all(d);
 }
 
 // A LoRA target on lm_head or embed_tokens is refused with the reason (tied: it would change both);
@@ -385,7 +426,7 @@ TEST(Generate, GenerationConfigReadsTheDecodingKeysAndNamesFileAndKey) {
   EXPECT_EQ(err(R"({"max_new_tokens": 0})"), f + ": max_new_tokens: must be an integer >= 1, got 0");
   EXPECT_EQ(err(R"({"max_length": [20]})"), f + ": max_length: must be an integer >= 1, got [20]");
   EXPECT_EQ(err("[1]"), f + ":1: not a JSON object");
-  EXPECT_EQ(err("{\"top_k\": 2"), f + ":1: not a JSON object");
+  EXPECT_EQ(err("{\"top_k\": 2"), f + ": invalid JSON at byte 12");  // cut short: where, not "not an object"
   // no file: every key unset (transformers' defaults)
   const test::TempDir d("genconfig");
   const GenerationConfig none = read_generation_config(d.path.string());
@@ -581,6 +622,38 @@ TEST(ModelConfig, QwenSlidingWindowLayersAreRefusedByName) {
   j = qwen3_json();
   j["use_sliding_window"] = true;
   EXPECT_NE(error_of([&] { parse_model_config(j, "q/config.json"); }).find("field 'use_sliding_window'"),
+            std::string::npos);
+}
+
+// Fields transformers honours that change the model: "swish" is SiLU (ACT2FN), so accepted;
+// partial_rotary_factor < 1 (top level or in rope_parameters) is refused by name, not run with full
+// rotary as before; attention_dropout is read (the trainer warns that it is not applied) and
+// checked (trial 22).
+TEST(ModelConfig, SwishPartialRotaryAndAttentionDropout) {
+  nlohmann::json j = qwen3_json();
+  j["hidden_act"] = "swish";
+  EXPECT_EQ(parse_model_config(j, "q/config.json").num_parameters(), parse_model_config(qwen3_json(), "q").num_parameters());
+  j["hidden_act"] = "gelu";
+  EXPECT_NE(error_of([&] { parse_model_config(j, "q/config.json"); })
+                .find("q/config.json: field 'hidden_act': 'gelu' is not supported (only silu, or its alias swish)"),
+            std::string::npos);
+  j = qwen3_json();
+  j["partial_rotary_factor"] = 0.5;
+  EXPECT_NE(error_of([&] { parse_model_config(j, "q/config.json"); })
+                .find("q/config.json: field 'partial_rotary_factor': 0.5 is not supported"),
+            std::string::npos);
+  j = qwen3_json();
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}, {"partial_rotary_factor", 0.25}};
+  EXPECT_NE(error_of([&] { parse_model_config(j, "q/config.json"); })
+                .find("field 'rope_parameters.partial_rotary_factor': 0.25 is not supported"),
+            std::string::npos);
+  j["rope_parameters"]["partial_rotary_factor"] = 1.0;
+  EXPECT_EQ(parse_model_config(j, "q/config.json").rope.theta, 1e6);
+  j = qwen3_json();
+  j["attention_dropout"] = 0.3;
+  EXPECT_EQ(parse_model_config(j, "q/config.json").attention_dropout, 0.3);
+  j["attention_dropout"] = 1.0;
+  EXPECT_NE(error_of([&] { parse_model_config(j, "q/config.json"); }).find("field 'attention_dropout' must be in [0, 1)"),
             std::string::npos);
 }
 

@@ -130,6 +130,11 @@ TEST(TokenizeCli, SmolLM2IdsPiecesAndChatLabelsMatchTransformers) {
                         (tmp / "utf16.txt").string() + ": the file is UTF-16LE (byte-order mark FF FE at byte offset 0)");
   expect_one_line_error(run("tokenize " + tdir.string() + " --text \"$(printf 'a\\377b')\""),
                         "tokenize: --text: invalid UTF-8 at byte offset 1");
+  // generate's text flags too, before anything loads (it decoded them with U+FFFD before, trial 21)
+  for (const std::string flag : {"--prompt", "--system"})
+    expect_one_line_error(run("generate " + tdir.string() + " --template smollm2 " +
+                              (flag == "--prompt" ? "" : "--prompt hi ") + flag + " \"$(printf 'ab\377')\""),
+                          "generate: " + flag + ": invalid UTF-8 at byte offset 2");
   fs::remove_all(tmp);
 }
 
@@ -224,6 +229,21 @@ TEST(Generate, LogsTheSystemMessageRenderedAndWarnsOfAnEmptyAnswer) {
   r = run(smol + " --system " + q("Be brief."));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("generate: system message: \"Be brief.\" from --system"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("non-thinking"), std::string::npos) << r.out;
+  // --system '': an empty system turn, not the template's default (trial 21; the prompt's ids against
+  // transformers: FamilyTemplates.ChatPromptIsTheGenerationPromptOfTransformers)
+  r = run(smol + " --system ''");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("generate: system message: \"\" from --system (an empty system turn, as transformers renders "
+                       "{\"role\": \"system\", \"content\": \"\"})"), std::string::npos) << r.out;
+  // an unknown --template is named as the flag, before any line that would use it
+  expect_one_line_error(run("generate " + root.string() + " --template nosuch --prompt hi"),
+                        "generate: --template: unknown template 'nosuch' (alpaca|");
+  // qwen3: the prompt is transformers' enable_thinking=False one, said (trial 22 compared with the default)
+  r = run("generate " + root.string() + " --template qwen3 --dtype fp32 --max-new-tokens 1 --prompt hi");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("generate: prompt: qwen3's non-thinking generation prompt (transformers' apply_chat_template(..., "
+                       "add_generation_prompt=True, enable_thinking=False)"), std::string::npos) << r.out;
   // --prompts: the line says which lines it is about (trial 13 read it as every line's)
   const fs::path pd = qlora::test::fresh_temp_dir("gen_prompts_system");
   std::ofstream(pd / "p.jsonl") << R"({"prompt": "hi"})" << "\n" << R"({"prompt": "hi", "system": "One word."})" << "\n"
@@ -300,6 +320,17 @@ TEST(Generate, LogsTheSystemMessageRenderedAndWarnsOfAnEmptyAnswer) {
         EXPECT_EQ(r.out.find("pass --system"), std::string::npos) << r.out;
     }
   }
+  // prompt + new tokens past max_position_embeddings: decoded, with transformers' kind of warning
+  EXPECT_EQ(r.out.find("max_position_embeddings"), std::string::npos) << r.out;
+  {
+    json c = json::parse(std::ifstream(d / "m" / "config.json"));
+    c["max_position_embeddings"] = 4;
+    std::ofstream(d / "m" / "config.json") << c.dump(2);
+  }
+  r = run(gen);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(" new ones pass the model's max_position_embeddings 4 (config.json); decoding goes on"),
+            std::string::npos) << r.out;
   fs::remove_all(d);
 }
 
@@ -339,14 +370,26 @@ TEST(Generate, AdapterRunBringsTemplateSystemMessageAndQuantization) {
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_EQ(last_line_ids(r.out), want) << r.out;
     EXPECT_NE(r.out.find("generate: data.template chatml, data.default_system_message \"You are Quokka, made by "
-                         "Acme Labs.\", quantization nf4 (blocksize 64, double_quant true) from " + adapter.string()),
+                         "Acme Labs.\", quantization nf4 (blocksize 64, double_quant true), model.dtype fp32 from " +
+                         adapter.string()),
               std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("generate: compute dtype fp32 (the adapter's training run); quantization nf4\n"), std::string::npos)
+        << r.out;
   }
+  // --dtype wins over the run's model.dtype, and the line says the stored dtype transformers would keep
+  r = run(gen + q(run_dir.string()) + " --dtype bf16");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("generate: model.dtype bf16 from --dtype (the run's: fp32)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("generate: compute dtype bf16 (--dtype); " + model.string() + " stores fp32, which transformers' "
+                       "from_pretrained keeps by default (--dtype fp32 decodes as it does); quantization nf4\n"),
+            std::string::npos) << r.out;
   // flags win: the raw prompt on the unquantized base is the plain adapter dir's default
   r = run(gen + q(plain.string()));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(r.out.find("generate: data."), std::string::npos) << r.out;  // nothing brought, nothing said
   EXPECT_EQ(r.out.find("generate: quantization"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("generate: compute dtype fp32 (auto: fp32 on a CPU); quantization none\n"), std::string::npos)
+      << r.out;
   const std::vector<int64_t> raw = last_line_ids(r.out);
   EXPECT_NE(raw, want) << "the run's settings decode as the plain defaults: the check cannot fail";
   r = run(gen + q(run_dir.string()) + " --template raw --quant none");

@@ -425,10 +425,22 @@ TEST(TrainE2E, InitRandomWithModelPathNeedsOnlyConfigJsonAndTokenizer) {
                         "(pytorch_model.bin is a pickle checkpoint, which is not read: save the model as safetensors");
   expect_one_line_error(run("eval " + q(d / "cfg.yaml") + " --data " + q(d / "train.json")), "eval of a pickle checkpoint",
                         ":3: model.path: " + (d / "shape").string() + ": no model.safetensors");
+  // every command that opens the weights gives the same hint (trial 22: inspect, generate and merge did not)
+  const std::string pickle = ": no model.safetensors or model.safetensors.index.json (pytorch_model.bin is a pickle "
+                             "checkpoint, which is not read";
+  expect_one_line_error(run("inspect " + q(d / "shape")), "inspect of a pickle checkpoint", pickle);
+  expect_one_line_error(run("generate " + q(d / "shape") + " --prompt hi"), "generate of a pickle checkpoint", pickle);
   fs::remove(d / "shape" / "pytorch_model.bin");
   EXPECT_FALSE(fs::exists(d / "out_path"));
+  {  // attention_dropout in config.json is not applied: said once, not silently (trial 22)
+    nlohmann::json c = nlohmann::json::parse(std::ifstream(d / "shape" / "config.json"));
+    c["attention_dropout"] = 0.1;
+    std::ofstream(d / "shape" / "config.json") << c.dump(2);
+  }
   r = run("train " + q(d / "cfg.yaml") + " --set model.init=random");
   ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("model: config.json has attention_dropout 0.1, which qlora does not apply"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("model: init: random, the shape of " + (d / "shape").string() + "/config.json (no weights are read)"),
             std::string::npos)
       << r.out;
