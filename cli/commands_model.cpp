@@ -399,7 +399,7 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   // (trial 21: 4 of 10 prompts differed, and nothing said which dtype ran).
   const torch::Dtype dtype = torch_dtype(used.model.dtype, device);
   const DType compute = resolve_dtype(used.model.dtype, device.is_cuda());
-  const DType stored = stored_dtype(load_model_config(o.model_dir).torch_dtype);
+  const DType stored = stored_dtype(model_cfg.torch_dtype);
   const std::string auto_rule = device.is_cuda() ? "auto: bf16 on CUDA" : "auto: fp32 on a CPU";
   const std::string from = o.dtype != "auto" ? "--dtype"
                            : run ? (used.model.dtype == DType::kAuto ? auto_rule + ", " : std::string()) +

@@ -2,7 +2,8 @@
 # libFuzzer runs of the untrusted-input parsers under ASan+UBSan (docs/status.md, "Fuzzing"):
 #   fuzz_safetensors  safetensors header + tensor table (common/safetensors.cpp)
 #   fuzz_dataset      JSON / JSONL / .txt dataset readers (data/reader.cpp), and generation_config.json
-#                     (model/generation_config.cpp) on the same bytes
+#                     (model/generation_config.cpp), --prompts files and the chat-template lexer
+#                     (data/template.cpp, template_text_hash) on the same bytes
 #   fuzz_config       YAML training config + the to_yaml round trip (config/config.cpp)
 # Builds them with clang into build-fuzz (-DQLORA_FUZZ=ON: torch-free libraries only), seeds each
 # from tests/badinput/ and tests/fuzz/corpus/, runs each for QLORA_FUZZ_SECONDS (default 60),
@@ -43,6 +44,10 @@ for f in "$QLORA_ROOT"/tests/badinput/data/* "$QLORA_ROOT"/tests/fuzz/corpus/dat
   b="$(basename "$f")"
   { printf "\\x0$sel"; cat "$f"; } > "$S/fuzz_dataset/$b"
   { printf "\\x2$sel"; cat "$f"; } > "$S/fuzz_dataset/skip_$b"
+done
+# the family chat templates (fuzz_dataset also lexes its bytes as a jinja template)
+for f in "$QLORA_ROOT"/tests/fixtures/chat_templates/*.jinja; do
+  { printf "\\x00"; cat "$f"; } > "$S/fuzz_dataset/$(basename "$f")"
 done
 i=0
 while IFS= read -r f; do

@@ -4,7 +4,9 @@
 // The same bytes also go through qlora::parse_generation_config (a model dir's
 // generation_config.json, model/generation_config.h): a GenerationConfig whose values are in their
 // documented ranges, or qlora::Error; and through qlora::data::parse_prompts_jsonl (a `generate
-// --prompts` file): prompts with 1-based line numbers in increasing order, or qlora::Error.
+// --prompts` file): prompts with 1-based line numbers in increasing order, or qlora::Error; and
+// through qlora::data::template_text_hash (a model's chat_template, which `data.template: auto`
+// lexes as Jinja does): a hash, never a throw or an out-of-bounds read.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +14,7 @@
 
 #include "common/error.h"
 #include "data/reader.h"
+#include "data/template.h"
 #include "model/generation_config.h"
 #include "fuzz_util.h"
 
@@ -57,5 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   } catch (const qlora::Error&) {
   }
+  volatile uint64_t hash = qlora::data::template_text_hash(std::string(reinterpret_cast<const char*>(data + 1), size - 1));
+  (void)hash;
   return 0;
 }
