@@ -62,6 +62,8 @@ GenerationConfig parse_generation_config(const std::string& text, const std::str
     j = json::parse(text);
   } catch (const json::parse_error& e) {  // a cut or hand-edited file: where it breaks (trial 21)
     fail(path, ": invalid JSON at byte ", e.byte);
+  } catch (const json::exception& e) {  // e.g. out_of_range 406, a number too large for a double
+    fail(path, ": invalid JSON (", e.what(), ")");
   }
   QLORA_CHECK(j.is_object(), path, ":1: not a JSON object");
   GenerationConfig c;

@@ -427,6 +427,7 @@ TEST(Generate, GenerationConfigReadsTheDecodingKeysAndNamesFileAndKey) {
   EXPECT_EQ(err(R"({"max_length": [20]})"), f + ": max_length: must be an integer >= 1, got [20]");
   EXPECT_EQ(err("[1]"), f + ":1: not a JSON object");
   EXPECT_EQ(err("{\"top_k\": 2"), f + ": invalid JSON at byte 12");  // cut short: where, not "not an object"
+  EXPECT_EQ(err("{\"top_k\": 1e999}").rfind(f + ": invalid JSON (", 0), 0u);  // a number no double holds
   // no file: every key unset (transformers' defaults)
   const test::TempDir d("genconfig");
   const GenerationConfig none = read_generation_config(d.path.string());
