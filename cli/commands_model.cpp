@@ -252,14 +252,9 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
               "generate: --ids prints one prompt's ids; --prompts writes them in each JSON line's \"ids\"");
   // --prompt / --system / --stop: UTF-8, as tokenize --text and --prompts lines are (the text was
   // silently decoded with U+FFFD before, trial 21)
-  for (const auto& [flag, text] : std::vector<std::pair<std::string, std::string>>{{"--prompt", o.prompt}, {"--system", o.system}}) {
-    const size_t bad = first_invalid_utf8(text);
-    QLORA_CHECK(bad == std::string::npos, "generate: ", flag, ": invalid UTF-8 at byte offset ", bad);
-  }
-  for (const std::string& stop : o.gen.stop_strings) {
-    const size_t bad = first_invalid_utf8(stop);
-    QLORA_CHECK(bad == std::string::npos, "generate: --stop: invalid UTF-8 at byte offset ", bad);
-  }
+  require_utf8(o.prompt, "generate: --prompt");
+  require_utf8(o.system, "generate: --system");
+  for (const std::string& stop : o.gen.stop_strings) require_utf8(stop, "generate: --stop");
   // --prompts: every line checked before the model loads; --prompt: one prompt
   const std::vector<data::PromptLine> prompts =
       o.prompts_file.empty() ? std::vector<data::PromptLine>{data::PromptLine{o.prompt, std::nullopt, 0}}
@@ -297,12 +292,7 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
       used.data.template_name = "raw";
   }
   if (!o.template_name.empty()) {  // named before any line that would name it (trial 21)
-    const std::vector<std::string>& names = data::template_names();
-    std::string all;
-    for (const std::string& n : names) all += (all.empty() ? "" : "|") + n;
-    QLORA_CHECK(o.template_name == "auto" || o.template_name == "raw" ||
-                    std::find(names.begin(), names.end(), o.template_name) != names.end(),
-                "generate: --template: unknown template '", o.template_name, "' (", all, "|auto|raw)");
+    data::check_template_name(o.template_name, "generate: --template", {"auto", "raw"});
     used.data.template_name = o.template_name;
   }
   if (o.has_system) used.data.default_system_message = o.system;

@@ -51,8 +51,7 @@ size_t data_file_records(const std::string& text, std::string* kind) {
 /// --text, and the byte offset.
 std::string tokenize_input_text(const TokenizeOptions& o) {
   if (o.file.empty()) {
-    const size_t bad = first_invalid_utf8(o.text);
-    QLORA_CHECK(bad == std::string::npos, "tokenize: --text: invalid UTF-8 at byte offset ", bad);
+    require_utf8(o.text, "tokenize: --text");
     return o.text;
   }
   const std::string buf = read_file(o.file);

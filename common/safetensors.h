@@ -84,17 +84,17 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-/// A checkpoint directory: `model.safetensors`, or shards listed by `model.safetensors.index.json`
-/// (`weight_map`: tensor name → shard file). Every shard is mapped at open (a mapping costs address
-/// space, not memory) and validated as SafetensorsFile is. Throws qlora::Error for a missing directory or file, a malformed
-/// index, a shard named outside the directory, a tensor the index names but its shard lacks, or a
-/// name present in two shards.
 /// What a model directory without safetensors weights holds instead, as the hint its error gives:
 /// "pytorch_model.bin is a pickle checkpoint, which is not read: save the model as safetensors
 /// (...)" for a pytorch_model*.bin, "m.gguf is a GGUF file: qlora import-gguf ... --out DIR" for
 /// a .gguf; "" when there is neither. Never throws but std::bad_alloc.
 std::string other_weights_hint(const std::string& dir);
 
+/// A checkpoint directory: `model.safetensors`, or shards listed by `model.safetensors.index.json`
+/// (`weight_map`: tensor name → shard file). Every shard is mapped at open (a mapping costs address
+/// space, not memory) and validated as SafetensorsFile is. Throws qlora::Error for a missing directory or file, a malformed
+/// index, a shard named outside the directory, a tensor the index names but its shard lacks, or a
+/// name present in two shards.
 class SafetensorsCheckpoint {
  public:
   explicit SafetensorsCheckpoint(const std::string& dir,

@@ -3,7 +3,14 @@
 
 #include <utf8proc.h>
 
+#include "common/error.h"
+
 namespace qlora {
+
+void require_utf8(const std::string& s, const std::string& what) {
+  const size_t bad = first_invalid_utf8(s);
+  QLORA_CHECK(bad == std::string::npos, what, ": invalid UTF-8 at byte offset ", bad);
+}
 
 size_t first_invalid_utf8(const std::string& s) {
   const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(s.data());

@@ -21,6 +21,11 @@ inline size_t utf8_sequence_length(unsigned char c) {
   return 1;
 }
 
+/// Throws qlora::Error "<what>: invalid UTF-8 at byte offset N" (N: first_invalid_utf8) unless
+/// `s` is valid UTF-8: the check for text given on the command line (tokenize --text, generate
+/// --prompt / --system / --stop), which the tokenizers would otherwise see as U+FFFD.
+void require_utf8(const std::string& s, const std::string& what);
+
 /// True when `s` is valid UTF-8 (first_invalid_utf8 finds nothing).
 inline bool is_valid_utf8(const std::string& s) { return first_invalid_utf8(s) == std::string::npos; }
 

@@ -1,6 +1,7 @@
 // qlora-cpp chat templates. The strings here are documented verbatim in docs/data.md.
 #include "data/template.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -68,6 +69,15 @@ const std::vector<std::string>& template_names() {
                                              "smollm2", "qwen2.5", "qwen3", "llama3", "llama3.1", "llama3.2",
                                              "mistral"};
   return k;
+}
+
+void check_template_name(const std::string& name, const std::string& key, const std::vector<std::string>& also) {
+  std::vector<std::string> names = template_names();
+  names.insert(names.end(), also.begin(), also.end());
+  if (std::find(names.begin(), names.end(), name) != names.end()) return;
+  std::string all;
+  for (const std::string& n : names) all += (all.empty() ? "" : "|") + n;
+  fail(key, ": unknown template '", name, "' (", all, ")");
 }
 
 bool is_family_template(const std::string& name) {
@@ -174,9 +184,7 @@ std::vector<Segment> render(const Record& r, const std::string& name, const Toke
       if (t.role == "assistant") b.special(eos, true);
     }
   } else {
-    std::string names;
-    for (const std::string& n : template_names()) names += (names.empty() ? "" : "|") + n;
-    fail("data.template: unknown template '", name, "' (", names, ")");
+    check_template_name(name, "data.template");
   }
   return b.segs;
 }

@@ -65,6 +65,11 @@ struct Example {
 /// llama3.1, llama3.2, mistral.
 const std::vector<std::string>& template_names();
 
+/// Throws qlora::Error "<key>: unknown template '<name>' (alpaca|chatml|...)" unless `name` is one
+/// of template_names() or of `also` (names the caller resolves itself: generate's auto and raw),
+/// listed after them. The one check behind data.template's render error and generate --template.
+void check_template_name(const std::string& name, const std::string& key, const std::vector<std::string>& also = {});
+
 /// The system message template `name` renders when a conversation has no system turn, as its
 /// jinja writes it: smollm2's "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 /// and qwen2.5's "You are Qwen, created by Alibaba Cloud. You are a helpful assistant." (the same

@@ -109,7 +109,8 @@ std::optional<Bnb4StoredWeight> bnb4_stored_weight(const st::SafetensorsCheckpoi
 /// will NOT tie them") and uses the stored lm_head, so reading it as tied would silently give
 /// another model. Throws qlora::Error naming `dir`'s config.json and both tensors in that case
 /// (fix: tie_word_embeddings: false, or drop lm_head.weight). Compares in float32, 4096 rows at a
-/// time, from the mapped files (no full copy). Does nothing for an untied config.
+/// time, from load_tensor's views of the mapped files (a copy only where a tensor is unaligned).
+/// Does nothing for an untied config.
 void check_tied_lm_head(const st::SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const std::string& dir);
 
 class LlamaModel {

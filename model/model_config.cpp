@@ -63,18 +63,20 @@ RopeConfig parse_rope(const Reader& r) {
   const json* params = r.find("rope_parameters");
   if (!params) params = r.find("rope_scaling");
   rope.theta = r.number("rope_theta", 10000.0);
-  const double partial = r.number("partial_rotary_factor", 1.0);
-  QLORA_CHECK(partial == 1.0, r.src, ": field 'partial_rotary_factor': ", partial,
-              " is not supported (only 1.0: rotary embedding over the whole head_dim)");
+  // transformers reads it at the top level or in the rope section; both are refused the same way
+  const auto full_rotary = [&](const Reader& from, const std::string& prefix) {
+    const double partial = from.number("partial_rotary_factor", 1.0);
+    QLORA_CHECK(partial == 1.0, r.src, ": field '", prefix, "partial_rotary_factor': ", partial,
+                " is not supported (only 1.0: rotary embedding over the whole head_dim)");
+  };
+  full_rotary(r, "");
   if (!params) return rope;
   const char* field = r.find("rope_parameters") ? "rope_parameters" : "rope_scaling";
   QLORA_CHECK(params->is_object(), r.src, ": field '", field, "': expected an object, got ", params->dump());
   const std::string key = std::string(field);
   Reader p{*params, r.src};
   rope.theta = p.number("rope_theta", rope.theta);
-  const double partial_in_params = p.number("partial_rotary_factor", 1.0);
-  QLORA_CHECK(partial_in_params == 1.0, r.src, ": field '", key, ".partial_rotary_factor': ", partial_in_params,
-              " is not supported (only 1.0: rotary embedding over the whole head_dim)");
+  full_rotary(p, key + ".");
   rope.type = p.string("rope_type", p.string("type", "default"));
   if (rope.type == "default") return rope;
   if (rope.type == "linear") {
