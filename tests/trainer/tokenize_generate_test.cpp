@@ -135,6 +135,8 @@ TEST(TokenizeCli, SmolLM2IdsPiecesAndChatLabelsMatchTransformers) {
     expect_one_line_error(run("generate " + tdir.string() + " --template smollm2 " +
                               (flag == "--prompt" ? "" : "--prompt hi ") + flag + " \"$(printf 'ab\377')\""),
                           "generate: " + flag + ": invalid UTF-8 at byte offset 2");
+  expect_one_line_error(run("generate " + tdir.string() + " --template smollm2 --prompt hi --stop \"$(printf 'ab\377')\""),
+                        "generate: --stop: invalid UTF-8 at byte offset 2");
   fs::remove_all(tmp);
 }
 
