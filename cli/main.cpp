@@ -5,8 +5,11 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <map>
 
 #include "common/error.h"
@@ -121,6 +124,47 @@ const std::map<std::string, std::string>& peer_commands() {
                    "MODEL_DIR --quant nf4 shows it)"},
   };
   return kPeers;
+}
+
+/// One integer option value: "" with `s` rewritten to plain decimal (what CLI11's base-0 read then
+/// takes as the same number), or why it is not a decimal integer of the option's 64-bit type.
+std::string canonical_decimal(std::string& s, bool is_unsigned) {
+  const bool sign = !s.empty() && (s[0] == '+' || s[0] == '-');
+  const bool digits = s.size() > (sign ? 1u : 0u) &&
+                      std::all_of(s.begin() + (sign ? 1 : 0), s.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
+  if (!digits) return "'" + s + "' is not a decimal integer";
+  const std::string range = is_unsigned ? "0.." + std::to_string(std::numeric_limits<uint64_t>::max())
+                                        : std::to_string(std::numeric_limits<int64_t>::min()) + ".." +
+                                              std::to_string(std::numeric_limits<int64_t>::max());
+  const bool negative = s[0] == '-' && s.find_first_not_of("-0") != std::string::npos;
+  if (is_unsigned && negative) return s + " is below 0 (the option takes " + range + ")";
+  errno = 0;
+  const std::string text = negative ? s : s.substr(sign ? 1 : 0);  // "-0" is 0
+  const std::string v = is_unsigned ? std::to_string(std::strtoull(text.c_str(), nullptr, 10))
+                                    : std::to_string(std::strtoll(text.c_str(), nullptr, 10));
+  if (errno == ERANGE) return s + " is out of range (" + range + ")";
+  s = v;
+  return "";
+}
+
+/// CLI11 2.1 reads an integer option with strtoll / strtoull in base 0, so "010" was 8, "0x10" 16,
+/// a value past 64 bits saturated and "-1" wrapped to 2^64 - 1 in an unsigned option, all silently
+/// (`generate --seed 99999999999999999999999` ran with seed 18446744073709551615; session 23). Every
+/// INT / UINT option of `app` and of its subcommands and option groups takes [-+]?[0-9]+ instead, read
+/// in base 10 as YAML 1.2 and Python's int() read it ("010" is 10), with a value outside the 64-bit
+/// range of its type a usage error naming the option; CLI11 still refuses what a narrower type can't hold.
+// A transform (not a check): it rewrites the text to plain decimal before CLI11's read (per value of a list).
+void decimal_integer_options(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    std::string type = opt->get_type_name();  // "INT", or "INT:..." after a ->check's description
+    type = type.substr(0, type.find(':'));
+    if (type != "INT" && type != "UINT") continue;
+    const bool is_unsigned = type == "UINT";
+    opt->transform(CLI::Validator(
+        [is_unsigned](std::string& s) { return canonical_decimal(s, is_unsigned); },
+        ""));
+  }
+  for (CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) decimal_integer_options(*sub);
 }
 
 /// `qlora WORD ...` where WORD is neither a command nor an option: "unknown command 'WORD'" with
@@ -360,6 +404,7 @@ int run(int argc, char** argv) {
   import_cmd->add_option("--dtype", imp.dtype, "stored dtype of model.safetensors")->capture_default_str()
       ->transform(dtype_names())->check(CLI::IsMember({"bf16", "fp32"}));
 
+  decimal_integer_options(app);
   if (const std::string unknown = unknown_command_message(app, argc, argv); !unknown.empty()) {
     std::cerr << "error: " << unknown << "\n";
     return qlora::kExitUsage;

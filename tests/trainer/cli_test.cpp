@@ -108,6 +108,37 @@ TEST(Cli, NegativeMaxTimeIsRefused) {
   }
 }
 
+// CLI11 2.1 read integer options with strtoll / strtoull in base 0: `--seed 99999999999999999999999`
+// ran with seed 2^64 - 1, `--seed -1` wrapped to it, `--seq-len 010` was 8 and `0x10` 16, all
+// silently (session 23's list). Every integer option now takes a decimal integer of its type's range;
+// anything else is a usage error (exit 2) naming the option, before anything is read or started.
+TEST(Cli, IntegerOptionsAreDecimalAndInRange) {
+  const std::map<std::string, std::string> refused = {
+      {"generate m --prompt x --seed 99999999999999999999999",
+       "--seed: 99999999999999999999999 is out of range (0..18446744073709551615)"},
+      {"generate m --prompt x --seed -1", "--seed: -1 is below 0 (the option takes 0..18446744073709551615)"},
+      {"generate m --prompt x --max-new-tokens 0x10", "--max-new-tokens: '0x10' is not a decimal integer"},
+      {"init-model --preset tiny --out o --seed ' 5'", "--seed: ' 5' is not a decimal integer"},
+      {"estimate --preset tiny --seq-len -9223372036854775809",
+       "--seq-len: -9223372036854775809 is out of range (-9223372036854775808..9223372036854775807)"},
+      {"bench --preset tiny --sweep --seq-lens 64 0x10", "--seq-lens: '0x10' is not a decimal integer"},
+      // the launcher's option: refused before a rank starts
+      {"train missing.yaml --nproc-per-node 0x2", "--nproc-per-node: '0x2' is not a decimal integer"},
+  };
+  for (const auto& [args, line] : refused) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.out;
+    EXPECT_EQ(r.out.substr(0, r.out.find('\n')), line) << args;
+    EXPECT_EQ(r.out.find("launch:"), std::string::npos) << args << ": " << r.out;
+  }
+  // Leading zeros and a sign are decimal, as YAML 1.2 and Python's int() read them.
+  for (const char* v : {"010", "+10", "0010"}) {
+    const CliRun r = run(std::string("estimate --preset tiny --seq-len ") + v);
+    EXPECT_EQ(r.status, 0) << v << ": " << r.out;
+    EXPECT_NE(r.out.find("micro-batch 1 \u00d7 10 tokens"), std::string::npos) << v << ": " << r.out;
+  }
+}
+
 TEST(Cli, InitInspectGenerateOnTinyPreset) {
   fs::path d = temp_dir("tiny");
   fs::path corpus = d / "corpus.txt";
