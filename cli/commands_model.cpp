@@ -158,6 +158,9 @@ std::string cmd_inspect(const InspectOptions& o) {
   const ModelConfig cfg = load_model_config(o.model_dir);
   st::SafetensorsCheckpoint ckpt(o.model_dir);
   check_tied_lm_head(ckpt, cfg, o.model_dir);
+  // what train / eval / generate would refuse (inspect showed an untied config without lm_head.weight
+  // as if it loaded, session 22)
+  const std::vector<std::string> missing = missing_weights(ckpt, cfg);
   struct Comp {
     int64_t params = 0, bytes = 0, tensors = 0;
     std::set<std::string> dtypes;
@@ -214,6 +217,7 @@ std::string cmd_inspect(const InspectOptions& o) {
   for (const auto& [name, c] : comps)
     j["components"][name] = {{"parameters", c.params}, {"bytes", c.bytes}, {"tensors", c.tensors},
                              {"dtypes", std::vector<std::string>(c.dtypes.begin(), c.dtypes.end())}};
+  j["missing_tensors"] = missing;
   std::ostringstream os;
   if (o.json) {
     os << j.dump(2) << "\n";
@@ -238,6 +242,11 @@ std::string cmd_inspect(const InspectOptions& o) {
     };
     for (const auto& [name, c] : comps) row(name, c);
     row("total", total);
+    if (!missing.empty()) {
+      os << "not loadable (train, eval and generate refuse this directory): " << missing_weight_message(missing[0]);
+      if (missing.size() > 1) os << ", and " << missing.size() - 1 << " more the config implies";
+      os << "\n";
+    }
   }
   return os.str();
 }

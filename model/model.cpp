@@ -398,6 +398,19 @@ void check_tied_lm_head(const st::SafetensorsCheckpoint& ckpt, const ModelConfig
   }
 }
 
+std::vector<std::string> missing_weights(const st::SafetensorsCheckpoint& ckpt, const ModelConfig& cfg) {
+  LlamaModel names(cfg, torch::kFloat32, torch::kCPU);  // no weight is allocated: the names only
+  std::vector<std::string> out;
+  for (const Shape& w : expected_weights(names))
+    if (!ckpt.contains(w.name)) out.push_back(w.name);
+  return out;
+}
+
+std::string missing_weight_message(const std::string& name) {
+  return "tensor '" + name + "' is missing from the checkpoint" +
+         (name == "lm_head.weight" ? " (config.json has tie_word_embeddings: false)" : "");
+}
+
 LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::Device device) {
   return load(dir, dtype, device, QuantOptions{});
 }
@@ -419,8 +432,7 @@ LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::D
   check_tied_lm_head(ckpt, m.cfg_, dir);
   int64_t n_quantized = 0, n_prequantized = 0;
   for (const Shape& w : expected_weights(m)) {
-    QLORA_CHECK(ckpt.contains(w.name), dir, ": tensor '", w.name, "' is missing from the checkpoint",
-                w.name == "lm_head.weight" ? " (config.json has tie_word_embeddings: false)" : "");
+    QLORA_CHECK(ckpt.contains(w.name), dir, ": ", missing_weight_message(w.name));
     const st::TensorInfo& info = ckpt.info(w.name);
     const std::string& path = ckpt.file_of(w.name).path();
     if (w.linear) {

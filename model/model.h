@@ -113,6 +113,16 @@ std::optional<Bnb4StoredWeight> bnb4_stored_weight(const st::SafetensorsCheckpoi
 /// Does nothing for an untied config.
 void check_tied_lm_head(const st::SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const std::string& dir);
 
+/// The HF names of the weights `cfg` implies (embeddings, every layer's norms, projections and
+/// biases, the final norm, and lm_head.weight when untied) that `ckpt` does not store, in load order;
+/// empty when none is missing. Names only: shapes and dtypes are LlamaModel::load's checks, which
+/// refuses the first missing one with missing_weight_message; `qlora inspect` lists them all.
+std::vector<std::string> missing_weights(const st::SafetensorsCheckpoint& ckpt, const ModelConfig& cfg);
+
+/// "tensor 'NAME' is missing from the checkpoint", plus "(config.json has tie_word_embeddings:
+/// false)" for lm_head.weight: the one wording of a missing weight (load, inspect).
+std::string missing_weight_message(const std::string& name);
+
 class LlamaModel {
  public:
   /// Empty (all tensors undefined) model of the given shape; use load() or random_init().

@@ -175,6 +175,44 @@ TEST(TiedEmbeddings, AStoredLmHeadUnderTheTieFlagMustEqualTheEmbeddings) {
   fs::remove_all(d);
 }
 
+// An untied config whose checkpoint lacks lm_head.weight: load refuses it naming the tensor and the
+// flag; `inspect` showed the directory as if it loaded (session 22) and now says what is missing, in
+// its text and its JSON (missing_tensors: [] for a complete directory). Every missing weight is listed.
+TEST(MissingWeights, InspectNamesWhatLoadRefuses) {
+  QLORA_REQUIRE_FIXTURE(untied, "models/llama_gqa");
+  namespace fs = std::filesystem;
+  const fs::path d = test::fresh_temp_dir("missing_weights") / "no_lm_head";
+  fs::create_directories(d);
+  fs::copy_file(untied / "config.json", d / "config.json");
+  LlamaModel ref = LlamaModel::load(untied.string(), torch::kFloat32, torch::kCPU);
+  std::vector<std::pair<std::string, torch::Tensor>> ts;
+  for (auto& [name, t] : ref.named_tensors())
+    if (name != "lm_head.weight" && name != "model.layers.1.mlp.up_proj.weight") ts.emplace_back(name, t);
+  ASSERT_EQ(ts.size() + 2, ref.named_tensors().size());
+  save_tensors((d / "model.safetensors").string(), ts);
+
+  const std::string e = error_of([&] { LlamaModel::load(d.string(), torch::kFloat32, torch::kCPU); });
+  EXPECT_EQ(e, d.string() + ": tensor 'model.layers.1.mlp.up_proj.weight' is missing from the checkpoint") << e;
+  EXPECT_EQ(missing_weights(st::SafetensorsCheckpoint(d.string()), ref.config()),
+            (std::vector<std::string>{"model.layers.1.mlp.up_proj.weight", "lm_head.weight"}));
+  EXPECT_EQ(missing_weight_message("lm_head.weight"),
+            "tensor 'lm_head.weight' is missing from the checkpoint (config.json has tie_word_embeddings: false)");
+  InspectOptions io;
+  io.model_dir = d.string();
+  const std::string text = cmd_inspect(io);
+  EXPECT_NE(text.find("\nnot loadable (train, eval and generate refuse this directory): tensor "
+                      "'model.layers.1.mlp.up_proj.weight' is missing from the checkpoint, and 1 more the config implies\n"),
+            std::string::npos) << text;
+  io.json = true;
+  EXPECT_EQ(nlohmann::json::parse(cmd_inspect(io))["missing_tensors"],
+            nlohmann::json({"model.layers.1.mlp.up_proj.weight", "lm_head.weight"}));
+  io.model_dir = untied.string();
+  EXPECT_EQ(nlohmann::json::parse(cmd_inspect(io))["missing_tensors"], nlohmann::json::array());
+  io.json = false;
+  EXPECT_EQ(cmd_inspect(io).find("not loadable"), std::string::npos);
+  fs::remove_all(d.parent_path());
+}
+
 // A LoRA target on lm_head or embed_tokens is refused with the reason (tied: it would change both);
 // the same for an adapter's target list (lora_shapes, used when loading a PEFT adapter).
 TEST(TiedEmbeddings, LoraOnLmHeadOrEmbeddingsIsRefusedWithTheReason) {
