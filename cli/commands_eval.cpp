@@ -244,8 +244,7 @@ std::string cmd_eval(const EvalOptions& o) {
   // training.seed: the same here
   const QuantOptions& q = cfg.quantization;
   LlamaModel model = load_base_model(cfg, tok.vocab_size(), dtype, device);
-  QLORA_CHECK(model.config().vocab_size >= tok.vocab_size(), "model.tokenizer: the tokenizer has ", tok.vocab_size(),
-              " pieces but the model's vocab_size is ", model.config().vocab_size);
+  check_tokenizer_fits(model.config(), tok.vocab_size());
   if (!o.adapter.empty()) attach_peft_adapter(model, o.adapter);
   model.training = false;
   torch::NoGradGuard no_grad;

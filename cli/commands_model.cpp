@@ -271,6 +271,7 @@ void cmd_generate(const GenerateCliOptions& o, std::ostream& out) {
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   const ModelConfig model_cfg = load_model_config(o.model_dir);  // a missing dir / config.json is named before the tokenizer's files
   data::Tokenizer tok = data::Tokenizer::from_pretrained(o.model_dir);
+  check_tokenizer_fits(model_cfg, tok.vocab_size());  // as train and eval (an id past it crashed in torch, trial 24)
   // Decoding as transformers' model.generate(input_ids) with this model dir: each flag given, else
   // generation_config.json's value, else transformers' default (model/generation_config.h).
   const std::string gc_path = (fs::path(o.model_dir) / "generation_config.json").string();

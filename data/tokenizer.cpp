@@ -218,6 +218,13 @@ Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
       } catch (const std::exception&) {
         fail(tok_cfg_path.string(), ":1: added_tokens_decoder key '", k, "' is not an integer id");
       }
+      // tokenizer.model alone: the added tokens are split out of text by id, as transformers'
+      // AutoTokenizer splits them ("<|im_start|>" was 7 text pieces, trial 24)
+      if (!t.is_json_) {
+        const bool special = !(v.is_object() && v.contains("special") && v["special"] == false);
+        t.impl_->add_token(c, added[c], special);
+        t.vocab_size_ = std::max(t.vocab_size_, added[c] + 1);
+      }
     }
   }
   auto resolve = [&](const std::string& content, const fs::path& from) -> int32_t {
@@ -310,7 +317,7 @@ int32_t Tokenizer::piece_to_id(const std::string& piece) const { return impl_->p
 bool Tokenizer::is_special(int32_t id) const {
   if (id < 0) return false;
   if (id == bos_id_ || id == eos_id_ || id == pad_id_ || id == unk_id_) return true;
-  if (id >= impl_->vocab_size()) return true;  // declared ids above the file's vocab
+  if (id >= impl_->vocab_size()) return impl_->id_to_piece(id).empty() || impl_->is_special(id);  // declared above the file's vocab
   return impl_->is_special(id);
 }
 

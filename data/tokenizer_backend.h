@@ -37,6 +37,13 @@ class TokenizerBackend {
   /// True for ids the file itself marks special (spm control pieces, added tokens with special=true).
   virtual bool is_special(int32_t id) const = 0;
   virtual FileSpecials specials() const = 0;
+  /// A token tokenizer_config.json's added_tokens_decoder declares (transformers' added tokens):
+  /// encode() splits `content` out of text as the single id `id`, as transformers does; id_to_piece,
+  /// piece_to_id and decode know it; `special` as its "special" flag (decode's skip_special_tokens).
+  /// The sentencepiece path only: a tokenizer.json lists its added tokens itself.
+  virtual void add_token(const std::string& content, int32_t id, bool special) {
+    (void)content, (void)id, (void)special;
+  }
 };
 
 /// sentencepiece tokenizer.model (data/tokenizer_spm.cpp). `scheme`: when encode(prefix=true)

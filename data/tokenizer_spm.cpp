@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <queue>
 #include <sstream>
 #include <unordered_map>
@@ -35,16 +36,28 @@ class SpmBackend final : public TokenizerBackend {
   TokenIds encode(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const override;
   std::string decode(const TokenIds& ids, bool skip_special_tokens, const Tokenizer& facade) const override;
   std::string id_to_piece(int32_t id) const override {
+    if (const auto a = added_.find(id); a != added_.end()) return a->second.first;
     if (id < 0 || id >= sp_->GetPieceSize()) return "";
     return sp_->IdToPiece(id);
   }
   int32_t piece_to_id(const std::string& piece) const override {
+    for (const auto& [id, a] : added_)
+      if (a.first == piece) return id;
     const int id = sp_->PieceToId(piece);
     return (id >= 0 && sp_->IdToPiece(id) == piece) ? id : -1;
   }
   int32_t vocab_size() const override { return sp_->GetPieceSize(); }
   bool is_special(int32_t id) const override {
+    if (const auto a = added_.find(id); a != added_.end()) return a->second.second;
     return id >= 0 && id < sp_->GetPieceSize() && (sp_->IsControl(id) || sp_->IsUnknown(id));
+  }
+  void add_token(const std::string& content, int32_t id, bool special) override {
+    for (const auto& sp : specials_)
+      if (sp.first == content) return;  // a control piece already split out
+    // an id of the model names its own piece (HF keeps the id); anything else is a new token
+    if (content.empty() || (id < sp_->GetPieceSize() && sp_->IdToPiece(id) != content)) return;
+    specials_.emplace_back(content, id);
+    if (id >= sp_->GetPieceSize()) added_[id] = {content, special};
   }
   FileSpecials specials() const override {
     FileSpecials s;
@@ -63,7 +76,8 @@ class SpmBackend final : public TokenizerBackend {
   int32_t space_id_ = -1;                                        // "▁"
   int32_t unk_id_ = -1;
   PrependScheme scheme_;  // kNever: no "▁" prefix at all; else one when encode() is asked for it
-  std::vector<std::pair<std::string, int32_t>> specials_;  // control / unknown piece strings and ids
+  std::vector<std::pair<std::string, int32_t>> specials_;  // control / unknown / added token strings and ids
+  std::map<int32_t, std::pair<std::string, bool>> added_;  // added ids past the model: (content, special)
   /// BPE of text without special strings (transformers' conversion of the model, see the constructor).
   TokenIds encode_plain(const std::string& text, std::vector<int64_t>* offsets, bool prefix) const;
 };
@@ -217,8 +231,8 @@ std::string SpmBackend::decode(const TokenIds& ids, bool skip_special_tokens, co
     run.clear();
   };
   for (int32_t id : ids) {
-    if (facade.is_special(id)) {
-      if (skip_special_tokens) continue;
+    if (facade.is_special(id) || added_.count(id)) {
+      if (skip_special_tokens && facade.is_special(id)) continue;
       flush();
       out += facade.id_to_piece(id);
     } else if (id >= 0 && id < n) {

@@ -402,4 +402,9 @@ void add_legacy_rope_keys(nlohmann::json* config) {
   (*config)["rope_scaling"] = std::move(scaling);
 }
 
+void check_tokenizer_fits(const ModelConfig& cfg, int64_t tokenizer_pieces) {
+  QLORA_CHECK(cfg.vocab_size >= tokenizer_pieces, "model.tokenizer: the tokenizer has ", tokenizer_pieces,
+              " pieces but the model's vocab_size is ", cfg.vocab_size);
+}
+
 }  // namespace qlora

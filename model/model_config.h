@@ -73,6 +73,11 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
 /// the error, with what to pass instead (the base model dir and --adapter, or qlora merge).
 ModelConfig load_model_config(const std::string& model_dir);
 
+/// Throws qlora::Error "model.tokenizer: the tokenizer has N pieces but the model's vocab_size is M"
+/// when `tokenizer_pieces` (Tokenizer::vocab_size, added tokens included) exceeds the model's
+/// vocab_size: an id past the embedding would index out of range (train, eval, generate).
+void check_tokenizer_fits(const ModelConfig& cfg, int64_t tokenizer_pieces);
+
 /// Adds the pre-transformers-5 RoPE keys a config.json with `rope_parameters` lacks: a top-level
 /// `rope_theta` and, for a rope_type other than "default", `rope_scaling` (rope_parameters without
 /// rope_theta), as transformers 4.x wrote them (Llama 3.1's config.json). transformers 5 reads

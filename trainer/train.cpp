@@ -581,8 +581,7 @@ void Trainer::setup() {
                                  (dist_->world_size() > 1 ? " --world-size " + std::to_string(dist_->world_size()) : ""));
   const torch::Dtype dtype = torch_dtype(cfg_.model.dtype, device_);
   model_ = std::make_unique<LlamaModel>(load_base_model(cfg_, tok_->vocab_size(), dtype, device_));
-  QLORA_CHECK(model_->config().vocab_size >= tok_->vocab_size(), "model.tokenizer: the tokenizer has ",
-              tok_->vocab_size(), " pieces but the model's vocab_size is ", model_->config().vocab_size);
+  check_tokenizer_fits(model_->config(), tok_->vocab_size());
   if (const double p = model_->config().attention_dropout; p > 0 && run_.dist.rank == 0)
     log::warn("model: config.json has attention_dropout ", p, ", which qlora does not apply: this run trains "
               "without attention dropout (transformers + PEFT would drop attention probabilities in training; "
@@ -624,12 +623,7 @@ void Trainer::setup() {
 
   pad_id_ = tok_->batch_pad_id();
   loader_ = std::make_unique<data::DataLoader>(&data_.train, t.micro_batch_size, cfg_.data, pad_id_, data::SamplerState{0, 0, cfg_.data.seed});
-  int64_t per_epoch = 0;
-  const int64_t group = global_group_size();
-  for (int64_t e = 0; e < std::max<int64_t>(1, t.num_epochs); ++e)
-    per_epoch += (loader_->batches_in_epoch(e) + group - 1) / group;
-  total_steps_ = t.max_steps > 0 ? t.max_steps : per_epoch;
-  warmup_steps_ = warmup_steps_for(t, total_steps_);
+  plan_steps();
   opt_ = make_adamw(model_->lora_parameters(), t);
 
   preemption_ = {{"interruptions", 0}, {"time_lost_s", 0.0}, {"checkpoints", json::array()}};
@@ -712,8 +706,18 @@ void Trainer::setup() {
               " (set a smaller training.warmup_steps or training.warmup_ratio)");
   if (dist_->active())
     log::info("train: data parallel over ", dist_->world_size(), " ranks: global batch ", t.micro_batch_size, " x ",
-              t.gradient_accumulation_steps, " x ", dist_->world_size(), " = ", t.micro_batch_size * group,
+              t.gradient_accumulation_steps, " x ", dist_->world_size(), " = ", t.micro_batch_size * global_group_size(),
               " rows per optimizer step (micro-batch x accumulation x world size)");
+}
+
+void Trainer::plan_steps() {
+  const TrainingConfig& t = cfg_.training;
+  int64_t per_epoch = 0;
+  const int64_t group = global_group_size();
+  for (int64_t e = 0; e < std::max<int64_t>(1, t.num_epochs); ++e)
+    per_epoch += (loader_->batches_in_epoch(e) + group - 1) / group;
+  total_steps_ = t.max_steps > 0 ? t.max_steps : per_epoch;
+  warmup_steps_ = warmup_steps_for(t, total_steps_);
 }
 
 int64_t Trainer::global_group_size() const {
@@ -1913,6 +1917,10 @@ void Trainer::resume_from(const std::string& ckpt) {
   restore_adamw_state(*opt_, model_->lora_parameters(), lc.opt, device_, ckpt);
   loader_ = std::make_unique<data::DataLoader>(&data_.train, cfg_.training.micro_batch_size, cfg_.data, pad_id_,
                                                lc.state.sampler);
+  if (lc.state.sampler.packer != data::SamplerState{}.packer && cfg_.data.sample_packing) {
+    plan_steps();  // the checkpoint's run packs as it did (next-fit before session 24): its epochs' steps
+    log::info("resume: ", ckpt, " was written by a version that packed rows next-fit; its run continues so");
+  }
   {
     // This rank's own generator states; a checkpoint without them (another WORLD_SIZE under
     // --force, or one of an older version that kept rank 0's alone) gives rank 0's.

@@ -294,6 +294,9 @@ class Trainer {
   void wait_for_syncs();
   /// Micro-batches per optimizer step over all ranks: gradient_accumulation_steps × world size.
   int64_t global_group_size() const;
+  /// total_steps_ and warmup_steps_: training.max_steps, else the epochs' micro-batches as loader_
+  /// lays them out (its packer), in global groups of gradient_accumulation_steps x world size.
+  void plan_steps();
   /// Data parallel: throws qlora::Error naming the differing keys when this rank's resolved config
   /// or data content differs from rank 0's. Nothing with world_size 1.
   void check_same_run_as_main();

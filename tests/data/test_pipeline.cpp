@@ -700,17 +700,19 @@ std::vector<int64_t> run(DataLoader& dl, int steps) {
 
 TEST(Sampler, ResumeAnywhereGivesTheSameSequence) {
   const auto ex = synthetic(23);
-  for (bool packing : {false, true}) {
+  for (const auto& [packing, packer] : std::vector<std::pair<bool, Packer>>{
+           {false, Packer::kBestFitDecreasing}, {true, Packer::kBestFitDecreasing}, {true, Packer::kNextFit}}) {
     DataOptions o;
     o.sample_packing = packing;
     o.sequence_len = 24;
     o.seed = 7;
-    DataLoader ref(&ex, 4, o, 0, SamplerState{0, 0, 7});
+    const SamplerState start{0, 0, 7, packer};
+    DataLoader ref(&ex, 4, o, 0, start);
     const int64_t per_epoch = ref.batches_in_epoch(0);
     const int total = int(per_epoch * 3);
     const auto full = run(ref, total);
     for (int k : {1, int(per_epoch / 2), int(per_epoch), int(per_epoch + 2), int(per_epoch * 2)}) {
-      DataLoader a(&ex, 4, o, 0, SamplerState{0, 0, 7});
+      DataLoader a(&ex, 4, o, 0, start);
       const auto head = run(a, k);
       const nlohmann::json saved = a.state();
       DataLoader b(&ex, 4, o, 0, saved.get<SamplerState>());
@@ -719,7 +721,9 @@ TEST(Sampler, ResumeAnywhereGivesTheSameSequence) {
       joined.insert(joined.end(), tail.begin(), tail.end());
       EXPECT_EQ(joined, full) << "packing " << packing << " stop after " << k;
       if (k == per_epoch) {
-        EXPECT_EQ(saved.dump(), R"({"cursor":0,"epoch":1,"seed":7})");
+        EXPECT_EQ(saved.dump(), packer == Packer::kNextFit
+                                    ? R"({"cursor":0,"epoch":1,"packer":"next_fit","seed":7})"
+                                    : R"({"cursor":0,"epoch":1,"packer":"best_fit_decreasing","seed":7})");
       }
     }
     // each epoch is a permutation, different epochs differ
@@ -747,6 +751,52 @@ TEST(Sampler, ResumeAnywhereGivesTheSameSequence) {
   EXPECT_EQ(epoch_permutation(8, 42, 1, true), (std::vector<int64_t>{4, 1, 2, 7, 5, 0, 3, 6}));
   EXPECT_EQ(epoch_permutation(23, 7, 0, true),
             (std::vector<int64_t>{12, 19, 18, 17, 1, 6, 3, 15, 22, 4, 7, 2, 9, 20, 16, 0, 14, 21, 11, 5, 13, 10, 8}));
+}
+
+// sample_packing lays each epoch out by best-fit decreasing (TRL's pack_dataset "bfd"; Axolotl's
+// multipack is fit-decreasing too); it was next-fit in permutation order, which filled the alpaca
+// demo's rows 74 % at sequence_len 256 where fit-decreasing fills 96 % (trial 23: 1.3x the rows).
+// Pinned values from an independent Python implementation of the documented rule:
+//   def bfd(lengths, cap):
+//     rows, room = [], []
+//     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+//       fits = [r for r in range(len(rows)) if lengths[i] <= cap and room[r] >= lengths[i]]
+//       if not fits: rows.append([i]); room.append(cap - lengths[i]); continue
+//       r = min(fits, key=lambda r: (room[r], r)); rows[r].append(i); room[r] -= lengths[i]
+//     return sorted(sorted(r) for r in rows)
+TEST(Packing, BestFitDecreasingAsSpecified) {
+  EXPECT_EQ(pack_best_fit_decreasing({5, 9, 3, 7, 2, 4}, 10),
+            (std::vector<std::vector<int64_t>>{{0, 5}, {1}, {2, 3}, {4}}));
+  EXPECT_EQ(pack_best_fit_decreasing({12, 3, 10, 10}, 10),  // too long: a row of its own
+            (std::vector<std::vector<int64_t>>{{0}, {1}, {2}, {3}}));
+  EXPECT_EQ(pack_best_fit_decreasing({}, 8), (std::vector<std::vector<int64_t>>{}));
+  std::vector<int64_t> lengths;  // 60 lengths in 1..40 from a 64-bit LCG (Knuth's MMIX constants)
+  for (uint64_t x = 1; lengths.size() < 60;) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    lengths.push_back(static_cast<int64_t>((x >> 33) % 40) + 1);
+  }
+  const auto rows = pack_best_fit_decreasing(lengths, 64);
+  EXPECT_EQ(rows.size(), 19u);  // 1164 tokens: 18.2 rows of 64 at the least
+  EXPECT_EQ(rows.front(), (std::vector<int64_t>{0, 34, 35, 40, 45}));
+  EXPECT_EQ(rows.back(), (std::vector<int64_t>{51, 56}));
+  std::vector<int64_t> seen;
+  for (const auto& r : rows) {
+    int64_t used = 0;
+    for (const int64_t i : r) used += lengths[i], seen.push_back(i);
+    EXPECT_LE(used, 64);
+  }
+  std::sort(seen.begin(), seen.end());
+  for (int64_t i = 0; i < 60; ++i) EXPECT_EQ(seen[i], i);
+  EXPECT_THROW(pack_best_fit_decreasing({1}, 0), qlora::Error);
+  // A checkpoint's sampler state from before the field existed packs as its run did: next-fit.
+  EXPECT_EQ(nlohmann::json::parse(R"({"cursor":3,"epoch":1,"seed":7})").get<SamplerState>().packer, Packer::kNextFit);
+  EXPECT_THROW(nlohmann::json::parse(R"({"cursor":3,"epoch":1,"seed":7,"packer":"ffd"})").get<SamplerState>(), qlora::Error);
+  // A cursor inside a packed row (another dataset or sequence_len) is refused when the loader is made.
+  const auto ex = synthetic(23);
+  DataOptions o;
+  o.sample_packing = true;
+  o.sequence_len = 24;
+  EXPECT_THROW(DataLoader(&ex, 4, o, 0, SamplerState{0, 1, 42}), qlora::Error);
 }
 
 TEST(Batch, PaddingAndPacking) {

@@ -199,6 +199,16 @@ void expect_spm_parity(const std::string& name, int want_checked) {
 TEST(TokenizerSpm, LlamaTokenizerConfigMatchesTransformers) {
   expect_spm_parity("llama2_spm", 2154);
   expect_spm_parity("llama2_spm_legacy", 2154);
+  // added_tokens_decoder's tokens past tokenizer.model's pieces are split out of text by id as
+  // AutoTokenizer splits them (they were read as text: "<|im_start|>" was 7 pieces, trial 24); the
+  // corpus holds the ChatML markers (36 strings), and decode writes them back
+  expect_spm_parity("llama2_spm_added", 2154);
+  const Tokenizer added = Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers/llama2_spm_added").string());
+  EXPECT_EQ(added.encode("<|im_start|>user"), (TokenIds{32000, 1792}));
+  EXPECT_EQ(added.encode("a<|sep|>b"), (TokenIds{263, 32002, 29890}));
+  EXPECT_EQ(added.vocab_size(), 32003);
+  EXPECT_EQ(added.decode({32000, 1792, 32001}, true), "user");
+  EXPECT_EQ(added.decode({32000, 1792, 32002}, false), "<|im_start|>user<|sep|>");
   // the two configs differ where it shows: BOS by default, and "▁" after a special id
   const Tokenizer first = Tokenizer::from_pretrained((qlora::test::fixtures_dir() / "tokenizers/llama2_spm").string());
   const Tokenizer legacy =

@@ -192,6 +192,14 @@ TEST(Generate, StopsAtAnyEosIdOfGenerationConfig) {
   r = run(gen + " --template llama3");  // another family's markers: not tokens of this tokenizer
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("data.template: llama3 writes"), std::string::npos) << r.out;
+  // a tokenizer with more pieces than the model's vocab_size: refused as train and eval refuse it
+  // (generate ran, and an id past the embedding ended in torch's "index out of range", trial 24)
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(d / "m" / "config.json"));
+  cfg["vocab_size"] = 200;
+  std::ofstream(d / "m" / "config.json") << cfg.dump(2);
+  r = run(gen);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_EQ(r.out, "error: model.tokenizer: the tokenizer has 300 pieces but the model's vocab_size is 200\n");
   fs::remove_all(d);
 }
 
