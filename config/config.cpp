@@ -742,6 +742,13 @@ class Section {
                  "fast GPU dtype"},
         {"group_by_length", " has no key here: rows are drawn in shuffled order (\"data.shuffle\"); "
                             "\"data.sample_packing: true\" packs short examples into full rows instead"},
+        // TRL's SFTConfig and Axolotl's rope key (trial 23: a bare "unknown key").
+        {"max_seq_length", {"data.sequence_len", "TRL"}},
+        {"packing", {" is \"data.sample_packing\" here (best-fit decreasing, as TRL's packing_strategy bfd; "
+                     "attention kept within each example)", "TRL"}},
+        {"rope_scaling", " has no key here: RoPE scaling is read from \"model.path\"'s config.json "
+                         "(rope_scaling / rope_parameters: default, linear and llama3 run; other types are refused "
+                         "by name)"},
         // Evaluation and reporting (issue: a README-only trial's Axolotl / HF Trainer eval keys).
         {"test_datasets", " is \"data.eval\" here: a separate eval file, or a list of files as data.train takes "
                           "(when set, data.val_set_size is not used)"},
@@ -1249,6 +1256,9 @@ bool unit_interval(double v) { return v >= 0 && v < 1; }  // [0, 1)
 bool positive_number(double v) { return v > 0; }
 bool non_negative_number(double v) { return v >= 0; }
 const IntSpec kPositiveInt{positive, "a positive integer"};
+// batch positions and segment ids are int32 (data/batch.h): 99999999999 passed data preview (trial 23)
+bool int32_token_count(int64_t v) { return v > 0 && v <= std::numeric_limits<int32_t>::max(); }
+const IntSpec kTokenCount{int32_token_count, "a token count in 1..2147483647"};
 const IntSpec kNonNegativeInt{non_negative, "an integer >= 0"};
 const NumberSpec kUnitNumber{unit_interval, "a number in [0, 1)"};
 const NumberSpec kPositiveNumber{positive_number, "a positive number"};
@@ -1288,7 +1298,7 @@ void visit_fields(V& v, data::DataOptions*) {
   v("eval", &D::eval, SourceListSpec{});
   v("format", &D::format, ChoiceSpec{kFormats});
   v("template", &D::template_name, ChoiceSpec{kTemplates});
-  v("sequence_len", &D::sequence_len, kPositiveInt);
+  v("sequence_len", &D::sequence_len, kTokenCount);
   v("truncation", &D::truncation, ChoiceSpec{kTruncations});
   v("train_on_inputs", &D::train_on_inputs, BoolSpec{});
   v("add_eos", &D::add_eos, BoolSpec{});

@@ -295,7 +295,7 @@ TEST(Config, EveryErrorOfAConfigInOneRun) {
       "t.yaml:5: learning_rate: unknown key; did you mean \"training.learning_rate\" (it belongs under training:)?",
       "t.yaml:9: data.train[0].type: unknown key; Axolotl's \"type\" is \"format\" here (alpaca|sharegpt|messages|completion; "
       "Axolotl's chat_template type is messages) (docs/config.md)",
-      "t.yaml:10: data.sequence_len: expected a positive integer, got 0",
+      "t.yaml:10: data.sequence_len: expected a token count in 1..2147483647, got 0",
       "t.yaml:12: lora.target_modules[1]: unknown module \"v_prj\"; did you mean \"v_proj\"?",
       "t.yaml:12: lora.target_modules[2]: unknown module \"k_prjo\"; did you mean \"k_proj\"?",
       "t.yaml:14: training.micro_batch_size: expected a positive integer, got \"four\"",
@@ -433,6 +433,12 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
   EXPECT_EQ(top("torch_dtype: bfloat16"),
             p + "torch_dtype: unknown key; Axolotl / Hugging Face's \"torch_dtype\" is \"model.dtype\" here "
                 "(docs/config.md)");
+  // TRL's SFTConfig names (trial 23: a bare "unknown key")
+  EXPECT_EQ(top("max_seq_length: 512"),
+            p + "max_seq_length: unknown key; TRL's \"max_seq_length\" is \"data.sequence_len\" here (docs/config.md)");
+  EXPECT_EQ(top("packing: true"),
+            p + "packing: unknown key; TRL's \"packing\" is \"data.sample_packing\" here (best-fit decreasing, as "
+                "TRL's packing_strategy bfd; attention kept within each example) (docs/config.md)");
   // The rest of a user trial's Axolotl config (issue: these got only "unknown key (expected one
   // of: ...)"): each says what this project does instead.
   const std::map<std::string, std::string> instead = {
@@ -457,6 +463,9 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
                                 "or math) torch picks for the device and dtype"},
       {"tf32: true", "has no key here: TF32 matmuls stay off (torch's default); \"model.dtype: bf16\" is the fast "
                      "GPU dtype"},
+      {"rope_scaling: {type: linear, factor: 2}",
+       "has no key here: RoPE scaling is read from \"model.path\"'s config.json (rope_scaling / rope_parameters: "
+       "default, linear and llama3 run; other types are refused by name)"},
       {"group_by_length: false", "has no key here: rows are drawn in shuffled order (\"data.shuffle\"); "
                                  "\"data.sample_packing: true\" packs short examples into full rows instead"},
       // the QLoRA paper's keys as an Axolotl / HF user writes them (trial 12)
