@@ -196,7 +196,8 @@ Batch DataLoader::next() {
 }
 
 int64_t DataLoader::batches_in_epoch(uint64_t epoch) const {
-  const EpochPlan p = plan(epoch);
+  EpochPlan other;  // the plan held for the current epoch is not computed again (the trainer's epoch 0)
+  const EpochPlan& p = epoch == plan_epoch_ ? plan_ : (other = plan(epoch));
   if (best_fit()) return (static_cast<int64_t>(p.rows.size()) + batch_size_ - 1) / batch_size_;
   std::vector<std::vector<const Example*>> rows;
   int64_t count = 0;

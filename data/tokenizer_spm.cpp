@@ -231,8 +231,9 @@ std::string SpmBackend::decode(const TokenIds& ids, bool skip_special_tokens, co
     run.clear();
   };
   for (int32_t id : ids) {
-    if (facade.is_special(id) || added_.count(id)) {
-      if (skip_special_tokens && facade.is_special(id)) continue;
+    const bool special = facade.is_special(id);
+    if (special || added_.count(id)) {  // an added token that is not special is written even when skipping
+      if (skip_special_tokens && special) continue;
       flush();
       out += facade.id_to_piece(id);
     } else if (id >= 0 && id < n) {
