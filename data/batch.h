@@ -70,6 +70,7 @@ void from_json(const nlohmann::json& j, SamplerState& s);
 /// `capacity` gets a row of its own. Returns the rows as indices into `lengths`, each row ascending,
 /// rows ordered by their first index, so a shuffled `lengths` order gives a shuffled row order.
 /// `lengths`: tokens per item (>= 0), in permutation order; `capacity` > 0 tokens. O(n log n).
+/// Throws qlora::Error when `capacity` <= 0 or a length is negative.
 std::vector<std::vector<int64_t>> pack_best_fit_decreasing(const std::vector<int64_t>& lengths, int64_t capacity);
 
 /// The order of epoch `epoch`: Fisher-Yates over 0..n-1 driven by splitmix64 seeded from
