@@ -9,6 +9,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/json_file.h"
 #include "common/files.h"
 #include "common/tensor_io.h"
 #include "adapters/lora.h"
@@ -138,13 +139,7 @@ PeftConfig read_peft_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_config.json").string();
   QLORA_CHECK(fs::is_directory(dir), dir, ": adapter directory not found", relative_path_note(dir));
   QLORA_CHECK(fs::exists(path), path, ": not found (a PEFT adapter directory needs adapter_config.json)");
-  json j;
-  try {
-    j = json::parse(read_file(path));
-  } catch (const json::exception& e) {
-    fail(path, ": not valid JSON: ", e.what());
-  }
-  QLORA_CHECK(j.is_object(), path, ": expected a JSON object");
+  const json j = read_json_object_file(path);
   auto str = [&](const char* k, const std::string& d) {
     auto it = j.find(k);
     if (it == j.end() || it->is_null()) return d;

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "model/model_config.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "trainer/distributed.h"
@@ -20,6 +21,16 @@ std::string cmd_data_preview(const DataPreviewOptions& o) {
   for (const std::string& w : config_warnings(cfg)) log::warn(w);
   const std::string tok_src = check_config_inputs(cfg, /*need_weights=*/false);
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
+  log::info("tokenizer: ", tok.describe());
+  // sequence_len past the model's positions, as train and estimate warn (trial 23); the preview
+  // itself needs no model config: one it cannot read is train's error to give
+  if (!cfg.model.path.empty() && std::filesystem::is_regular_file(std::filesystem::path(cfg.model.path) / "config.json")) {
+    try {
+      if (const std::string note = positions_note(cfg.data.sequence_len, load_model_config(cfg.model.path)); !note.empty())
+        log::warn("data.sequence_len: ", note);
+    } catch (const Error&) {
+    }
+  }
   QLORA_CHECK(o.n >= 0, "data preview: --n must be >= 0, got ", o.n);
   data::DataOptions dopts = cfg.data;
   const std::string preview = with_key_sources(cfg, [&] {

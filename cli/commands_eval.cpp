@@ -173,11 +173,16 @@ std::string cmd_eval(const EvalOptions& o) {
   QLORA_CHECK(o.predictions.empty() || o.metric == "exact_match",
               "eval: --predictions needs --metric exact_match (the loss has no predictions)");
   if (!o.predictions.empty()) check_can_create(o.predictions, "eval: --predictions file");
+  // one file for both would keep only the result written last (trial 25)
+  QLORA_CHECK(o.predictions.empty() || fs::weakly_canonical(o.predictions) != fs::weakly_canonical(out),
+              "eval: --predictions ", o.predictions, " is the result file too (", out,
+              "); give them different paths");
   const torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
 
   // Data first: every bad-input error comes before the (slow) model load.
   const std::string tok_src = with_key_sources(cfg, [&] { return tokenizer_source(cfg.model); });
   const data::Tokenizer tok = data::Tokenizer::from_pretrained(tok_src);
+  log::info("tokenizer: ", tok.describe());
   data::DataOptions dopts = cfg.data;
   dopts.template_name = with_key_sources(cfg, [&] { return data::resolve_template(dopts.template_name, tok_src); });
   if (!o.data.empty()) {
@@ -185,7 +190,23 @@ std::string cmd_eval(const EvalOptions& o) {
     dopts.eval.clear();
     dopts.val_set_size = 0;
   }
-  data::Datasets ds = with_key_sources(cfg, [&] { return data::load_datasets(dopts, tok); });
+  // Errors about --data name the flag, not data.train (which --data replaces here: the config's
+  // data.train line, or "data.train" with no config, pointed at a key the user never set, trial 25).
+  const auto data_errors = [&](auto&& f) {
+    try {
+      return with_key_sources(cfg, f);
+    } catch (const Error& e) {
+      if (o.data.empty() || typeid(e) != typeid(Error)) throw;
+      std::string m = e.what();
+      for (const std::string key : {"data.train[0]: ", "data.train: "}) {
+        const size_t at = m.find(key);
+        if (at != std::string::npos && (at == 0 || m.compare(at - 2, 2, ": ") == 0))
+          throw Error("--data: " + m.substr(at + key.size()));
+      }
+      throw;
+    }
+  };
+  data::Datasets ds = data_errors([&] { return data::load_datasets(dopts, tok); });
   const bool eval_file = o.data.empty() && !dopts.eval.empty();
   // the config's eval set sharing records with its train set measures memorisation (as train warns)
   if (const std::string note = data::duplicates_note(ds); o.data.empty() && !note.empty()) log::warn("data: ", note);
@@ -194,11 +215,11 @@ std::string cmd_eval(const EvalOptions& o) {
       log::warn("data: ", f.source.path, ": ", note);
   // The model was tuned on its own chat format: a loss in another one is not the model's best and
   // does not compare with a run that used the model's template (as `train` and `data preview` warn).
-  if (const std::string note = data::template_mismatch_note(dopts.template_name, tok_src);
-      !note.empty() && ds.stats.read.format != "completion")
-    log::warn("eval: ", note);
+  if (ds.stats.read.format != "completion")
+    for (const std::string& note : data::template_warnings(dopts.template_name, tok_src, tok)) log::warn("eval: ", note);
   std::vector<data::Example> exs = o.data.empty() ? std::move(ds.eval) : std::move(ds.train);
   QLORA_CHECK(!exs.empty(), o.config_path.empty() ? o.data : o.config_path, ": no eval data (set data.eval or data.val_set_size, or pass --data FILE)");
+  const auto available = static_cast<int64_t>(exs.size());
   if (o.max_examples > 0 && static_cast<int64_t>(exs.size()) > o.max_examples) exs.resize(static_cast<size_t>(o.max_examples));
   // exact_match's prompts and answers: the last assistant answer of each example as
   // train_on_inputs: false labels it (with train_on_inputs every token is a target and no answer
@@ -208,7 +229,7 @@ std::string cmd_eval(const EvalOptions& o) {
     if (dopts.train_on_inputs) {
       data::DataOptions eo = dopts;
       eo.train_on_inputs = false;
-      data::Datasets eds = with_key_sources(cfg, [&] { return data::load_datasets(eo, tok); });
+      data::Datasets eds = data_errors([&] { return data::load_datasets(eo, tok); });
       em_exs = o.data.empty() ? std::move(eds.eval) : std::move(eds.train);
       if (em_exs.size() > exs.size()) em_exs.resize(exs.size());
     } else {
@@ -231,6 +252,16 @@ std::string cmd_eval(const EvalOptions& o) {
     }
     QLORA_CHECK(answered > 0, "eval --metric exact_match: ", what, ": none of the ", em_exs.size(),
                 " examples has an assistant answer to match (use --metric loss)");
+    // A cut example lost the end of its last answer: the reference would be the cut answer and the
+    // generation budget its length (lm-eval cuts the context, never the target; trial 25).
+    const auto is_cut = [](const data::Example& ex) { return ex.untruncated_len > 0; };
+    const auto cut = std::find_if(em_exs.begin(), em_exs.end(), is_cut);
+    if (cut != em_exs.end())
+      fail("eval --metric exact_match: ", std::count_if(em_exs.begin(), em_exs.end(), is_cut), " of the ", em_exs.size(),
+           " examples were cut to data.sequence_len ", dopts.sequence_len,
+           " (data.truncation: truncate), their reference answers with them (first: ",
+           data::record_location(eval_file ? ds.eval_sources : ds.train_sources, cut->record), ", ", cut->untruncated_len,
+           " tokens); set data.truncation: drop to leave them out, or raise data.sequence_len");
   }
   if (!o.adapter.empty()) {
     QLORA_CHECK(fs::is_directory(o.adapter), o.adapter, ": adapter directory not found", relative_path_note(o.adapter));
@@ -272,14 +303,28 @@ std::string cmd_eval(const EvalOptions& o) {
                      : !dopts.eval.empty() ? data::source_paths(dopts.eval)
                                            : data::source_paths(dopts.train) + " (val_set_size hold-out)"},
             {"examples", static_cast<int64_t>(exs.size())},
+            {"examples_available", available},  // before --max-examples
             {"template", template_used},
             {"dtype", dtype_name(resolve_dtype(cfg.model.dtype, device.is_cuda()))},
             {"quantization", {{"method", quant_method_name(q.quant_type)}, {"blocksize", q.blocksize},
                               {"double_quant", q.double_quant}}},
             {"sequence_len", dopts.sequence_len},
+            // what else decides the number (two evals that differ in these differ in meaning; trial 25)
+            {"truncation", dopts.truncation},
+            {"train_on_inputs", dopts.train_on_inputs},
+            {"add_eos", dopts.add_eos},
+            {"default_system_message", dopts.default_system_message},
+            {"micro_batch_size", cfg.training.micro_batch_size},
+            {"max_examples", o.max_examples},
             {"targets", targets},
             {"loss", loss},
             {"perplexity", std::exp(loss)}};
+  if (eval_file || !o.data.empty()) {  // the evaluated files' records and what became of them
+    const data::DataStats& st = eval_file ? ds.eval_stats : ds.stats;
+    j["records"] = {{"read", st.read.records_read},           {"skipped_invalid", st.read.skipped_invalid},
+                    {"dropped_too_long", st.dropped_too_long}, {"dropped_truncated_away", st.dropped_truncated_away},
+                    {"dropped_no_trainable", st.dropped_no_trainable}, {"truncated", st.truncated}};
+  }
   std::ostringstream os;
   os << std::fixed << std::setprecision(4) << "eval: " << exs.size() << " examples (template " << template_text
      << ", sequence_len " << dopts.sequence_len << ", quantization " << quant_method_name(q.quant_type) << "), "

@@ -161,6 +161,7 @@ std::string cmd_inspect(const InspectOptions& o) {
   // what train / eval / generate would refuse (inspect showed an untied config without lm_head.weight
   // as if it loaded, session 22)
   const std::vector<std::string> missing = missing_weights(ckpt, cfg);
+  const std::vector<MisshapenWeight> misshapen = misshapen_weights(ckpt, cfg);
   struct Comp {
     int64_t params = 0, bytes = 0, tensors = 0;
     std::set<std::string> dtypes;
@@ -218,6 +219,9 @@ std::string cmd_inspect(const InspectOptions& o) {
     j["components"][name] = {{"parameters", c.params}, {"bytes", c.bytes}, {"tensors", c.tensors},
                              {"dtypes", std::vector<std::string>(c.dtypes.begin(), c.dtypes.end())}};
   j["missing_tensors"] = missing;
+  j["misshapen_tensors"] = json::array();
+  for (const MisshapenWeight& w : misshapen)
+    j["misshapen_tensors"].push_back({{"name", w.name}, {"expected_shape", w.expected}, {"shape", w.stored}});
   std::ostringstream os;
   if (o.json) {
     os << j.dump(2) << "\n";
@@ -242,9 +246,12 @@ std::string cmd_inspect(const InspectOptions& o) {
     };
     for (const auto& [name, c] : comps) row(name, c);
     row("total", total);
-    if (!missing.empty()) {
-      os << "not loadable (train, eval and generate refuse this directory): " << missing_weight_message(missing[0]);
-      if (missing.size() > 1) os << ", and " << missing.size() - 1 << " more the config implies";
+    std::vector<std::string> problems;  // in load's order of checks: presence, then shapes
+    for (const std::string& name : missing) problems.push_back(missing_weight_message(name));
+    for (const MisshapenWeight& w : misshapen) problems.push_back(w.message());
+    if (!problems.empty()) {
+      os << "not loadable (train, eval and generate refuse this directory): " << problems[0];
+      if (problems.size() > 1) os << ", and " << problems.size() - 1 << " more (--json lists them all)";
       os << "\n";
     }
   }

@@ -153,4 +153,9 @@ std::string sampled_file_digest(const std::string& path) {
   return "sampled-sha256:" + to_hex(md, n);
 }
 
+void check_not_git_lfs_pointer(std::string_view head, const std::string& path, const std::string& what) {
+  QLORA_CHECK(head.substr(0, 23) != "version https://git-lfs", path, ": a Git LFS pointer file, not the ", what,
+              " itself: the repository was cloned without git-lfs (run `git lfs pull` in it)");
+}
+
 }  // namespace qlora

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
 namespace qlora {
 
@@ -46,6 +47,14 @@ std::string sampled_file_digest(const std::string& path);
 /// process's working directory, not the config file's (docs/config.md), and a job started in
 /// another directory (a scheduler, a container's WORKDIR) misses it. Never throws.
 std::string relative_path_note(const std::string& path);
+
+/// Throws qlora::Error "PATH: a Git LFS pointer file, not the WHAT itself: the repository was
+/// cloned without git-lfs (run `git lfs pull` in it)" when `head`, the first bytes of the file at
+/// `path`, begin with a Git LFS pointer's first line "version https://git-lfs" (the Git LFS
+/// specification, docs/spec.md: a pointer is a ~130-byte text file that stands in for a large file
+/// in a clone without git-lfs; Hugging Face model repositories keep *.safetensors, *.gguf,
+/// tokenizer.model and large tokenizer.json files in LFS). Does nothing otherwise.
+void check_not_git_lfs_pointer(std::string_view head, const std::string& path, const std::string& what);
 
 /// Lowercase hex SHA-256 of `bytes`.
 std::string sha256_hex(const std::string& bytes);

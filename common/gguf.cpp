@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "common/error.h"
+#include "common/files.h"
 
 namespace qlora::gguf {
 namespace {
@@ -126,6 +127,8 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_shared<st::MappedF
   QLORA_CHECK(file_->size() >= 4, path, ": not a GGUF file: ", file_->size(),
               " bytes, shorter than the 4-byte magic");
   if (std::memcmp(file_->data(), "GGUF", 4) != 0) {
+    check_not_git_lfs_pointer({reinterpret_cast<const char*>(file_->data()), std::min<size_t>(file_->size(), 64)}, path,
+                              "GGUF file");
     // the bytes found, printable ones as themselves, and what the common ones are
     const std::string magic(reinterpret_cast<const char*>(file_->data()), 4);
     std::string shown;

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/json_file.h"
 #include "common/files.h"
 
 namespace qlora::st {
@@ -109,6 +110,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
     : file_(std::make_shared<MappedFile>(path)) {
   const uint8_t* base = file_->data();
   const uint64_t size = file_->size();
+  check_not_git_lfs_pointer({reinterpret_cast<const char*>(base), static_cast<size_t>(std::min<uint64_t>(size, 64))}, path,
+                            "safetensors file");
   QLORA_CHECK(size >= 8, path, ": not a safetensors file: ", size,
               " bytes, shorter than the 8-byte header length");
   uint64_t n = 0;
@@ -217,14 +220,9 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& dir, const std::
   const fs::path index = fs::path(dir) / (stem + ".index.json");
   const fs::path single = fs::path(dir) / stem;
   if (fs::exists(index)) {
-    json j;
-    try {
-      j = json::parse(read_file(index.string()));
-    } catch (const json::exception& e) {
-      fail(index.string(), ": not valid JSON: ", e.what());
-    }
+    const json j = read_json_object_file(index.string());
     auto wm = j.find("weight_map");
-    QLORA_CHECK(j.is_object() && wm != j.end() && wm->is_object(), index.string(),
+    QLORA_CHECK(wm != j.end() && wm->is_object(), index.string(),
                 ": missing object 'weight_map'");
     std::map<std::string, size_t> shard_idx;
     std::map<std::string, std::string> wanted;  // tensor -> shard

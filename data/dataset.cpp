@@ -97,6 +97,7 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
         list(st, kDropped, r, "longer than sequence_len " + Ls + ntok);
         continue;
       }
+      ex.untruncated_len = n;
       ex.input_ids.resize(size_t(L));
       ex.labels.resize(size_t(L));
       if (trained_targets(ex.labels) > 0) {  // kept, cut (one cut to nothing is "truncated away" below)
@@ -520,7 +521,7 @@ std::string truncated_note(const DataStats& st) {
   std::ostringstream o;
   o << st.truncated << (st.truncated == 1 ? " record" : " records") << " longer than sequence_len " << st.sequence_len
     << (st.truncated == 1 ? " was" : " were") << " cut to it (data.truncation: truncate): their tokens past "
-    << st.sequence_len << " are not trained; `qlora data preview` lists them";
+    << st.sequence_len << " are left out (not trained on; not scored by eval); `qlora data preview` lists them";
   return o.str();
 }
 
@@ -713,9 +714,7 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
       << (opts.add_eos ? ", EOS last" : "")
       << "; train_on_inputs only labels the BOS, which no position predicts; [[masked]] = label -100)\n";
   } else {
-    if (const std::string note = model_dir.empty() ? "" : template_mismatch_note(opts.template_name, model_dir);
-        !note.empty())
-      o << "warning: " << note << "\n";
+    for (const std::string& note : template_warnings(opts.template_name, model_dir, tok)) o << "warning: " << note << "\n";
     o << "template: " << opts.template_name << ", sequence_len " << opts.sequence_len << ", truncation "
       << opts.truncation << ", train_on_inputs " << (opts.train_on_inputs ? "true" : "false")
       << "  ([[masked]] = label -100)\n";
@@ -737,7 +736,9 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
     if (shown[f]++ == 0 && d.train_sources.size() > 1)
       o << "==== data.train[" << f << "] " << d.train_sources[f].source.path << ": its first " << n << (n == 1 ? " example\n" : " examples\n");
     const std::string where = record_location(d.train_sources, e.record);
-    o << "---- example " << e.id << ": " << e.input_ids.size() << " tokens, " << trained_targets(e.labels)
+    o << "---- example " << e.id << ": " << e.input_ids.size() << " tokens"
+      << (e.untruncated_len > 0 ? " (cut from " + std::to_string(e.untruncated_len) + ")" : "") << ", "
+      << trained_targets(e.labels)
       << " trainable" << (where.empty() ? "" : " (" + where + ")") << "\n"
       << render_masked(e, tok) << "\n";
   }

@@ -229,8 +229,8 @@ std::string listed_records(const DataStats& st);
 /// `plan`, also how the first epoch is batched (micro-batches, rows, examples a row, padding) and
 /// the optimizer steps `qlora train` runs on one rank (as Trainer counts them: ceil(micro-batches /
 /// gradient_accumulation_steps) per epoch, or max_steps). `pad_id`: the tokenizer's pad, else eos.
-/// With `model_dir`, a first "warning: " line when the data is not raw text and the template is not
-/// the model's own (template_mismatch_note).
+/// When the data is not raw text, first a "warning: " line for each of template_warnings (the
+/// template is not the model's own: only with `model_dir`; its markers are not tokens of `tok`).
 std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n, const BatchPlan* plan = nullptr,
                            const std::string& model_dir = "");
 

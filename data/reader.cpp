@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/json_file.h"
 #include "common/files.h"
 #include "common/utf8.h"
 #include "data/pyjson.h"
@@ -505,12 +506,7 @@ json parse_value(const std::string& text) {
   try {
     return parse_json_as_python(text);
   } catch (const json::parse_error& e) {
-    std::string msg = e.what();
-    // "[json.exception.parse_error.101] parse error at line 2, column 3: syntax error ..." -> the tail
-    const size_t colon = msg.find(": ", msg.find("parse error"));
-    if (colon != std::string::npos) msg = msg.substr(colon + 2);
-    if (msg.size() > 160) msg = msg.substr(0, 160) + "...";  // "last read" can echo a 10 MB token
-    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    const std::string msg = json_error_reason(e);  // "syntax error while parsing ...", at most 160 bytes
     const size_t upto = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
     const int64_t off = std::count(text.begin(), text.begin() + upto, '\n');
     const size_t bad_at = first_invalid_utf8(text);
@@ -524,12 +520,7 @@ json parse_value(const std::string& text) {
     throw BadRecord{"invalid JSON", "invalid JSON: " + msg, off, {}};
   } catch (const json::exception& e) {
     // e.g. out_of_range 406 "number overflow parsing '1e999'" (found by tests/fuzz/fuzz_dataset.cpp)
-    std::string msg = e.what();
-    const size_t close = msg.find("] ");
-    if (close != std::string::npos) msg = msg.substr(close + 2);
-    if (msg.size() > 160) msg = msg.substr(0, 160) + "...";
-    std::replace(msg.begin(), msg.end(), '\n', ' ');
-    throw BadRecord{"invalid JSON", "invalid JSON: " + msg, 0, {}};
+    throw BadRecord{"invalid JSON", "invalid JSON: " + json_error_reason(e), 0, {}};
   }
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/json_file.h"
 #include "common/files.h"
 #include "data/pyjson.h"
 
@@ -680,6 +681,28 @@ const KnownTemplate kKnown[] = {
 #include "data/template_hashes.inc"
 };
 
+/// Jinja templates `auto` recognises but does not take, because the named template that renders
+/// them differs from the jinja by design (docs/data.md): what to say instead of "matches none".
+struct NearTemplate {
+  const char* name;  ///< the named template to set
+  uint64_t hash;     ///< template_text_hash of the jinja (tests/fixtures/chat_templates/)
+  const char* what;  ///< whose jinja it is and how `name` differs from it
+};
+const NearTemplate kNear[] = {
+    {"llama2", 0xca2627215ed618dfull,
+     "Meta's Llama-2-chat template (llama2_chat.jinja); data.template: llama2 renders it with one BOS per "
+     "example where the jinja writes <s> before every [INST] (docs/data.md)"},
+};
+const NearTemplate* near_template(uint64_t h) {
+  for (const NearTemplate& n : kNear)
+    if (n.hash == h) return &n;
+  return nullptr;
+}
+
+/// The model's own chat template text and the file it came from: `<dir>/chat_template.jinja`,
+/// else tokenizer_config.json `chat_template` (a string, or the list entry named "default").
+std::pair<std::string, std::string> model_chat_template(const std::string& model_dir);
+
 }  // namespace
 
 std::vector<Segment> render_family(const Record& r, const std::string& name, const std::string& bos,
@@ -808,8 +831,8 @@ uint64_t template_text_hash(const std::string& jinja) {
   return h;
 }
 
-std::string resolve_template(const std::string& name, const std::string& model_dir) {
-  if (name != "auto") return name;
+namespace {
+std::pair<std::string, std::string> model_chat_template(const std::string& model_dir) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::is_directory(model_dir) ? fs::path(model_dir) : fs::path(model_dir).parent_path();
   std::string text, source;
@@ -820,12 +843,7 @@ std::string resolve_template(const std::string& name, const std::string& model_d
     source = (dir / "tokenizer_config.json").string();
     QLORA_CHECK(fs::is_regular_file(source), source,
                 ": not found; data.template: auto reads the model's chat template (set data.template: NAME)");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_file(source));
-    } catch (const nlohmann::json::exception& e) {
-      fail(source, ": invalid JSON (", e.what(), ")");
-    }
+    const nlohmann::json j = read_json_object_file(source);
     auto ct = j.find("chat_template");
     QLORA_CHECK(ct != j.end() && !ct->is_null(), source,
                 ": chat_template: missing; the model has no chat template (set data.template: NAME)");
@@ -839,9 +857,19 @@ std::string resolve_template(const std::string& name, const std::string& model_d
       text = ct->get<std::string>();
     }
   }
+  return {text, source};
+}
+}  // namespace
+
+std::string resolve_template(const std::string& name, const std::string& model_dir) {
+  if (name != "auto") return name;
+  const auto [text, source] = model_chat_template(model_dir);
   const uint64_t h = template_text_hash(text);
   for (const KnownTemplate& k : kKnown)
     if (k.hash == h) return k.name;
+  if (const NearTemplate* n = near_template(h))
+    fail(source, ": chat template is ", n->what, "; data.template: auto takes only exact matches: set data.template: ",
+         n->name);
   std::string names;
   for (const std::string& n : template_names()) names += (names.empty() ? "" : ", ") + n;
   fail(source, ": chat template matches none of the named templates (", names,
@@ -849,15 +877,50 @@ std::string resolve_template(const std::string& name, const std::string& model_d
 }
 
 std::string template_mismatch_note(const std::string& name, const std::string& model_dir) {
-  std::string own;
+  uint64_t h = 0;
   try {
-    own = resolve_template("auto", model_dir);
+    h = template_text_hash(model_chat_template(model_dir).first);
   } catch (const Error&) {
     return "";
   }
-  if (own == name) return "";
-  return "data.template is " + name + ", but the model's own chat template is " + own +
-         "'s: the model was tuned on that format (data.template: auto, or " + own + ", uses it)";
+  for (const KnownTemplate& k : kKnown)
+    if (k.hash == h)
+      return k.name == name ? ""
+                            : "data.template is " + name + ", but the model's own chat template is " + k.name +
+                                  "'s: the model was tuned on that format (data.template: auto, or " + k.name +
+                                  ", uses it)";
+  if (const NearTemplate* n = near_template(h); n && n->name != name)
+    return "data.template is " + name + ", but the model's own chat template is " + n->what +
+           ": the model was tuned on that format";
+  return "";
+}
+
+namespace {
+/// The strings a template writes that its family's tokenizer has as single (special) tokens.
+std::vector<std::string> template_markers(const std::string& name) {
+  if (name == "chatml" || name == "smollm2" || name == "qwen2.5" || name == "qwen3") return {"<|im_start|>", "<|im_end|>"};
+  if (name == "llama3" || name == "llama3.1" || name == "llama3.2")
+    return {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+  return {};  // alpaca, vicuna, llama2, mistral, none: their markers are text in their families too
+}
+}  // namespace
+
+std::string template_tokens_note(const std::string& name, const Tokenizer& tok) {
+  std::string pieces;
+  for (const std::string& m : template_markers(name))
+    if (const size_t n = tok.encode(m).size(); n != 1)
+      pieces += (pieces.empty() ? "" : ", ") + m + " (" + std::to_string(n) + " pieces)";
+  if (pieces.empty()) return "";
+  return "data.template " + name + " writes markers that are not tokens of this tokenizer: " + pieces +
+         "; the model learns them as text and generate does not stop at them. Use the model's own format "
+         "(data.template: auto, or llama2 / mistral / alpaca for a vocabulary without them)";
+}
+
+std::vector<std::string> template_warnings(const std::string& name, const std::string& model_dir, const Tokenizer& tok) {
+  std::vector<std::string> out;
+  for (std::string note : {model_dir.empty() ? "" : template_mismatch_note(name, model_dir), template_tokens_note(name, tok)})
+    if (!note.empty()) out.push_back(std::move(note));
+  return out;
 }
 
 std::string py_tojson(const std::string& json_text) {

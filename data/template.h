@@ -59,6 +59,9 @@ struct Example {
   /// Index of the record it came from among the records its files gave, in load order (a split
   /// raw text's pieces share it); -1 = not from a record. The val_set_size hold-out draws records.
   int64_t record = -1;
+  /// Its length in tokens before data.truncation: truncate cut it to data.sequence_len; 0 when it
+  /// was not cut (data preview's example header says "cut from N").
+  int64_t untruncated_len = 0;
 };
 
 /// The template names: alpaca, chatml, llama2, vicuna, none, smollm2, qwen2.5, qwen3, llama3,
@@ -117,7 +120,8 @@ std::vector<Segment> render_family(const Record& r, const std::string& name, con
 /// (`<model_dir>/chat_template.jinja`, else tokenizer_config.json `chat_template`), compared
 /// after removing whitespace and "\n" escapes. Any other name is returned unchanged.
 /// Throws qlora::Error naming the file when the model has no chat template or an unknown one
-/// (the message lists the named templates and says to set data.template: NAME).
+/// (the message lists the named templates and says to set data.template: NAME; for a jinja that a
+/// named template renders with a documented difference, Meta's Llama-2-chat, it names that one).
 std::string resolve_template(const std::string& name, const std::string& model_dir);
 
 /// "" unless the model has a chat template that is one of the named family templates and `name`
@@ -125,6 +129,18 @@ std::string resolve_template(const std::string& name, const std::string& model_d
 /// format ("data.template chatml, but the model's chat template (<file>) is smollm2's; ...").
 /// Never throws (a model without a readable or known template gives "").
 std::string template_mismatch_note(const std::string& name, const std::string& model_dir);
+
+/// "" unless template `name` writes turn markers that its family's tokenizers have as single
+/// special tokens (chatml, smollm2, qwen2.5, qwen3: <|im_start|> <|im_end|>; llama3*:
+/// <|start_header_id|> <|end_header_id|> <|eot_id|>) and `tok` encodes one of them as several
+/// pieces (chatml on a Llama 2 vocabulary: text the model must learn, never a stop token); then one
+/// line naming each such marker and its piece count. Never throws.
+std::string template_tokens_note(const std::string& name, const Tokenizer& tok);
+
+/// The warnings train, eval and data preview print about `name` (resolved) for the model at
+/// `model_dir` with tokenizer `tok`: template_mismatch_note (not with `model_dir` ""), then
+/// template_tokens_note, the non-empty ones in that order. Never throws.
+std::vector<std::string> template_warnings(const std::string& name, const std::string& model_dir, const Tokenizer& tok);
 
 /// The hash that resolve_template compares: 64-bit FNV-1a of the jinja's output-deciding form, as
 /// transformers' Jinja environment (trim_blocks, lstrip_blocks, no trailing newline) lexes it: the

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/json_file.h"
 #include "common/gguf.h"
 #include "common/files.h"
 #include "data/tokenizer_backend.h"
@@ -30,10 +31,7 @@ std::string token_content(const nlohmann::json& v) {
 
 nlohmann::json read_json_if_exists(const fs::path& p) {
   if (!fs::exists(p)) return nlohmann::json();
-  const std::string bytes = read_file(p.string());
-  nlohmann::json j = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
-  QLORA_CHECK(!j.is_discarded() && j.is_object(), p.string(), ":1: not a JSON object");
-  return j;
+  return read_json_object_file(p.string());
 }
 
 bool is_json_path(const fs::path& p) { return p.extension() == ".json"; }
@@ -311,6 +309,14 @@ std::string Tokenizer::decode(const TokenIds& ids, bool skip_special_tokens) con
 }
 
 std::string Tokenizer::id_to_piece(int32_t id) const { return impl_->id_to_piece(id); }
+
+std::string Tokenizer::describe() const {
+  const auto special = [this](const char* what, int32_t id) {
+    return std::string(", ") + what + (id < 0 ? " none" : " '" + id_to_piece(id) + "' " + std::to_string(id));
+  };
+  return path_ + (is_json_ ? " (tokenizer.json)" : " (sentencepiece)") + ", " + std::to_string(vocab_size_) + " ids" +
+         special("bos", bos_id_) + special("eos", eos_id_) + special("pad", pad_id_);
+}
 
 int32_t Tokenizer::piece_to_id(const std::string& piece) const { return impl_->piece_to_id(piece); }
 

@@ -161,6 +161,10 @@ class Tokenizer {
   const std::string& path() const { return path_; }
   /// True when loaded from an HF tokenizer.json (false: sentencepiece tokenizer.model).
   bool is_hf_json() const { return is_json_; }
+  /// One line naming what was loaded, for logs (train, eval, data preview): "PATH (tokenizer.json
+  /// | sentencepiece), N ids, bos '<s>' 1, eos '</s>' 2, pad none" (a special token without an id:
+  /// "none"). A directory holding both files uses tokenizer.json (transformers' fast tokenizer).
+  std::string describe() const;
 
   /// Trains a small Llama-style tokenizer (BPE, byte_fallback, split_digits, no extra-whitespace
   /// removal, unk=0 bos=1 eos=2, no pad) on UTF-8 text files, one sentence per line, and writes

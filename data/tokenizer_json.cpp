@@ -28,6 +28,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/json_file.h"
 #include "common/files.h"
 #include "common/utf8.h"
 #include "data/tokenizer_backend.h"
@@ -1460,14 +1461,7 @@ JsonBackend::JsonBackend(const std::string& path, const json* class_pipeline) {
   ctx_.file = path;
   const Ctx& c = ctx_;
   QLORA_CHECK(std::filesystem::is_regular_file(path), path, ": tokenizer.json not found", relative_path_note(path));
-  const std::string bytes = read_file(path);
-  json j;
-  try {
-    j = json::parse(bytes);
-  } catch (const json::parse_error& e) {
-    fail(path, ": invalid JSON at byte ", e.byte);
-  }
-  if (!j.is_object()) fail(path, ": expected a JSON object at top level, got ", type_of(j));
+  const json j = read_json_object_file(path);
 
   model_.load(c, get_obj(c, j, "", "model"), "model");
   max_id_ = model_.max_id;

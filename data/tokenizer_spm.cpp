@@ -85,6 +85,10 @@ class SpmBackend final : public TokenizerBackend {
 SpmBackend::SpmBackend(const std::string& path, PrependScheme scheme) : scheme_(scheme) {
   QLORA_CHECK(fs::is_regular_file(path), path, ": tokenizer model not found", relative_path_note(path));
   const std::string bytes = read_file(path);
+  // An empty model parses as an empty proto, which sentencepiece reports as "unk is not defined"
+  // (trial 24): say what the file is instead (an interrupted copy, a Git LFS pointer, ...).
+  QLORA_CHECK(!bytes.empty(), path, ": empty file, not a sentencepiece model (an interrupted copy?)");
+  check_not_git_lfs_pointer(bytes, path, "sentencepiece model");
   sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
   check_status(sp_->LoadFromSerializedProto(bytes), path + ": not a sentencepiece model");
   const int32_t n = sp_->GetPieceSize();

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/json_file.h"
 #include "common/files.h"
 
 namespace qlora {
@@ -57,15 +58,8 @@ std::string fmt(double x) {
 }  // namespace
 
 GenerationConfig parse_generation_config(const std::string& text, const std::string& path) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {  // a cut or hand-edited file: where it breaks (trial 21)
-    fail(path, ": invalid JSON at byte ", e.byte);
-  } catch (const json::exception& e) {  // e.g. out_of_range 406, a number too large for a double
-    fail(path, ": invalid JSON (", e.what(), ")");
-  }
-  QLORA_CHECK(j.is_object(), path, ":1: not a JSON object");
+  const json j = parse_json_file(text, path);  // a cut or hand-edited file: where it breaks (trial 21)
+  QLORA_CHECK(j.is_object(), path, ":1: expected a JSON object at top level, got ", j.type_name());
   GenerationConfig c;
   if (j.contains("do_sample") && !j["do_sample"].is_null()) {
     // transformers: "Invalid value for `do_sample`: expected a boolean" (utils.py)

@@ -7,8 +7,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include "common/error.h"
+#include "common/json_file.h"
 #include "common/log.h"
 #include "common/tensor_io.h"
 #include "kernels/quant4.h"
@@ -233,15 +235,9 @@ struct BnbConfig {
 
 BnbConfig read_bnb_config(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    fail(path, ": invalid JSON: ", e.what());
-  }
+  const json j = read_json_object_file(path);
   BnbConfig c;
-  if (!j.is_object() || !j.contains("quantization_config")) return c;
+  if (!j.contains("quantization_config")) return c;
   const json& qc = j["quantization_config"];
   QLORA_CHECK(qc.is_object(), path, ": quantization_config: expected an object");
   const std::string method = qc.value("quant_method", std::string("bitsandbytes"));
@@ -398,6 +394,21 @@ void check_tied_lm_head(const st::SafetensorsCheckpoint& ckpt, const ModelConfig
   }
 }
 
+std::string MisshapenWeight::message() const {
+  std::ostringstream o;
+  o << "tensor '" << name << "': expected shape " << c10::IntArrayRef(expected) << ", got " << c10::IntArrayRef(stored);
+  return o.str();
+}
+
+std::vector<MisshapenWeight> misshapen_weights(const st::SafetensorsCheckpoint& ckpt, const ModelConfig& cfg) {
+  LlamaModel names(cfg, torch::kFloat32, torch::kCPU);  // no weight is allocated: names and shapes only
+  std::vector<MisshapenWeight> out;
+  for (const Shape& w : expected_weights(names))
+    if (ckpt.contains(w.name) && (!w.linear || bnb_state_key(ckpt, w.name).empty()) && ckpt.info(w.name).shape != w.shape)
+      out.push_back({w.name, w.shape, ckpt.info(w.name).shape});
+  return out;
+}
+
 std::vector<std::string> missing_weights(const st::SafetensorsCheckpoint& ckpt, const ModelConfig& cfg) {
   LlamaModel names(cfg, torch::kFloat32, torch::kCPU);  // no weight is allocated: the names only
   std::vector<std::string> out;
@@ -459,8 +470,7 @@ LlamaModel LlamaModel::load(const std::string& dir, torch::Dtype dtype, torch::D
                   "' is U8 (4-bit packed?) but its quant_state tensor '", w.name,
                   ".quant_state.bitsandbytes__", bnb.quant_type, "' is missing");
     }
-    QLORA_CHECK(info.shape == w.shape, path, ": tensor '", w.name, "': expected shape ",
-                c10::IntArrayRef(w.shape), ", got ", c10::IntArrayRef(info.shape));
+    QLORA_CHECK(info.shape == w.shape, path, ": ", MisshapenWeight{w.name, w.shape, info.shape}.message());
     QLORA_CHECK(info.dtype == st::DType::F32 || info.dtype == st::DType::F16 || info.dtype == st::DType::BF16,
                 path, ": tensor '", w.name, "': expected a float dtype, got ", st::dtype_name(info.dtype));
     torch::Tensor src = load_tensor(ckpt, w.name);  // zero-copy view of the mapping (when aligned)

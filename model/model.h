@@ -119,6 +119,20 @@ void check_tied_lm_head(const st::SafetensorsCheckpoint& ckpt, const ModelConfig
 /// refuses the first missing one with missing_weight_message; `qlora inspect` lists them all.
 std::vector<std::string> missing_weights(const st::SafetensorsCheckpoint& ckpt, const ModelConfig& cfg);
 
+/// A stored float weight whose shape is not the one config.json implies (a vocab_size above the
+/// embedding's rows, a hidden_size edited by hand): LlamaModel::load refuses the first.
+struct MisshapenWeight {
+  std::string name;
+  std::vector<int64_t> expected;  ///< what the config implies
+  std::vector<int64_t> stored;    ///< what the checkpoint holds
+  /// "tensor 'NAME': expected shape [a, b], got [c, d]": load's wording (inspect prints it too).
+  std::string message() const;
+};
+
+/// The weights `cfg` implies that `ckpt` stores with another shape, in load order (bitsandbytes
+/// 4-bit weights are not included: their quant_state shape is load's check). Empty when none.
+std::vector<MisshapenWeight> misshapen_weights(const st::SafetensorsCheckpoint& ckpt, const ModelConfig& cfg);
+
 /// "tensor 'NAME' is missing from the checkpoint", plus "(config.json has tie_word_embeddings:
 /// false)" for lm_head.weight: the one wording of a missing weight (load, inspect).
 std::string missing_weight_message(const std::string& name);

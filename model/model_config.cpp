@@ -4,6 +4,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/json_file.h"
 #include "common/gguf.h"
 #include "common/files.h"
 
@@ -273,13 +274,7 @@ ModelConfig load_model_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
   QLORA_CHECK(fs::exists(path), path, ": not found (an HF model directory needs config.json)", not_a_model_hint(dir),
               gguf::gguf_instead_of_model_dir(dir));
-  json j;
-  try {
-    j = json::parse(read_file(path));
-  } catch (const json::exception& e) {
-    fail(path, ": not valid JSON: ", e.what());
-  }
-  return parse_model_config(j, path);
+  return parse_model_config(read_json_object_file(path), path);
 }
 
 namespace {
@@ -400,6 +395,13 @@ void add_legacy_rope_keys(nlohmann::json* config) {
   nlohmann::json scaling = *p;
   scaling.erase("rope_theta");
   (*config)["rope_scaling"] = std::move(scaling);
+}
+
+std::string positions_note(int64_t seq_len, const ModelConfig& cfg) {
+  if (cfg.max_position_embeddings <= 0 || seq_len <= cfg.max_position_embeddings) return "";
+  return "sequence length " + std::to_string(seq_len) + " exceeds the model's max_position_embeddings " +
+         std::to_string(cfg.max_position_embeddings) +
+         " (config.json): positions past it were never trained (RoPE extrapolation)";
 }
 
 void check_tokenizer_fits(const ModelConfig& cfg, int64_t tokenizer_pieces) {

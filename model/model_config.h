@@ -78,6 +78,12 @@ ModelConfig load_model_config(const std::string& model_dir);
 /// vocab_size: an id past the embedding would index out of range (train, eval, generate).
 void check_tokenizer_fits(const ModelConfig& cfg, int64_t tokenizer_pieces);
 
+/// "" unless `seq_len` (tokens) exceeds the model's max_position_embeddings (when set, > 0); then
+/// one line for a warning: "sequence length L exceeds the model's max_position_embeddings P
+/// (config.json): positions past it were never trained (RoPE extrapolation)". estimate, train (its
+/// estimate) and data preview say it. Never throws.
+std::string positions_note(int64_t seq_len, const ModelConfig& cfg);
+
 /// Adds the pre-transformers-5 RoPE keys a config.json with `rope_parameters` lacks: a top-level
 /// `rope_theta` and, for a rope_type other than "default", `rope_scaling` (rope_parameters without
 /// rope_theta), as transformers 4.x wrote them (Llama 3.1's config.json). transformers 5 reads

@@ -228,11 +228,8 @@ MemoryEstimate estimate_memory(const ModelConfig& cfg, const EstimateOptions& o)
   MemoryEstimate e;
   e.model = cfg;
   e.options = o;
-  if (cfg.max_position_embeddings > 0 && o.seq_len > cfg.max_position_embeddings)
-    e.warnings.push_back("sequence length " + std::to_string(o.seq_len) + " exceeds the model's max_position_embeddings " +
-                         std::to_string(cfg.max_position_embeddings) +
-                         " (config.json): positions past it were never trained (RoPE extrapolation); the memory "
-                         "below is for the length given");
+  if (const std::string note = positions_note(o.seq_len, cfg); !note.empty())
+    e.warnings.push_back(note + "; the memory below is for the length given");
   e.num_parameters = cfg.num_parameters();
   const int64_t L = cfg.num_hidden_layers, H = cfg.hidden_size, V = cfg.vocab_size, b = o.compute_bytes;
   const int64_t B = o.micro_batch_size, T = o.seq_len, N = B * T;

@@ -467,13 +467,13 @@ void Trainer::setup() {
   // Errors naming a config key (model.path, data.val_set_size, ...) name its file:line too.
   const std::string tok_src = check_config_inputs(cfg_, /*need_weights=*/true);
   tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::from_pretrained(tok_src));
+  if (run_.dist.rank == 0) log::info("tokenizer: ", tok_->describe());
   with_key_sources(cfg_, [&] {
     cfg_.data.template_name = data::resolve_template(cfg_.data.template_name, tok_src);  // "auto" -> a name
     data_ = data::load_datasets(cfg_.data, *tok_);
   });
-  if (const std::string note = data::template_mismatch_note(cfg_.data.template_name, tok_src);
-      !note.empty() && data_.stats.read.format != "completion" && run_.dist.rank == 0)  // raw text: no template
-    log::warn(note);
+  if (data_.stats.read.format != "completion" && run_.dist.rank == 0)  // raw text: no template
+    for (const std::string& note : data::template_warnings(cfg_.data.template_name, tok_src, *tok_)) log::warn(note);
   if (data_.stats.held_out_records > 0 && data_.stats.held_out_records != data_.stats.eval_examples)
     log::info("data: data.val_set_size held out ", data_.stats.held_out_records, " records (drawn before the drops); ",
               data_.stats.eval_examples, " of them give eval examples");

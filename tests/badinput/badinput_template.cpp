@@ -91,7 +91,7 @@ TEST(BadInputTemplate, AutoWithBrokenModelTemplates) {
   const std::string cfg = (d / "tokenizer_config.json").string();
   expect_prefix(auto_error(d), cfg + ": not found");
   std::ofstream(d / "tokenizer_config.json") << R"({"chat_template": )";
-  expect_prefix(auto_error(d), cfg + ": invalid JSON");
+  expect_prefix(auto_error(d), cfg + ":1:19: invalid JSON: ");
   std::ofstream(d / "tokenizer_config.json") << R"({"chat_template": 42})";
   expect_prefix(auto_error(d), cfg + ": chat_template: must be a string, got number");
   std::ofstream(d / "tokenizer_config.json") << R"({"chat_template": [{"name": "tool_use", "template": "x"}]})";

@@ -413,7 +413,7 @@ TEST(Length, DropTruncateAndNoTrainable) {
   EXPECT_EQ(st2.truncated, 1);
   // train and eval say so per file too, not only data preview (trial 14)
   EXPECT_EQ(truncated_note(st2), "1 record longer than sequence_len 32 was cut to it (data.truncation: truncate): "
-                                 "their tokens past 32 are not trained; `qlora data preview` lists them");
+                                 "their tokens past 32 are left out (not trained on; not scored by eval); `qlora data preview` lists them");
   EXPECT_EQ(file_notes(st2, o.template_name), std::vector<std::string>{truncated_note(st2)});
   o.sequence_len = 8;  // the prompt alone fills the row: nothing trainable left
   DataStats st3;
@@ -661,6 +661,10 @@ TEST(Length, PreviewListsDroppedRecordsAndTheCompletionHeader) {
   const std::string trunc = render_preview(o, tok, 0);
   EXPECT_NE(trunc.find("  truncated: (and 165 more)\n"), std::string::npos) << trunc;
   EXPECT_NE(trunc.find(": cut to its first 256 tokens ("), std::string::npos) << trunc;
+  // the example's own header says it was cut (record 1: 293 tokens, above), an uncut one does not
+  const std::string first = render_preview(o, tok, 2);
+  EXPECT_NE(first.find("---- example 0: 256 tokens (cut from 293), "), std::string::npos) << first.substr(0, 2000);
+  EXPECT_EQ(load_datasets(o, tok).train[0].untruncated_len, 293);
   o.truncation = "split";
   const std::string split = render_preview(o, tok, 0);
   EXPECT_NE(split.find("split: 170 documents longer than sequence_len 256 into 755 pieces of <= 256 tokens (0 "

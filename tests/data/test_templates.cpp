@@ -367,6 +367,57 @@ TEST(AutoTemplate, MatchesEachKnownJinjaAndRefusesOthers) {
   fs::remove_all(d);
 }
 
+// Meta's Llama-2-chat jinja is not taken by `auto` (data.template: llama2 renders it with one BOS,
+// docs/data.md) but named: the refusal says which template to set, and a run with another template
+// on such a model is warned that the model was tuned on its own format (trial 24: "matches none").
+TEST(AutoTemplate, NamesLlama2ChatWithoutTakingIt) {
+  const fs::path d = qlora::test::fresh_temp_dir("auto_llama2");
+  std::ofstream(d / "chat_template.jinja")
+      << read_text(qlora::test::source_dir() / "tests/fixtures/chat_templates/llama2_chat.jinja");
+  const std::string e = qlora::test::error_of([&] { resolve_template("auto", d.string()); });
+  EXPECT_EQ(e, (d / "chat_template.jinja").string() +
+                   ": chat template is Meta's Llama-2-chat template (llama2_chat.jinja); data.template: llama2 renders it "
+                   "with one BOS per example where the jinja writes <s> before every [INST] (docs/data.md); "
+                   "data.template: auto takes only exact matches: set data.template: llama2");
+  EXPECT_EQ(template_mismatch_note("chatml", d.string()),
+            "data.template is chatml, but the model's own chat template is Meta's Llama-2-chat template "
+            "(llama2_chat.jinja); data.template: llama2 renders it with one BOS per example where the jinja writes <s> "
+            "before every [INST] (docs/data.md): the model was tuned on that format");
+  EXPECT_EQ(template_mismatch_note("llama2", d.string()), "");
+  fs::remove_all(d);
+}
+
+// chatml's markers are single tokens in SmolLM2's and Qwen's vocabularies, text on Llama 2's: 7
+// pieces each, as transformers' LlamaTokenizer splits them (['▁<', '|', 'im', '_', 'start', '|', '>'];
+// Llama 3's header markers 9, 9 and 8). Training on them teaches text and generate never stops at
+// <|im_end|>: warned (train, eval, data preview), not refused (trial 24: chatml, the default, on a
+// Llama 2 model said nothing).
+TEST(BuiltinTemplates, MarkersThatAreNotTokensAreWarned) {
+  QLORA_REQUIRE_SHARED(l2, "tokenizers/llama2/tokenizer.model");
+  QLORA_REQUIRE_FIXTURE(smol, "tokenizers/smollm2/tokenizer_config.json");
+  const Tokenizer llama2(l2.string());
+  const Tokenizer smollm2 = Tokenizer::from_pretrained(smol.parent_path().string());
+  const std::string tail = "; the model learns them as text and generate does not stop at them. Use the model's own "
+                           "format (data.template: auto, or llama2 / mistral / alpaca for a vocabulary without them)";
+  EXPECT_EQ(template_tokens_note("chatml", llama2),
+            "data.template chatml writes markers that are not tokens of this tokenizer: <|im_start|> (7 pieces), "
+            "<|im_end|> (7 pieces)" + tail);
+  EXPECT_EQ(template_tokens_note("llama3.1", llama2),
+            "data.template llama3.1 writes markers that are not tokens of this tokenizer: <|start_header_id|> (9 pieces), "
+            "<|end_header_id|> (9 pieces), <|eot_id|> (8 pieces)" + tail);
+  for (const char* ok : {"llama2", "alpaca", "vicuna", "mistral", "none"}) EXPECT_EQ(template_tokens_note(ok, llama2), "") << ok;
+  EXPECT_EQ(template_tokens_note("chatml", smollm2), "");
+  EXPECT_EQ(template_tokens_note("smollm2", smollm2), "");
+  // data preview: the warning first, without a model dir too (it is about the tokenizer)
+  QLORA_REQUIRE_SHARED(alpaca, "data/alpaca_en_demo.json");
+  DataOptions o;
+  o.train = {{alpaca.string()}};
+  o.template_name = "chatml";
+  EXPECT_EQ(render_preview(o, llama2, 0).rfind("warning: data.template chatml writes markers that are not tokens", 0), 0u);
+  EXPECT_EQ(template_warnings("chatml", smol.parent_path().string(), llama2).size(), 2u);  // mismatch, then markers
+  EXPECT_EQ(template_warnings("smollm2", smol.parent_path().string(), smollm2).size(), 0u);
+}
+
 // Edited copies of each family jinja (make_template_refs.py's auto_variants): `auto` accepts exactly
 // those that transformers renders as the family's jinja over the family's conversations. Before,
 // whitespace was dropped everywhere, inside string literals too, so a fine-tune's Llama 3 jinja

@@ -356,10 +356,17 @@ TEST(TokenizerJson, TokenizerJsonTakesPrecedenceOverModel) {
   const fs::path dir = qlora::test::fresh_temp_dir("tok_precedence");
   fs::copy_file(model, dir / "tokenizer.model");
   EXPECT_FALSE(Tokenizer::from_pretrained(dir.string()).is_hf_json());
+  // the line train / eval / data preview log: which file, and the special tokens transformers'
+  // LlamaTokenizer gives this model (bos <s> 1, eos </s> 2, pad None, len 32000)
+  EXPECT_EQ(Tokenizer::from_pretrained(dir.string()).describe(),
+            (dir / "tokenizer.model").string() + " (sentencepiece), 32000 ids, bos '<s>' 1, eos '</s>' 2, pad none");
   fs::copy_file(src / "tokenizer.json", dir / "tokenizer.json");
   const Tokenizer t = Tokenizer::from_pretrained(dir.string());
   EXPECT_TRUE(t.is_hf_json());
   EXPECT_EQ(t.path(), (dir / "tokenizer.json").string());
+  // no tokenizer_config.json beside it: AutoTokenizer (TokenizersBackend) has bos_token, eos_token
+  // and pad_token None too, though the post-processor writes id 1 first ('hi' -> [1, 7251])
+  EXPECT_EQ(t.describe(), (dir / "tokenizer.json").string() + " (tokenizer.json), 32000 ids, bos none, eos none, pad none");
   // A file path picks its format by extension.
   EXPECT_TRUE(Tokenizer((dir / "tokenizer.json").string()).is_hf_json());
   fs::remove_all(dir);

@@ -492,10 +492,90 @@ TEST(Cli, ConfigMissingAndBroken) {
   write(d / "config.json", "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 8}");
   expect_clean_error(run("inspect " + d.string()), "missing required field 'hidden_size'");
   write(d / "config.json", "{not json");
-  expect_clean_error(run("inspect " + d.string()), "config.json: not valid JSON");
+  expect_clean_error(run("inspect " + d.string()), "config.json:1:3: invalid JSON: syntax error while parsing object key");
   write(d / "config.json", "{\"architectures\": [\"BertModel\"]}");
   expect_clean_error(run("inspect " + d.string()), "'BertModel' is not supported");
   fs::remove_all(d);
+}
+
+// Every JSON file the commands read from a model, tokenizer or adapter directory, cut short as an
+// interrupted copy leaves it, is named with the line and column where it ends (common/json_file.h);
+// and a Git LFS pointer where a large file should be (a clone without git-lfs) is named as such
+// instead of "header length ..." / "bad magic" / sentencepiece's "unk is not defined" (trial 24).
+TEST(Cli, CutJsonFilesAndLfsPointersAreNamed) {
+  QLORA_REQUIRE_FIXTURE(sharded, "models/mistral_sharded");
+  QLORA_REQUIRE_FIXTURE(spm_model, "models/llama_gqa");
+  QLORA_REQUIRE_FIXTURE(tok_json, "tokenizers/smollm2");
+  const fs::path root = temp_dir("cut_json");
+  auto copy_dir = [&](const fs::path& src, const std::string& name) {
+    const fs::path d = root / name;
+    fs::remove_all(d);
+    fs::copy(src, d, fs::copy_options::recursive);
+    return d;
+  };
+  auto cut = [](const fs::path& f) {  // keep the first half of the bytes
+    std::ifstream in(f, std::ios::binary);
+    const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    write(f, all.substr(0, all.size() / 2));
+  };
+  int checked = 0;
+  auto expect_cut = [&](const CliRun& r, const fs::path& f) {  // the last line, one line (generate logs its options first)
+    EXPECT_EQ(r.status, 1) << r.out;
+    const size_t at = r.out.find("error: " + f.string() + ":");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find('\n', at), r.out.size() - 1) << r.out;
+    const std::string after = r.out.substr(at + 7 + f.string().size());
+    int line = 0, column = 0;
+    EXPECT_EQ(std::sscanf(after.c_str(), ":%d:%d: invalid JSON: ", &line, &column), 2) << r.out;
+    EXPECT_NE(r.out.find("; the file ends there (cut short?)"), std::string::npos) << r.out;
+    ++checked;
+  };
+  for (const char* f : {"config.json", "model.safetensors.index.json"}) {
+    const fs::path d = copy_dir(sharded, f);
+    cut(d / f);
+    expect_cut(run("inspect " + d.string()), d / f);
+  }
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
+    const fs::path d = copy_dir(tok_json, f);
+    if (!fs::exists(d / f))  // a valid one first (the fixture dir has no special_tokens_map.json)
+      write(d / f, std::string(f) == "generation_config.json" ? R"({"bos_token_id": 1, "eos_token_id": 2})"
+                                                               : R"({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"})");
+    cut(d / f);
+    expect_cut(run("tokenize " + d.string() + " --text hi"), d / f);
+  }
+  {
+    const fs::path m = copy_dir(spm_model, "adapter_model"), a = root / "adapter";
+    fs::create_directories(a);
+    write(a / "adapter_config.json", R"({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]})");
+    cut(a / "adapter_config.json");
+    expect_cut(run("generate " + m.string() + " --adapter " + a.string() + " --prompt hi --max-new-tokens 1"),
+               a / "adapter_config.json");
+  }
+  EXPECT_EQ(checked, 7);
+  // Git LFS pointers
+  const std::string ptr = "version https://git-lfs.github.com/spec/v1\noid sha256:"
+                          "4d1b5e3a8b1f0f6e1c9a2f3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f\nsize 17209920\n";
+  const std::string tail = " itself: the repository was cloned without git-lfs (run `git lfs pull` in it)";
+  const fs::path lfs = copy_dir(sharded, "lfs_shard");
+  write(lfs / "model-00003-of-00006.safetensors", ptr);
+  expect_clean_error(run("inspect " + lfs.string()),
+                     (lfs / "model-00003-of-00006.safetensors").string() + ": a Git LFS pointer file, not the safetensors file" + tail);
+  const fs::path spm = copy_dir(spm_model, "lfs_spm");
+  write(spm / "tokenizer.model", ptr);
+  expect_clean_error(run("tokenize " + spm.string() + " --text hi"),
+                     (spm / "tokenizer.model").string() + ": a Git LFS pointer file, not the sentencepiece model" + tail);
+  write(spm / "tokenizer.model", "");
+  expect_clean_error(run("tokenize " + spm.string() + " --text hi"),
+                     (spm / "tokenizer.model").string() + ": empty file, not a sentencepiece model (an interrupted copy?)");
+  const fs::path tj = copy_dir(tok_json, "lfs_tokenizer_json");
+  write(tj / "tokenizer.json", ptr);
+  expect_clean_error(run("tokenize " + tj.string() + " --text hi"),
+                     (tj / "tokenizer.json").string() + ": a Git LFS pointer file, not the JSON file" + tail);
+  write(root / "model.gguf", ptr);
+  expect_clean_error(run("import-gguf " + (root / "model.gguf").string() + " --out " + (root / "imported").string()),
+                     (root / "model.gguf").string() + ": a Git LFS pointer file, not the GGUF file" + tail);
+  EXPECT_FALSE(fs::exists(root / "imported"));
+  fs::remove_all(root);
 }
 
 TEST(Cli, CorruptSafetensorsAndMissingTokenizer) {

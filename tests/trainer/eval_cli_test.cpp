@@ -160,6 +160,12 @@ TEST(EvalCli, BaseAndAdapterEvalsKeepTheirOwnFiles) {
                      << "  val_set_size: 4\ntraining:\n  micro_batch_size: 1\n  gradient_accumulation_steps: 1\n"
                      << "  max_steps: 1\n  learning_rate: 0.01\n  warmup_steps: 0\n  eval_steps: 0\n"
                      << "checkpoint:\n  save_steps: 0\n  save_minutes: 0\n";
+  // data preview says it too, before any training (trial 23: only train and estimate did)
+  r = run("data preview " + q(cfg) + " --n 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("data.sequence_len: sequence length 4096 exceeds the model's max_position_embeddings 2048 "
+                       "(config.json): positions past it were never trained (RoPE extrapolation)\n"),
+            std::string::npos) << r.out;
   r = run("train " + q(cfg));
   ASSERT_EQ(r.status, 0) << r.out;
   // train warns as `qlora estimate` does when sequence_len is past the model's positions (tiny: 2048)
@@ -414,3 +420,65 @@ TEST(EvalCli, ExactMatchStaysGreedyWhateverGenerationConfigSays) {
 }
 
 }  // namespace
+
+// eval.json holds every setting that changes its number (two files that differ only in loss told
+// nothing of truncation / train_on_inputs / micro_batch_size, trial 25) and the evaluated file's
+// record counts; exact_match refuses examples whose answer a truncation cut; errors about --data
+// name the flag (not data.train, a key the user never set); --predictions cannot be the --out file.
+TEST(EvalCli, ResultFileRecordsWhatDecidesTheNumber) {
+  QLORA_REQUIRE_SHARED(data, "data/alpaca_en_demo.json");
+  QLORA_REQUIRE_SHARED(tokenizer, "tokenizers/llama2/tokenizer.model");
+  const qlora::test::TempDir d("eval_settings");
+  const fs::path model = d.path / "model", out = d.path / "e.json";
+  CliRun r = run("init-model --preset tiny --out " + q(model) + " --tokenizer " + q(tokenizer) + " --seed 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string base = "eval --model " + q(model) + " --data " + q(data) +
+                           " --set data.template=alpaca --set data.sequence_len=64 --set quantization.method=none";
+  r = run(base + " --set data.truncation=truncate --set training.micro_batch_size=2 --max-examples 3 --out " + q(out));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json j = read_json(out);
+  EXPECT_EQ(j["truncation"], "truncate");
+  EXPECT_EQ(j["train_on_inputs"], false);
+  EXPECT_EQ(j["add_eos"], true);
+  EXPECT_EQ(j["default_system_message"], "");
+  EXPECT_EQ(j["micro_batch_size"], 2);
+  EXPECT_EQ(j["max_examples"], 3);
+  EXPECT_EQ(j["examples"], 3);
+  const json& rec = j["records"];
+  EXPECT_EQ(rec["read"], 999);  // alpaca_en_demo.json's records (len(json.load(f)))
+  EXPECT_GT(rec["truncated"].get<int64_t>(), 0);
+  EXPECT_EQ(rec["dropped_too_long"], 0);
+  EXPECT_EQ(j["examples_available"].get<int64_t>(),
+            999 - rec["skipped_invalid"].get<int64_t>() - rec["dropped_truncated_away"].get<int64_t>() -
+                rec["dropped_no_trainable"].get<int64_t>());
+  // drop: the long ones are counted as dropped, none truncated
+  r = run(base + " --max-examples 3 --out " + q(out));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(read_json(out)["truncation"], "drop");
+  EXPECT_EQ(read_json(out)["records"]["truncated"], 0);
+  EXPECT_EQ(read_json(out)["records"]["dropped_too_long"], rec["truncated"].get<int64_t>() + rec["dropped_truncated_away"].get<int64_t>());
+
+  // exact_match on cut examples: refused, naming the first one's record
+  r = run(base + " --set data.truncation=truncate --metric exact_match --max-examples 50 --out " + q(out));
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find(" examples were cut to data.sequence_len 64 (data.truncation: truncate), their reference answers "
+                       "with them (first: " + data.string() + ":"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("set data.truncation: drop to leave them out, or raise data.sequence_len"), std::string::npos) << r.out;
+
+  // --data errors name --data, with a config too (its data.train line is not the problem)
+  const fs::path cfg = d.path / "c.yaml";
+  std::ofstream(cfg) << "output_dir: " << (d.path / "run").string() << "\nmodel:\n  path: " << model.string()
+                     << "\ndata:\n  train: " << data.string() << "\n";
+  for (const std::string& how : {"--model " + q(model), q(cfg)}) {
+    r = run("eval " + how + " --data " + q(d.path / "nope.jsonl"));
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_NE(r.out.find("error: --data: no such file: " + (d.path / "nope.jsonl").string()), std::string::npos) << how << ": " << r.out;
+    r = run("eval " + how + " --data " + q(d.path));
+    EXPECT_NE(r.out.find("error: --data: " + d.path.string() + " is a directory"), std::string::npos) << how << ": " << r.out;
+  }
+  // one path for --predictions and --out would keep only the result: refused before anything runs
+  r = run(base + " --metric exact_match --predictions " + q(out) + " --out " + q(d.path / "." / "e.json"));
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("eval: --predictions " + out.string() + " is the result file too"), std::string::npos) << r.out;
+}

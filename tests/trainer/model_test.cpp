@@ -201,7 +201,7 @@ TEST(MissingWeights, InspectNamesWhatLoadRefuses) {
   io.model_dir = d.string();
   const std::string text = cmd_inspect(io);
   EXPECT_NE(text.find("\nnot loadable (train, eval and generate refuse this directory): tensor "
-                      "'model.layers.1.mlp.up_proj.weight' is missing from the checkpoint, and 1 more the config implies\n"),
+                      "'model.layers.1.mlp.up_proj.weight' is missing from the checkpoint, and 1 more (--json lists them all)\n"),
             std::string::npos) << text;
   io.json = true;
   EXPECT_EQ(nlohmann::json::parse(cmd_inspect(io))["missing_tensors"],
@@ -210,6 +210,31 @@ TEST(MissingWeights, InspectNamesWhatLoadRefuses) {
   EXPECT_EQ(nlohmann::json::parse(cmd_inspect(io))["missing_tensors"], nlohmann::json::array());
   io.json = false;
   EXPECT_EQ(cmd_inspect(io).find("not loadable"), std::string::npos);
+
+  // a config.json vocab_size above the embedding's rows (trial 24: inspect said nothing, load refused)
+  const fs::path v = d.parent_path() / "vocab_above_rows";
+  fs::create_directories(v);
+  nlohmann::json cj = nlohmann::json::parse(std::ifstream(untied / "config.json"));
+  const int64_t V = cj["vocab_size"].get<int64_t>(), H = cj["hidden_size"].get<int64_t>();
+  cj["vocab_size"] = V + 8;
+  std::ofstream(v / "config.json") << cj.dump();
+  fs::copy_file(untied / "model.safetensors", v / "model.safetensors");
+  const std::string shapes = "expected shape [" + std::to_string(V + 8) + ", " + std::to_string(H) + "], got [" +
+                             std::to_string(V) + ", " + std::to_string(H) + "]";
+  EXPECT_EQ(error_of([&] { LlamaModel::load(v.string(), torch::kFloat32, torch::kCPU); }),
+            (v / "model.safetensors").string() + ": tensor 'model.embed_tokens.weight': " + shapes);
+  io.model_dir = v.string();
+  EXPECT_NE(cmd_inspect(io).find("\nnot loadable (train, eval and generate refuse this directory): tensor "
+                                 "'model.embed_tokens.weight': " + shapes + ", and 1 more (--json lists them all)\n"),
+            std::string::npos) << cmd_inspect(io);
+  io.json = true;
+  const nlohmann::json ij = nlohmann::json::parse(cmd_inspect(io));
+  EXPECT_EQ(ij["missing_tensors"], nlohmann::json::array());
+  EXPECT_EQ(ij["misshapen_tensors"],
+            nlohmann::json::parse("[{\"name\": \"model.embed_tokens.weight\", \"expected_shape\": [" + std::to_string(V + 8) + ", " +
+                                  std::to_string(H) + "], \"shape\": [" + std::to_string(V) + ", " + std::to_string(H) +
+                                  "]}, {\"name\": \"lm_head.weight\", \"expected_shape\": [" + std::to_string(V + 8) + ", " +
+                                  std::to_string(H) + "], \"shape\": [" + std::to_string(V) + ", " + std::to_string(H) + "]}]"));
   fs::remove_all(d.parent_path());
 }
 
@@ -463,9 +488,11 @@ TEST(Generate, GenerationConfigReadsTheDecodingKeysAndNamesFileAndKey) {
   EXPECT_EQ(err(R"({"repetition_penalty": true})"), f + ": repetition_penalty: must be a number > 0, got true");
   EXPECT_EQ(err(R"({"max_new_tokens": 0})"), f + ": max_new_tokens: must be an integer >= 1, got 0");
   EXPECT_EQ(err(R"({"max_length": [20]})"), f + ": max_length: must be an integer >= 1, got [20]");
-  EXPECT_EQ(err("[1]"), f + ":1: not a JSON object");
-  EXPECT_EQ(err("{\"top_k\": 2"), f + ": invalid JSON at byte 12");  // cut short: where, not "not an object"
-  EXPECT_EQ(err("{\"top_k\": 1e999}").rfind(f + ": invalid JSON (", 0), 0u);  // a number no double holds
+  EXPECT_EQ(err("[1]"), f + ":1: expected a JSON object at top level, got array");
+  // cut short: where (line:column, common/json_file.h), not "not an object"
+  EXPECT_EQ(err("{\"top_k\": 2"), f + ":1:12: invalid JSON: syntax error while parsing object - unexpected end of input; "
+                                      "expected '}'; the file ends there (cut short?)");
+  EXPECT_EQ(err("{\"top_k\": 1e999}"), f + ": invalid JSON: number overflow parsing '1e999'");  // no double holds it
   // no file: every key unset (transformers' defaults)
   const test::TempDir d("genconfig");
   const GenerationConfig none = read_generation_config(d.path.string());
