@@ -169,12 +169,13 @@ std::string cmd_eval(const EvalOptions& o) {
                           : !o.adapter.empty() ? (fs::path(o.adapter) / "eval.json").string()
                           : !o.config_path.empty() ? (fs::path(cfg.output_dir) / "eval_base.json").string()
                                                    : std::string("eval_base.json");
-  check_can_create(out, "eval: result file");
+  const bool to_stdout = out == "-";  // the JSON is the command's stdout (as jq and lm-eval pipes want)
+  if (!to_stdout) check_can_create(out, "eval: result file");
   QLORA_CHECK(o.predictions.empty() || o.metric == "exact_match",
               "eval: --predictions needs --metric exact_match (the loss has no predictions)");
   if (!o.predictions.empty()) check_can_create(o.predictions, "eval: --predictions file");
   // one file for both would keep only the result written last (trial 25)
-  QLORA_CHECK(o.predictions.empty() || fs::weakly_canonical(o.predictions) != fs::weakly_canonical(out),
+  QLORA_CHECK(o.predictions.empty() || to_stdout || fs::weakly_canonical(o.predictions) != fs::weakly_canonical(out),
               "eval: --predictions ", o.predictions, " is the result file too (", out,
               "); give them different paths");
   const torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
@@ -352,6 +353,11 @@ std::string cmd_eval(const EvalOptions& o) {
   }
   j["metric"] = o.metric;
   j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (to_stdout) {
+    std::istringstream lines(os.str());
+    for (std::string line; std::getline(lines, line);) log::info(line);
+    return j.dump(2) + "\n";
+  }
   try {
     if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
     atomic_write_string(out, j.dump(2) + "\n");

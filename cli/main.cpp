@@ -313,7 +313,7 @@ int run(int argc, char** argv) {
   eval_cmd->add_option("--adapter", ev.adapter, "PEFT LoRA adapter directory to apply");
   eval_cmd->add_option("--metric", ev.metric, "loss | exact_match")->capture_default_str()
       ->check(CLI::IsMember({"loss", "exact_match"}));
-  eval_cmd->add_option("--out", ev.out, "result path (default: <adapter>/eval.json; no --adapter: <output_dir>/eval_base.json)");
+  eval_cmd->add_option("--out", ev.out, "result path (default: <adapter>/eval.json; no --adapter: <output_dir>/eval_base.json); - = the JSON on stdout, the summary on stderr");
   eval_cmd->add_option("--max-examples", ev.max_examples, "evaluate the first N examples only (0 = all)")
       ->capture_default_str();
   eval_cmd->add_option("--predictions", ev.predictions,

@@ -294,9 +294,11 @@ TEST(EvalCli, AdapterRunBringsEveryRenderingAndLabellingKey) {
   EXPECT_EQ(r.out.find("quantization nf4 (blocksize 64, double_quant true) from"), std::string::npos) << r.out;
   EXPECT_EQ(read_json(d.path / "e.json")["quantization"]["method"], "none");
   // exact_match on a train_on_inputs run: its answers are found (labels as train_on_inputs: false)
-  // (--predictions: every prediction as JSONL, here the same 2 as the result file's samples)
+  // (--predictions: every prediction as JSONL, here the same 2 as the result file's samples); the
+  // run's sequence_len 96 cuts these records, their answers too: refused at it
+  // (EvalCli.ResultFileRecordsWhatDecidesTheNumber), so a length that holds them
   r = run(base + " --adapter " + q(rr.run) + " --max-examples 2 --metric exact_match --out " + q(d.path / "e.json") +
-          " --predictions " + q(d.path / "p" / "pred.jsonl"));
+          " --predictions " + q(d.path / "p" / "pred.jsonl") + " --set data.sequence_len=512");
   ASSERT_EQ(r.status, 0) << r.out;
   const json em = read_json(d.path / "e.json")["exact_match"];
   EXPECT_EQ(em["total"], 2) << r.out;
@@ -451,8 +453,9 @@ TEST(EvalCli, ResultFileRecordsWhatDecidesTheNumber) {
   EXPECT_EQ(j["examples_available"].get<int64_t>(),
             999 - rec["skipped_invalid"].get<int64_t>() - rec["dropped_truncated_away"].get<int64_t>() -
                 rec["dropped_no_trainable"].get<int64_t>());
-  // drop: the long ones are counted as dropped, none truncated
-  r = run(base + " --max-examples 3 --out " + q(out));
+  // drop: the long ones are counted as dropped, none truncated; --out -: the JSON alone on stdout
+  r = qlora::test::run_command("(" + qlora::test::qlora_bin() + " " + base + " --max-examples 3 --out - 2>/dev/null > " +
+                               q(out) + ")");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(read_json(out)["truncation"], "drop");
   EXPECT_EQ(read_json(out)["records"]["truncated"], 0);
