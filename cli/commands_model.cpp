@@ -230,7 +230,8 @@ std::string cmd_inspect(const InspectOptions& o) {
        << cfg.hidden_size << ", intermediate " << cfg.intermediate_size << ", heads "
        << cfg.num_attention_heads << " (kv " << cfg.num_key_value_heads << ", head_dim " << cfg.head_dim
        << "), vocab " << cfg.vocab_size << ", rope " << cfg.rope.type << " theta " << cfg.rope.theta
-       << (cfg.tie_word_embeddings ? ", tied embeddings" : "") << ", " << ckpt.num_shards()
+       << (cfg.tie_word_embeddings ? ", tied embeddings" : "")
+       << (cfg.sliding_window > 0 ? ", sliding window " + std::to_string(cfg.sliding_window) : "") << ", " << ckpt.num_shards()
        << " shard(s)\n";
     if (!bnb.empty())
       os << bnb.size() << " linear weights stored by bitsandbytes in 4 bits (" << bnb_kind << "): "

@@ -690,13 +690,18 @@ class Section {
         {"lora_modules_to_save", " has no key here: only LoRA adapters train (no whole trained copy of lm_head or "
                                  "embed_tokens), so no token can be added to the vocabulary"},
         {"load_in_4bit", "quantization.method: nf4"},
+        // trial 26: a bare "unknown key" for these two of Axolotl's Mistral QLoRA example
+        {"load_in_8bit", " has no key here: 8-bit bitsandbytes bases are not supported; \"quantization.method: nf4\" "
+                         "(or fp4) quantizes the base to 4 bits, none keeps it in model.dtype"},
+        {"strict", " has no key here: every config is read strictly (an unknown key is an error, as here)"},
         {"bnb_4bit_quant_type", "quantization.method"},
         {"bnb_4bit_use_double_quant", "quantization.double_quant"},
         {"adapter", " is \"quantization.method\" here (adapter: qlora is method: nf4, adapter: lora is method: none)"},
         {"datasets", " is \"data.train\" here: a path, or a list of files whose examples are concatenated in "
                      "order, each a path or {path: FILE, format: sharegpt, field_map: {...}, role_map: {...}}"},
         {"lora_model_dir", "lora.model_dir"},
-        {"chat_template", " is \"data.template\" here (its tokenizer_default is template: auto)"},
+        {"chat_template", " is \"data.template\" here (its tokenizer_default is template: auto; the names: "
+                          "docs/data.md, e.g. mistral is Mistral v0.3's jinja)"},
         {"default_system_message", "data.default_system_message"},
         {"dataset_exact_deduplication", {" is \"data.deduplicate\" here (true: drop exact duplicate records in "
                                          "data.train before the val_set_size hold-out, in data.eval, and data.eval "

@@ -159,7 +159,9 @@ std::string duplicates_note(const Datasets& d);
 std::string truncated_note(const DataStats& st);
 
 /// The warnings `train` and `eval` log for one file of data.train / data.eval, in this order:
-/// unused_records_note, truncated_note, placeholder_note, tools_note, reasoning_note (each only when non-empty). The caller prefixes
+/// unused_records_note, truncated_note, placeholder_note, tools_note, reasoning_note, and for template
+/// mistral a note on its system messages (Mistral v0.3's jinja renders none in a conversation that ends
+/// with an answer) (each only when non-empty). The caller prefixes
 /// "data: <path>: ". Empty when the file needs no warning.
 std::vector<std::string> file_notes(const DataStats& st, const std::string& template_name);
 

@@ -778,7 +778,8 @@ json MemoryTracker::finish() {
     log::info("memory: on the CPU the measured rows are the process's RSS, which also holds the allocator's "
               "retained blocks, thread pools and the data: a sanity check of the order of magnitude (trials on "
               "SmolLM2-135M read 0.87 to 2.1 times the tensor estimate, under it where rows were shorter than "
-              "data.sequence_len; docs/memory.md, \"CPU measurement\")");
+              "data.sequence_len, a tiny model 6 times; the RSS grows with each row length not seen before until all "
+              "have come; docs/memory.md, \"CPU measurement\")");
   // Said only where it explains the gap: the peak came in under the estimate.
   bool peak_under = false;
   for (const json& r : report_["comparison"])

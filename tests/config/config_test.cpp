@@ -388,6 +388,13 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
   EXPECT_EQ(top("bnb_4bit_compute_dtype: bfloat16"),
             p + "bnb_4bit_compute_dtype: unknown key; Axolotl / Hugging Face's \"bnb_4bit_compute_dtype\" is "
                 "\"model.dtype\" here (docs/config.md)");
+  EXPECT_EQ(top("load_in_8bit: true"),
+            p + "load_in_8bit: unknown key; Axolotl / Hugging Face's \"load_in_8bit\" has no key here: 8-bit bitsandbytes "
+                "bases are not supported; \"quantization.method: nf4\" (or fp4) quantizes the base to 4 bits, none keeps "
+                "it in model.dtype (docs/config.md)");
+  EXPECT_EQ(top("strict: false"),
+            p + "strict: unknown key; Axolotl / Hugging Face's \"strict\" has no key here: every config is read strictly "
+                "(an unknown key is an error, as here) (docs/config.md)");
   EXPECT_EQ(top("save_total_limit: 2"),
             p + "save_total_limit: unknown key; Axolotl / Hugging Face's \"save_total_limit\" is \"checkpoint.keep_last\" "
                 "here (docs/config.md)");
@@ -407,7 +414,8 @@ TEST(Config, AxolotlAndHuggingFaceNamesGetOurs) {
                 "here (docs/config.md)");
   EXPECT_EQ(top("chat_template: tokenizer_default"),
             p + "chat_template: unknown key; Axolotl / Hugging Face's \"chat_template\" is \"data.template\" here (its "
-                "tokenizer_default is template: auto) (docs/config.md)");
+                "tokenizer_default is template: auto; the names: docs/data.md, e.g. mistral is Mistral v0.3's jinja) "
+                "(docs/config.md)");
   EXPECT_EQ(top("adapter: qlora"),
             p + "adapter: unknown key; Axolotl / Hugging Face's \"adapter\" is \"quantization.method\" here (adapter: "
                 "qlora is method: nf4, adapter: lora is method: none) (docs/config.md)");

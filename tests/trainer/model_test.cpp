@@ -208,6 +208,12 @@ TEST(MissingWeights, InspectNamesWhatLoadRefuses) {
             nlohmann::json({"model.layers.1.mlp.up_proj.weight", "lm_head.weight"}));
   io.model_dir = untied.string();
   EXPECT_EQ(nlohmann::json::parse(cmd_inspect(io))["missing_tensors"], nlohmann::json::array());
+  {  // Mistral's window is shown (trial 26: inspect said nothing of it)
+    QLORA_REQUIRE_FIXTURE(window, "models/mistral_window");
+    InspectOptions w;
+    w.model_dir = window.string();
+    EXPECT_NE(cmd_inspect(w).find(", sliding window 5, 1 shard(s)\n"), std::string::npos) << cmd_inspect(w);
+  }
   io.json = false;
   EXPECT_EQ(cmd_inspect(io).find("not loadable"), std::string::npos);
 
