@@ -191,6 +191,19 @@ std::string cmd_eval(const EvalOptions& o) {
     dopts.eval.clear();
     dopts.val_set_size = 0;
   }
+  // A config's data.eval is evaluated without its data.train files where they are not here (an
+  // eval on another machine than the run's; trial 25 was refused for them). They are read only to
+  // warn of eval records that are training records too.
+  if (o.data.empty() && !dopts.eval.empty()) {
+    std::string missing;
+    for (const data::DataSource& s : dopts.train)
+      if (std::error_code ec; !fs::exists(s.path, ec)) missing += (missing.empty() ? "" : ", ") + s.path;
+    if (!missing.empty()) {
+      log::info("eval: data.train ", missing, " not found: data.eval is evaluated without it (it is read only to warn "
+                "of eval records that are also training records)");
+      dopts.train.clear();
+    }
+  }
   // Errors about --data name the flag, not data.train (which --data replaces here: the config's
   // data.train line, or "data.train" with no config, pointed at a key the user never set, trial 25).
   const auto data_errors = [&](auto&& f) {
@@ -298,11 +311,14 @@ std::string cmd_eval(const EvalOptions& o) {
   const std::string template_text = all_raw ? "none: raw text"
                                     : raw > 0 ? dopts.template_name + "; raw-text files: none"
                                               : dopts.template_name;
+  json data_files = json::array();
+  for (const data::SourceStats& f : files) data_files.push_back(f.source.path);
   json j = {{"model", cfg.model.path.empty() ? cfg.model.preset : cfg.model.path},
             {"adapter", o.adapter},
             {"data", !o.data.empty()        ? o.data
                      : !dopts.eval.empty() ? data::source_paths(dopts.eval)
                                            : data::source_paths(dopts.train) + " (val_set_size hold-out)"},
+            {"data_files", data_files},  // each evaluated file's path (a list's "data" joins them)
             {"examples", static_cast<int64_t>(exs.size())},
             {"examples_available", available},  // before --max-examples
             {"template", template_used},

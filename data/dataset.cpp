@@ -378,7 +378,8 @@ std::vector<Example> load_sources(const std::vector<DataSource>& sources, const 
 }  // namespace
 
 Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok) {
-  QLORA_CHECK(!opts.train.empty(), "data.train: no training file given");
+  // No train file with an eval list: `qlora eval` of a config's data.eval where its training files are absent.
+  QLORA_CHECK(!opts.train.empty() || !opts.eval.empty(), "data.train: no training file given");
   check_files_exist(opts);
   Datasets d;
   int64_t records = 0;
@@ -553,11 +554,22 @@ std::string system_note(const DataStats& st, const std::string& template_name) {
 }
 }  // namespace
 
+namespace {
+/// The notes on what template_name makes of a file's records (tools, reasoning, system messages),
+/// non-empty ones only: the tail of file_notes, and what data preview warns per file.
+std::vector<std::string> template_notes(const DataStats& st, const std::string& template_name) {
+  std::vector<std::string> notes;
+  for (std::string note : {tools_note(st, template_name), reasoning_note(st, template_name), system_note(st, template_name)})
+    if (!note.empty()) notes.push_back(std::move(note));
+  return notes;
+}
+}  // namespace
+
 std::vector<std::string> file_notes(const DataStats& st, const std::string& template_name) {
   std::vector<std::string> notes;
-  for (std::string note : {unused_records_note(st), truncated_note(st), placeholder_note(st.read), tools_note(st, template_name),
-                           reasoning_note(st, template_name), system_note(st, template_name)})
+  for (std::string note : {unused_records_note(st), truncated_note(st), placeholder_note(st.read)})
     if (!note.empty()) notes.push_back(std::move(note));
+  for (std::string& note : template_notes(st, template_name)) notes.push_back(std::move(note));
   return notes;
 }
 
@@ -751,9 +763,8 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
   if (const std::string note = duplicates_note(d); !note.empty()) o << "warning: data: " << note << "\n";
   for (const std::vector<SourceStats>* v : {&d.train_sources, &d.eval_sources})  // per file, as train / eval warn
     for (const SourceStats& f : *v)
-      for (const std::string& note : {tools_note(f.stats, opts.template_name), reasoning_note(f.stats, opts.template_name),
-                                      system_note(f.stats, opts.template_name)})
-        if (!note.empty()) o << "warning: data: " << f.source.path << ": " << note << "\n";
+      for (const std::string& note : template_notes(f.stats, opts.template_name))
+        o << "warning: data: " << f.source.path << ": " << note << "\n";
   // The first n examples of each train file (several files: each file's, so a later file's
   // format and template rendering is seen too), each headed by the file:line of its record.
   const size_t files = std::max<size_t>(d.train_sources.size(), 1);

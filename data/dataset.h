@@ -193,7 +193,9 @@ std::vector<Example> build_examples(const std::vector<Record>& records, const Da
 /// val_set_size that leaves no training example, when a train file has no example with a trainable
 /// token ("<file>: no example has a trainable token (<counts per drop reason>)"; in a list too: a
 /// file that adds nothing is a mistake), and when a data.eval file is set but none of its
-/// examples is left (same form: an eval set that silently evaluates nothing is refused).
+/// examples is left (same form: an eval set that silently evaluates nothing is refused). An empty
+/// opts.train is taken only with a non-empty opts.eval (train is then empty and nothing is compared
+/// with it); with neither it throws "data.train: no training file given".
 Datasets load_datasets(const DataOptions& opts, const Tokenizer& tok);
 
 /// Every file of opts.train and opts.eval exists and is not a directory (what load_datasets checks

@@ -901,7 +901,9 @@ std::vector<std::string> template_markers(const std::string& name) {
   if (name == "chatml" || name == "smollm2" || name == "qwen2.5" || name == "qwen3") return {"<|im_start|>", "<|im_end|>"};
   if (name == "llama3" || name == "llama3.1" || name == "llama3.2")
     return {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
-  return {};  // alpaca, vicuna, llama2, mistral, none: their markers are text in their families too
+  // alpaca, vicuna, llama2, none: their markers are text in their families too. mistral: [INST] is
+  // text in v0.1's 32000-token vocabulary but a control token in v0.3's 32768, so neither is required.
+  return {};
 }
 }  // namespace
 

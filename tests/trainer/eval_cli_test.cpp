@@ -484,4 +484,17 @@ TEST(EvalCli, ResultFileRecordsWhatDecidesTheNumber) {
   r = run(base + " --metric exact_match --predictions " + q(out) + " --out " + q(d.path / "." / "e.json"));
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("eval: --predictions " + out.string() + " is the result file too"), std::string::npos) << r.out;
+
+  // a config's data.eval is evaluated where its data.train files are not (trial 25: refused for
+  // them); eval.json lists the evaluated files
+  const fs::path away = d.path / "away.yaml", gone = d.path / "gone.jsonl";
+  std::ofstream(away) << "output_dir: " << (d.path / "run").string() << "\nmodel:\n  path: " << model.string()
+                      << "\ndata:\n  train: " << gone.string() << "\n  eval: [" << data.string() << ", " << data.string()
+                      << "]\n  template: alpaca\n  sequence_len: 64\nquantization:\n  method: none\n";
+  r = run("eval " + q(away) + " --max-examples 2 --out " + q(out));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("eval: data.train " + gone.string() + " not found: data.eval is evaluated without it"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(read_json(out)["data_files"], json::array({data.string(), data.string()}));
+  EXPECT_EQ(read_json(out)["examples"], 2);
 }
