@@ -230,7 +230,7 @@ std::string cmd_eval(const EvalOptions& o) {
   // The model was tuned on its own chat format: a loss in another one is not the model's best and
   // does not compare with a run that used the model's template (as `train` and `data preview` warn).
   if (ds.stats.read.format != "completion")
-    for (const std::string& note : data::template_warnings(dopts.template_name, tok_src, tok)) log::warn("eval: ", note);
+    for (const std::string& note : data::template_warnings(dopts.template_name, tok_src, tok, dopts.add_eos)) log::warn("eval: ", note);
   std::vector<data::Example> exs = o.data.empty() ? std::move(ds.eval) : std::move(ds.train);
   QLORA_CHECK(!exs.empty(), o.config_path.empty() ? o.data : o.config_path, ": no eval data (set data.eval or data.val_set_size, or pass --data FILE)");
   const auto available = static_cast<int64_t>(exs.size());

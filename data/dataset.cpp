@@ -754,7 +754,7 @@ std::string render_preview(const DataOptions& opts, const Tokenizer& tok, int n,
       << (opts.add_eos ? ", EOS last" : "")
       << "; train_on_inputs only labels the BOS, which no position predicts; [[masked]] = label -100)\n";
   } else {
-    for (const std::string& note : template_warnings(opts.template_name, model_dir, tok)) o << "warning: " << note << "\n";
+    for (const std::string& note : template_warnings(opts.template_name, model_dir, tok, opts.add_eos)) o << "warning: " << note << "\n";
     o << "template: " << opts.template_name << ", sequence_len " << opts.sequence_len << ", truncation "
       << opts.truncation << ", train_on_inputs " << (opts.train_on_inputs ? "true" : "false")
       << "  ([[masked]] = label -100)\n";

@@ -918,9 +918,18 @@ std::string template_tokens_note(const std::string& name, const Tokenizer& tok) 
          "(data.template: auto, or llama2 / mistral / alpaca for a vocabulary without them)";
 }
 
-std::vector<std::string> template_warnings(const std::string& name, const std::string& model_dir, const Tokenizer& tok) {
+std::string add_eos_note(const std::string& name, bool add_eos) {
+  if (add_eos || !is_family_template(name)) return "";
+  return "data.add_eos: false does not change conversations under template " + name +
+         ": its format closes every assistant turn with its own end-of-turn token, which is trained (as "
+         "apply_chat_template writes it); it applies to raw-text files only";
+}
+
+std::vector<std::string> template_warnings(const std::string& name, const std::string& model_dir, const Tokenizer& tok,
+                                           bool add_eos) {
   std::vector<std::string> out;
-  for (std::string note : {model_dir.empty() ? "" : template_mismatch_note(name, model_dir), template_tokens_note(name, tok)})
+  for (std::string note : {model_dir.empty() ? "" : template_mismatch_note(name, model_dir), template_tokens_note(name, tok),
+                           add_eos_note(name, add_eos)})
     if (!note.empty()) out.push_back(std::move(note));
   return out;
 }

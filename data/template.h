@@ -137,10 +137,18 @@ std::string template_mismatch_note(const std::string& name, const std::string& m
 /// line naming each such marker and its piece count. Never throws.
 std::string template_tokens_note(const std::string& name, const Tokenizer& tok);
 
+/// "" or, when `add_eos` is false and `name` is a family template (is_family_template), the note that
+/// data.add_eos: false does not change its conversations: the family format closes every assistant
+/// turn with its own token, trained as the turn's end (trial 26: silently no effect under mistral).
+/// Never throws.
+std::string add_eos_note(const std::string& name, bool add_eos);
+
 /// The warnings train, eval and data preview print about `name` (resolved) for the model at
-/// `model_dir` with tokenizer `tok`: template_mismatch_note (not with `model_dir` ""), then
-/// template_tokens_note, the non-empty ones in that order. Never throws.
-std::vector<std::string> template_warnings(const std::string& name, const std::string& model_dir, const Tokenizer& tok);
+/// `model_dir` with tokenizer `tok`, conversations rendered with data.add_eos `add_eos`:
+/// template_mismatch_note (not with `model_dir` ""), template_tokens_note, add_eos_note, the
+/// non-empty ones in that order. Never throws.
+std::vector<std::string> template_warnings(const std::string& name, const std::string& model_dir, const Tokenizer& tok,
+                                           bool add_eos);
 
 /// The hash that resolve_template compares: 64-bit FNV-1a of the jinja's output-deciding form, as
 /// transformers' Jinja environment (trim_blocks, lstrip_blocks, no trailing newline) lexes it: the

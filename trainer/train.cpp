@@ -473,7 +473,7 @@ void Trainer::setup() {
     data_ = data::load_datasets(cfg_.data, *tok_);
   });
   if (data_.stats.read.format != "completion" && run_.dist.rank == 0)  // raw text: no template
-    for (const std::string& note : data::template_warnings(cfg_.data.template_name, tok_src, *tok_)) log::warn(note);
+    for (const std::string& note : data::template_warnings(cfg_.data.template_name, tok_src, *tok_, cfg_.data.add_eos)) log::warn(note);
   if (data_.stats.held_out_records > 0 && data_.stats.held_out_records != data_.stats.eval_examples)
     log::info("data: data.val_set_size held out ", data_.stats.held_out_records, " records (drawn before the drops); ",
               data_.stats.eval_examples, " of them give eval examples");

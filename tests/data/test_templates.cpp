@@ -414,8 +414,27 @@ TEST(BuiltinTemplates, MarkersThatAreNotTokensAreWarned) {
   o.train = {{alpaca.string()}};
   o.template_name = "chatml";
   EXPECT_EQ(render_preview(o, llama2, 0).rfind("warning: data.template chatml writes markers that are not tokens", 0), 0u);
-  EXPECT_EQ(template_warnings("chatml", smol.parent_path().string(), llama2).size(), 2u);  // mismatch, then markers
-  EXPECT_EQ(template_warnings("smollm2", smol.parent_path().string(), smollm2).size(), 0u);
+  EXPECT_EQ(template_warnings("chatml", smol.parent_path().string(), llama2, true).size(), 2u);  // mismatch, then markers
+  EXPECT_EQ(template_warnings("smollm2", smol.parent_path().string(), smollm2, true).size(), 0u);
+  // data.add_eos: false under a family template: said, because it renders the same ids (trial 26)
+  const std::vector<std::string> eos_off = template_warnings("smollm2", smol.parent_path().string(), smollm2, false);
+  ASSERT_EQ(eos_off.size(), 1u);
+  EXPECT_EQ(eos_off[0], "data.add_eos: false does not change conversations under template smollm2: its format closes "
+                        "every assistant turn with its own end-of-turn token, which is trained (as apply_chat_template "
+                        "writes it); it applies to raw-text files only");
+  for (const char* generic : {"chatml", "llama2", "alpaca", "vicuna", "none"}) EXPECT_EQ(add_eos_note(generic, false), "") << generic;
+  Record r;
+  r.turns = {{"user", "Hi"}, {"assistant", "Hello."}};
+  for (const char* family : {"smollm2", "mistral"}) {
+    const Tokenizer& t = std::string(family) == "mistral" ? llama2 : smollm2;
+    const Example on = tokenize(render(r, family, t, true), t, false), off = tokenize(render(r, family, t, false), t, false);
+    EXPECT_EQ(on.input_ids, off.input_ids) << family;
+    EXPECT_EQ(on.labels, off.labels) << family;
+    EXPECT_NE(add_eos_note(family, false), "") << family;
+  }
+  const Example on = tokenize(render(r, "alpaca", smollm2, true), smollm2, false),
+                off = tokenize(render(r, "alpaca", smollm2, false), smollm2, false);
+  EXPECT_EQ(on.input_ids.size(), off.input_ids.size() + 1) << "a generic template's EOS is add_eos's";
 }
 
 // Edited copies of each family jinja (make_template_refs.py's auto_variants): `auto` accepts exactly
