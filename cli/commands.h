@@ -142,8 +142,8 @@ void check_train_options(const TrainCliOptions& o);
 void cmd_train(const TrainCliOptions& o);
 
 struct EvalOptions {
-  std::string config_path;             ///< training config ("" = none: then model_dir and data are required)
-  std::string model_dir;               ///< --model: base model dir (overrides model.path)
+  std::string config_path;             ///< training config ("" = none: then data and model_dir or adapter are required)
+  std::string model_dir;               ///< --model: base model dir (overrides model.path; none, no config: adapter_config.json's base)
   std::string data;                    ///< --data: use this file as the eval set
   std::string adapter;                 ///< --adapter: PEFT adapter dir ("" = base model only)
   std::string metric = "loss";         ///< loss | exact_match
@@ -152,7 +152,8 @@ struct EvalOptions {
   std::string predictions;             ///< --predictions: exact_match's every prediction as JSONL ("" = none)
   std::vector<std::string> overrides;  ///< --set key=value
 };
-/// `qlora eval CONFIG|--model DIR --data FILE [--adapter DIR] [--metric loss|exact_match]`:
+/// `qlora eval CONFIG|--model DIR --data FILE [--adapter DIR] [--metric loss|exact_match]` (no
+/// config and no --model: the base directory the adapter's adapter_config.json names):
 /// mean next-token CE (nats) and perplexity over the eval set (the config's data.eval or its
 /// val_set_size hold-out; with --data, that whole file), memory bounded by one batch. With
 /// exact_match also greedy-generates each example's last assistant answer from its prompt

@@ -46,6 +46,22 @@ namespace {
 /// forward as in training.
 constexpr int64_t kDequantCacheBytes = int64_t{2} << 30;
 
+/// The base model directory adapter_config.json in `adapter` names (base_model_name_or_path: what
+/// PEFT's AutoPeftModelForCausalLM loads; `train` writes model.path made absolute), for an eval with
+/// --adapter and no --model; logged. Throws qlora::Error naming the file when the name is not a
+/// local directory (a hub id, a preset, a moved model), and read_peft_config's errors.
+std::string adapter_base_dir(const std::string& adapter) {
+  QLORA_CHECK(fs::is_directory(adapter), adapter, ": adapter directory not found", relative_path_note(adapter));
+  const std::string name = read_peft_config(adapter).base_model_name_or_path;
+  const std::string file = (fs::path(adapter) / "adapter_config.json").string();
+  QLORA_CHECK(!name.empty(), file, ": base_model_name_or_path is empty: give --model DIR");
+  std::error_code ec;
+  QLORA_CHECK(fs::is_directory(name, ec), file, ": base_model_name_or_path '", name,
+              "' is not a local directory (a hub id, a preset, or a moved model): give --model DIR");
+  log::info("eval: model ", name, " (the base ", file, " names; --model DIR for another)");
+  return name;
+}
+
 /// The config an eval runs with: the file's (plus overrides), or with no file a minimal one
 /// built from --model and --data (dtype auto, the other keys at their defaults; with an adapter
 /// of ours, its run's adapter_run_keys(), each logged with where its value came from), with the
@@ -58,10 +74,11 @@ Config eval_config(const EvalOptions& o) {
     for (const std::string& w : config_warnings(c)) log::warn(w);
     return c;
   }
-  QLORA_CHECK(!o.model_dir.empty() && !o.data.empty(), "eval: give a CONFIG, or both --model DIR and --data FILE");
+  QLORA_CHECK(!o.data.empty() && (!o.model_dir.empty() || !o.adapter.empty()),
+              "eval: give a CONFIG, or --data FILE with --model DIR (or with --adapter DIR, whose base it names)");
   Config base;
   base.output_dir = "eval";
-  base.model.path = o.model_dir;
+  base.model.path = o.model_dir.empty() ? adapter_base_dir(o.adapter) : o.model_dir;
   base.model.dtype = DType::kAuto;
   base.data.train = {data::DataSource{o.data}};
   // An adapter trained here says how its examples were rendered and labelled and what base it was

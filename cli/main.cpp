@@ -307,8 +307,10 @@ int run(int argc, char** argv) {
 
   qlora::EvalOptions ev;
   auto* eval_cmd = app.add_subcommand("eval", "held-out loss / perplexity, or greedy exact-match accuracy");
-  eval_cmd->add_option("config", ev.config_path, "training config (YAML); or give --model and --data");
-  eval_cmd->add_option("--model", ev.model_dir, "base model directory (overrides model.path)");
+  eval_cmd->add_option("config", ev.config_path, "training config (YAML); or give --data and --model (or --adapter)");
+  eval_cmd->add_option("--model", ev.model_dir,
+                       "base model directory (overrides model.path; without it and a config: the base the adapter's "
+                       "adapter_config.json names)");
   eval_cmd->add_option("--data", ev.data, "evaluate on this whole file instead of the config's eval set");
   eval_cmd->add_option("--adapter", ev.adapter, "PEFT LoRA adapter directory to apply");
   eval_cmd->add_option("--metric", ev.metric, "loss | exact_match")->capture_default_str()

@@ -283,6 +283,28 @@ TEST(EvalCli, AdapterRunBringsEveryRenderingAndLabellingKey) {
                          rr.eval_file.string()),
               std::string::npos) << r.out;
   }
+  // no --model: the base adapter_config.json names (as AutoPeftModelForCausalLM), the same loss;
+  // a base that is not a local directory is refused naming the file
+  r = run("eval --adapter " + q(rr.run) + " --data " + q(rr.eval_file) + " --out " + q(d.path / "e.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("eval: model " + fs::absolute(rr.model).lexically_normal().string() + " (the base " +
+                       (rr.run / "adapter_config.json").string() + " names; --model DIR for another)"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(read_json(d.path / "e.json")["loss"], ref["loss"]);
+  {
+    const fs::path moved = d.path / "moved_adapter";
+    fs::create_directories(moved);
+    fs::copy_file(rr.run / "adapter_model.safetensors", moved / "adapter_model.safetensors");
+    json pc = read_json(rr.run / "adapter_config.json");
+    pc["base_model_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct";
+    std::ofstream(moved / "adapter_config.json") << pc.dump();
+    r = run("eval --adapter " + q(moved) + " --data " + q(rr.eval_file));
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_NE(r.out.find("error: " + (moved / "adapter_config.json").string() + ": base_model_name_or_path "
+                         "'HuggingFaceTB/SmolLM2-135M-Instruct' is not a local directory (a hub id, a preset, or a moved "
+                         "model): give --model DIR"),
+              std::string::npos) << r.out;
+  }
   // --set wins, and the log says so (the run's values named), not the run's value
   r = run(base + " --adapter " + q(rr.run) + " --max-examples 2 --set quantization.method=none --set " +
           q("data.default_system_message=Be brief.") + " --out " + q(d.path / "e.json"));
