@@ -151,6 +151,9 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
     e.lora_r = o.lora_r;
     if (given("--lora-targets")) e.lora_targets = lora_targets_arg(o.lora_targets);
     e.micro_batch_size = o.micro_batch_size;
+    // train pads a micro-batch's rows to its longest: above one row, the mask (as --config; trial
+    // 29: --model promised one micro-batch more than --config). bench's equal rows have none.
+    e.attention_mask = e.micro_batch_size > 1;
     e.seq_len = o.seq_len;
     e.gradient_checkpointing = !o.no_gradient_checkpointing;
     QLORA_CHECK(o.dtype == "bf16" || o.dtype == "fp16" || o.dtype == "fp32", "estimate: --dtype must be bf16, fp16 "
@@ -163,15 +166,14 @@ std::string cmd_estimate(const EstimateCliOptions& o) {
   e.world_size = o.world_size;
   const MemoryEstimate est = estimate_memory(model, e);
 
-  // Per card class: the largest micro_batch_size that fits, everything else as estimated (with a
-  // config, rows of a micro-batch above 1 are padded and get the attention mask, as in `train`).
+  // Per card class: the largest micro_batch_size that fits, everything else as estimated (rows of
+  // a micro-batch above 1 are padded and get the attention mask, as in `train`).
   json largest = json::array();
   if (e.cuda) {
-    const bool from_config = !o.config_path.empty();
     auto options_for = [&](int64_t mb) {
       EstimateOptions x = e;
       x.micro_batch_size = mb;
-      if (from_config) x.attention_mask = packing || mb > 1;
+      x.attention_mask = packing || mb > 1;
       return x;
     };
     for (const GpuCard& g : common_gpu_cards())

@@ -50,7 +50,8 @@ struct EstimateOptions {
   bool cuda = true;               ///< CUDA: 1-byte dropout masks, context overhead; CPU: dtype-sized masks
   int64_t overhead_bytes = kCudaOverheadBytes;  ///< CUDA context + allocator; 0 for a CPU estimate
   /// A dense [B, 1, T, T] bool attention mask is built (a padded row, or packing: LlamaModel::build_mask)
-  /// and SDPA turns it into a compute-dtype bias per layer call. false: causal SDPA, no [T, T] tensor.
+  /// and SDPA turns it into a compute-dtype bias per layer call. false: causal SDPA, no [T, T] tensor,
+  /// unless seq_len is past the model's sliding_window (estimate_memory then counts the mask anyway).
   bool attention_mask = false;
   int64_t cublas_handles = -1;    ///< CUDA: cuBLAS handles with a workspace; -1: 2 training, 1 inference
   bool allocator_rounding = true; ///< CUDA: add the caching allocator's segment rounding (peak reserved)

@@ -848,10 +848,10 @@ extern "C" void on_stop_signal(int sig) {
       signal_say("\nqlora: stop requested; the last checkpoint is written, still waiting for "
                  "checkpoint.sync_command (checkpoint.sync_timeout_seconds; Ctrl-C: quit without waiting)\n");
     else if (sig == SIGINT && phase == kInStep)
-      signal_say("\nqlora: stop requested; finishing this step, then a checkpoint (Ctrl-C again: quit now "
+      signal_say("\nqlora: stop requested by SIGINT; finishing this step, then a checkpoint (Ctrl-C again: quit now "
                  "without one)\n");
     else if (sig == SIGINT)
-      signal_say("\nqlora: stop requested; this step is done: a checkpoint of it, then stop (Ctrl-C again: "
+      signal_say("\nqlora: stop requested by SIGINT; this step is done: a checkpoint of it, then stop (Ctrl-C again: "
                  "quit now without one)\n");
     else {
       signal_say("\nqlora: stop requested by ");
@@ -1695,7 +1695,14 @@ std::string Trainer::claim_output_dir() {
         run_id_ = id.empty() ? new_run_id() : id;
         return ckpt;
       }
-      if (!c.resume_from_dir.empty()) log::warn("resume: no complete checkpoint in ", c.resume_from_dir, "; starting a new run");
+      if (!c.resume_from_dir.empty()) {
+        std::error_code ec;
+        if (!fs::exists(c.resume_from_dir, ec))  // a first run's sync target may not exist yet; a typo neither
+          log::warn("resume: checkpoint.resume_from_dir ", c.resume_from_dir, " does not exist", relative_path_note(c.resume_from_dir),
+                    "; starting a new run (check the path if this run was to resume)");
+        else
+          log::warn("resume: no complete checkpoint in ", c.resume_from_dir, "; starting a new run");
+      }
       run_id_ = new_run_id();
       return "";
     }

@@ -609,6 +609,37 @@ TEST(EstimateCli, LargestMicroBatchPerCardIsTheEstimatesBoundary) {
   EXPECT_FALSE(nlohmann::json::parse(r.out).contains("largest_micro_batch_size")) << r.out;
 }
 
+// The dense mask is counted where `train` builds it: a padded micro-batch (above one row; --model /
+// --preset too, as --config: trial 29 saw --model promise one micro-batch more) and rows past a
+// sliding window (Mistral's 4096) at any micro-batch (LlamaModel::build_mask; trial 29: left out).
+TEST(EstimateCli, MaskCountedForPaddedRowsAndPastTheSlidingWindow) {
+  const auto mask_bytes = [](const std::string& args) -> int64_t {
+    const CliRun r = run("estimate " + args + " --json");
+    EXPECT_EQ(r.status, 0) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    for (const nlohmann::json& c : j["components"])
+      if (c["name"] == "attention mask (dense bool [B,1,T,T])") return c["bytes"].get<int64_t>();
+    return 0;
+  };
+  EXPECT_EQ(mask_bytes("--preset llama3-8b --seq-len 4096"), 0);
+  EXPECT_EQ(mask_bytes("--preset llama3-8b --seq-len 4096 --micro-batch-size 2"), int64_t{2} * 4096 * 4096);
+  EXPECT_EQ(mask_bytes("--preset mistral-7b --seq-len 4096"), 0);  // within the window: causal SDPA
+  EXPECT_EQ(mask_bytes("--preset mistral-7b --seq-len 8192"), int64_t{8192} * 8192);
+  // --model and --config agree on a micro-batch of 2 (the config sets no packing)
+  const qlora::test::TempDir d("estimate_mask");
+  const std::filesystem::path cfg = d.path / "c.yaml";
+  std::ofstream(cfg) << "output_dir: " << (d.path / "run").string()
+                     << "\nmodel:\n  preset: llama3-8b\n  init: random\ndata:\n  train: x.jsonl\n  sequence_len: 4096\n"
+                        "training:\n  micro_batch_size: 2\n";
+  const CliRun a = run("estimate --preset llama3-8b --seq-len 4096 --micro-batch-size 2 --json"),
+               b = run("estimate --config " + cfg.string() + " --json");
+  ASSERT_EQ(a.status, 0) << a.out;
+  ASSERT_EQ(b.status, 0) << b.out;
+  EXPECT_EQ(nlohmann::json::parse(a.out)["total_bytes"], nlohmann::json::parse(b.out)["total_bytes"]);
+  EXPECT_EQ(nlohmann::json::parse(a.out)["largest_micro_batch_size"],
+            nlohmann::json::parse(b.out)["largest_micro_batch_size"]);
+}
+
 // A class whose cards disagree names each (before: "24 GB (RTX 4090 / A10G / L4) no, 129.28 MiB
 // short" for codellama-34b, judged on the A10G's 23,028 MiB while an RTX 4090's 24,564 MiB fits).
 TEST(EstimateCli, SplitCardClassNamesWhichCardsFit) {
@@ -814,6 +845,14 @@ TEST(EstimateCli, ClaimVerdictCpuCardsAndLengthWarning) {
   j = nlohmann::json::parse(r.out);
   EXPECT_TRUE(j["fits"].empty());
   EXPECT_NE(j["fits_note"].get<std::string>().find("--device cpu"), std::string::npos);
+  EXPECT_FALSE(j.contains("cuda_note"));
+  // A CUDA estimate says, in its text and JSON, that no GPU has checked it yet (trial 29)
+  r = run("estimate --preset llama2-7b --json");
+  EXPECT_NE(nlohmann::json::parse(r.out)["cuda_note"].get<std::string>().find("not yet checked on a GPU"), std::string::npos);
+  r = run("estimate --preset llama2-7b");
+  EXPECT_NE(r.out.find("\nnote: the CUDA estimate is a model not yet checked on a GPU: the context (768 MiB) and cuBLAS "
+                       "workspace terms are placeholders"),
+            std::string::npos) << r.out;
   // The 13B claim: compared with 28e9 bytes.
   r = run("estimate --preset llama2-13b --json");
   j = nlohmann::json::parse(r.out);
