@@ -484,9 +484,11 @@ void cmd_init_model(const InitModelOptions& o) {
   try {
     std::string tok_model;
     if (!o.tokenizer.empty()) {
+      check_regular_file(o.tokenizer);
       QLORA_CHECK(fs::is_regular_file(o.tokenizer), o.tokenizer, ": tokenizer model not found");
       fs::copy_file(o.tokenizer, tmp / "tokenizer.model");
     } else if (!o.train_tokenizer.empty()) {
+      check_regular_file(o.train_tokenizer);
       QLORA_CHECK(fs::is_regular_file(o.train_tokenizer), o.train_tokenizer, ": corpus not found");
       const std::string prefix = (tmp / "tokenizer").string();
       data::Tokenizer::train({o.train_tokenizer}, o.vocab_size > 0 ? o.vocab_size : 2000, prefix);

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -26,6 +27,20 @@
 using qlora::first_line;
 
 namespace {
+
+/// One line for a std::filesystem error that no command turned into its own: "PATH: REASON
+/// (cannot OP[, PATH2])" instead of libstdc++'s "filesystem error: cannot rename: Not a directory
+/// [a] [b]" (trial 27). Never throws.
+std::string filesystem_error_line(const std::filesystem::filesystem_error& e) {
+  const std::string reason = e.code().message();
+  std::string op = e.what();
+  if (const std::string pre = "filesystem error: "; op.rfind(pre, 0) == 0) op = op.substr(pre.size());
+  if (const size_t at = op.find(": " + reason); at != std::string::npos) op = op.substr(0, at);
+  if (const size_t bracket = op.find(" ["); bracket != std::string::npos) op = op.substr(0, bracket);
+  const std::string p1 = e.path1().string(), p2 = e.path2().string();
+  if (p1.empty()) return first_line(e.what());
+  return p1 + ": " + reason + " (" + op + (p2.empty() ? "" : ", with " + p2) + ")";
+}
 
 /// Every --dtype: our names or torch's (bfloat16, float16, float32), read by the one dtype parser
 /// (model/options.h dtype_from_name) and rewritten to ours, so a command sees bf16|fp16|fp32|auto
@@ -486,6 +501,8 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << first_line(e.what()) << "\n";
   } catch (const c10::Error& e) {
     std::cerr << "error: " << first_line(e.what_without_backtrace()) << "\n";
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::cerr << "error: " << filesystem_error_line(e) << "\n";
   } catch (const std::exception& e) {
     std::cerr << "error: " << first_line(e.what()) << "\n";
   }

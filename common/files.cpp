@@ -1,6 +1,7 @@
 #include "common/files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <openssl/evp.h>
 #include <unistd.h>
 
@@ -75,7 +76,24 @@ std::string relative_path_note(const std::string& path) {
   return ec ? std::string(" (relative to the working directory)") : " (relative to the working directory " + cwd.string() + ")";
 }
 
+void check_regular_file(const std::string& path) {
+  struct stat sb {};
+  if (::stat(path.c_str(), &sb) != 0) {
+    if (errno == ELOOP) fail(path, ": a loop of symbolic links, not a file");
+    return;  // missing (or unreadable: the open that follows says why)
+  }
+  const char* kind = S_ISREG(sb.st_mode)    ? nullptr
+                     : S_ISDIR(sb.st_mode)  ? "a directory"
+                     : S_ISFIFO(sb.st_mode) ? "a FIFO (named pipe)"
+                     : S_ISCHR(sb.st_mode)  ? "a character device"
+                     : S_ISBLK(sb.st_mode)  ? "a block device"
+                     : S_ISSOCK(sb.st_mode) ? "a socket"
+                                            : "an unknown kind of file";
+  if (kind) fail(path, ": is ", kind, ", not a file");
+}
+
 std::string read_file(const std::string& path) {
+  check_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read ", path, ": ", std::strerror(errno));
   std::ostringstream ss;
@@ -110,6 +128,7 @@ std::string sha256_hex(const std::string& bytes) {
 }
 
 std::string sha256_file(const std::string& path) {
+  check_regular_file(path);
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail("cannot read ", path, ": ", std::strerror(errno));
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(f, &std::fclose);
@@ -131,6 +150,7 @@ std::string sampled_file_digest(const std::string& path) {
   const uint64_t size = std::filesystem::file_size(path, ec);
   if (ec) fail("cannot read ", path, ": ", ec.message());
   if (size <= kWhole) return "sha256:" + sha256_file(path);
+  check_regular_file(path);
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail("cannot read ", path, ": ", std::strerror(errno));
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(f, &std::fclose);

@@ -26,7 +26,16 @@ void check_can_create(const std::string& path, const std::string& what);
 /// fsync of a directory (so a rename inside it is durable). Throws qlora::Error on failure.
 void fsync_dir(const std::string& dir);
 
-/// Reads a whole file. Throws qlora::Error "cannot read <path>: <reason>".
+/// Throws qlora::Error "PATH: is a FIFO (named pipe), not a file" (or a character device, block
+/// device, socket, directory; "PATH: a loop of symbolic links") when `path`, links followed, exists
+/// and is not a regular file: what every reader of an input file checks before opening it, since
+/// opening a FIFO blocks until something writes to it (an uploaded tar can carry one; trial 27: a
+/// FIFO in place of config.json hung inspect) and a device never ends. Does nothing for a regular
+/// file or a missing path (the caller says "not found" in its own words).
+void check_regular_file(const std::string& path);
+
+/// Reads a whole file (check_regular_file first). Throws qlora::Error "cannot read <path>:
+/// <reason>", and check_regular_file's errors.
 std::string read_file(const std::string& path);
 
 /// Lowercase hex SHA-256 of a file's bytes (OpenSSL EVP). Throws qlora::Error naming the path.

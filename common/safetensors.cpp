@@ -65,7 +65,8 @@ int64_t TensorInfo::numel() const {
 
 // ---------------------------------------------------------------------------------------------
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
+  check_regular_file(path);  // before open(2): a FIFO would block it
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
   if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
   struct stat sb {};
   if (::fstat(fd, &sb) != 0) {

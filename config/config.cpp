@@ -1711,6 +1711,7 @@ Config parse_config_string(const std::string& yaml_text, const std::string& sour
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) fail(path, ": is a directory, expected a YAML config file");
+  check_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, ": cannot open config file");
   std::ostringstream text;

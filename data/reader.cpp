@@ -787,6 +787,7 @@ void count_placeholders(const Record& r, ReadStats* s) {
 std::vector<Record> read_records(const std::string& path, const DataOptions& opts, ReadStats* stats) {
   ReadStats local;
   ReadStats* s = stats ? stats : &local;
+  check_regular_file(path);
   QLORA_CHECK(fs::is_regular_file(path), path, ": dataset file not found", relative_path_note(path));
   Collector c(path, opts, s);
   const std::string ext = fs::path(path).extension().string();
@@ -885,6 +886,7 @@ std::vector<PromptLine> parse_prompts_jsonl(const std::string& bytes, const std:
 }
 
 std::vector<PromptLine> read_prompts_jsonl(const std::string& path) {
+  check_regular_file(path);
   QLORA_CHECK(fs::is_regular_file(path), path, ": --prompts file not found", relative_path_note(path));
   return parse_prompts_jsonl(read_file(path), path);
 }

@@ -178,6 +178,7 @@ void Tokenizer::finish_specials() {
 
 Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
   fs::path dir, file;
+  if (std::error_code ec; !fs::is_directory(dir_or_file, ec)) check_regular_file(dir_or_file);  // a FIFO, a loop
   if (fs::is_directory(dir_or_file)) {
     dir = dir_or_file;
     file = fs::exists(dir / "tokenizer.json") ? dir / "tokenizer.json" : dir / "tokenizer.model";

@@ -1460,6 +1460,7 @@ class JsonBackend final : public TokenizerBackend {
 JsonBackend::JsonBackend(const std::string& path, const json* class_pipeline) {
   ctx_.file = path;
   const Ctx& c = ctx_;
+  check_regular_file(path);
   QLORA_CHECK(std::filesystem::is_regular_file(path), path, ": tokenizer.json not found", relative_path_note(path));
   const json j = read_json_object_file(path);
 

@@ -83,6 +83,7 @@ class SpmBackend final : public TokenizerBackend {
 };
 
 SpmBackend::SpmBackend(const std::string& path, PrependScheme scheme) : scheme_(scheme) {
+  check_regular_file(path);
   QLORA_CHECK(fs::is_regular_file(path), path, ": tokenizer model not found", relative_path_note(path));
   const std::string bytes = read_file(path);
   // An empty model parses as an empty proto, which sentencepiece reports as "unk is not defined"
@@ -295,6 +296,7 @@ std::string Tokenizer::train(const std::vector<std::string>& corpus_paths, int v
   QLORA_CHECK(!corpus_paths.empty(), "Tokenizer::train: no corpus files given");
   std::string inputs;
   for (const auto& p : corpus_paths) {
+    check_regular_file(p);
     QLORA_CHECK(fs::is_regular_file(p), p, ": corpus file not found");
     QLORA_CHECK(p.find(',') == std::string::npos, p, ": corpus path must not contain ','");
     inputs += (inputs.empty() ? "" : ",") + p;

@@ -17,6 +17,7 @@
 #include "common/gguf.h"
 #include "common/safetensors_stream.h"
 #include "data/llama_tokenizer.h"
+#include "data/tokenizer.h"
 #include "kernels/gguf_dequant.h"
 #include "kernels/quant4.h"  // float_to_bf16
 #include "model/model_config.h"
@@ -128,10 +129,18 @@ Hparams read_hparams(const GgufFile& f) {
                 "': ", f.has(rot) ? f.get_uint(rot) : 0, " differs from the head size ", h.head_dim,
                 " (partial RoPE is not supported for qwen3)");
   }
-  QLORA_CHECK(h.head_dim % 2 == 0, f.path(), ": head dimension ", h.head_dim, " is odd");
+  const std::string head_from = h.arch == "qwen3" && f.has(key_len) ? key_len
+                                : h.has_head_dim_key              ? a + "rope.dimension_count"
+                                                                  : a + "embedding_length' / '" + a + "attention.head_count";
+  QLORA_CHECK(h.head_dim % 2 == 0, f.path(), ": metadata key '", head_from, "': head dimension ", h.head_dim,
+              " is odd (RoPE rotates pairs)");
   h.ctx = f.has(a + "context_length") ? positive_uint(f, a + "context_length") : 2048;
   if (f.has(a + "rope.freq_base")) h.rope_theta = f.get_float(a + "rope.freq_base");
+  QLORA_CHECK(std::isfinite(h.rope_theta) && h.rope_theta > 0, f.path(), ": metadata key '", a,
+              "rope.freq_base': ", h.rope_theta, " is not a positive number");
   h.rms_eps = f.get_float(a + "attention.layer_norm_rms_epsilon");
+  QLORA_CHECK(std::isfinite(h.rms_eps) && h.rms_eps > 0, f.path(), ": metadata key '", a,
+              "attention.layer_norm_rms_epsilon': ", h.rms_eps, " is not a positive number");
   h.vocab = f.has(a + "vocab_size") ? positive_uint(f, a + "vocab_size")
                                     : static_cast<int64_t>(f.get_string_array("tokenizer.ggml.tokens").size());
   h.tied = f.find_tensor("output.weight") == nullptr;
@@ -562,6 +571,23 @@ json config_json(const Hparams& h, const json& special_ids, const std::string& d
 
 }  // namespace
 
+namespace {
+/// The staged config.json and tokenizer files load as every other command loads them: a GGUF
+/// whose metadata the readers take but whose model would not load (a merge naming an unknown
+/// token, two tokens with one text; trial 27: import exited 0, every later command refused the
+/// dir) is refused here, naming the GGUF and the loader's reason (its file under --out).
+void check_loads(const std::filesystem::path& tmp, const std::filesystem::path& out, const std::string& gguf_path) {
+  try {
+    load_model_config(tmp.string());
+    (void)data::Tokenizer::from_pretrained(tmp.string());
+  } catch (const Error& e) {
+    std::string m = e.what();
+    for (size_t at; (at = m.find(tmp.string())) != std::string::npos;) m.replace(at, tmp.string().size(), out.string());
+    fail(gguf_path, ": its metadata gives a model directory that would not load: ", m);
+  }
+}
+}  // namespace
+
 ImportGgufResult import_gguf(const ImportGgufOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   QLORA_CHECK(o.dtype == "bf16" || o.dtype == "fp32", "import-gguf: --dtype must be bf16 or fp32, got '",
@@ -596,6 +622,7 @@ ImportGgufResult import_gguf(const ImportGgufOptions& o) {
       atomic_write_string((tmp / "tokenizer.json").string(), tok_json);
       atomic_write_string((tmp / "tokenizer_config.json").string(), tok_config);
       atomic_write_string((tmp / "config.json").string(), config_json(h, tok.special_ids, o.dtype).dump(2) + "\n");
+      check_loads(tmp, out, f.path());
       json gc = json::object();
       for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
         if (tok.special_ids.contains(k)) gc[k] = tok.special_ids[k];

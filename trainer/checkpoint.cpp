@@ -273,8 +273,44 @@ std::string best_checkpoint(const std::string& dir, const std::string& run_id) {
   return "";
 }
 
+namespace {
+/// Deletes checkpoint directory `c` file by file: the files a checkpoint writes (write_checkpoint)
+/// and those its manifest.json lists (plain names only), then the directory when nothing else is
+/// left in it. A file no checkpoint writes (someone's own, where `checkpoints` links to a shared
+/// place; trial 27: pruning deleted it) is never deleted: its name is returned and the directory
+/// kept. Symbolic links are removed as links, never followed.
+std::vector<std::string> remove_checkpoint_dir(const fs::path& c) {
+  std::set<std::string> ours = {"adapter_model.safetensors", "adapter_config.json", "optimizer.safetensors",
+                                "rng.safetensors",           "trainer_state.json",  "metrics.jsonl",
+                                "manifest.json"};
+  if (fs::is_symlink(c)) {  // a link to a checkpoint elsewhere: the link goes, what it names stays
+    fs::remove(c);
+    return {};
+  }
+  std::string manifest;
+  try {
+    manifest = read_file((c / "manifest.json").string());
+  } catch (const Error&) {  // none, or unreadable: the fixed names only
+  }
+  const json m = json::parse(manifest, nullptr, /*allow_exceptions=*/false);
+  if (m.is_object() && m.contains("files") && m["files"].is_object())
+    for (const auto& [name, v] : m["files"].items())
+      if (!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos) ours.insert(name);
+  std::vector<std::string> foreign;
+  for (const auto& e : fs::directory_iterator(c)) {
+    const std::string n = e.path().filename().string();
+    if (ours.count(n) && !e.is_directory()) fs::remove(e.path());
+    else foreign.push_back(n);
+  }
+  if (foreign.empty()) fs::remove(c);
+  std::sort(foreign.begin(), foreign.end());
+  return foreign;
+}
+}  // namespace
+
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last, const std::string& run_id,
-                                           const std::set<std::string>& busy, bool keep_best) {
+                                           const std::set<std::string>& busy, bool keep_best,
+                                           std::vector<std::string>* kept_dirs) {
   std::vector<std::string> removed;
   int64_t kept = 0;
   const std::string best = keep_best ? best_checkpoint(dir, run_id) : "";
@@ -287,8 +323,14 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_
     }
     if (kept < keep_last) continue;  // never delete an unverified newer one before enough are kept
     if (busy.count(c)) continue;     // its sync_command still reads it: pruned after the sync ends
-    fs::remove_all(c);
-    removed.push_back(c);
+    const std::vector<std::string> foreign = remove_checkpoint_dir(c);
+    if (foreign.empty()) {
+      removed.push_back(c);
+    } else if (kept_dirs) {
+      std::string names;
+      for (const std::string& n : foreign) names += (names.empty() ? "" : ", ") + n;
+      kept_dirs->push_back(c + " (it holds " + names + ")");
+    }
   }
   return removed;
 }

@@ -128,9 +128,12 @@ std::string newest_valid_checkpoint(const std::string& dir, std::vector<std::str
 /// checkpoint.sync_command still runs) is counted like the others but never deleted: prune again
 /// once its sync has ended. `keep_best` (checkpoint.keep_best): best_checkpoint(dir, run_id) is
 /// never deleted either; it counts among the newest keep_last when it is one of them, else it is
-/// kept besides them. Returns the deleted paths.
+/// kept besides them. A pruned checkpoint's files are deleted one by one (those a checkpoint writes
+/// or its manifest lists, never through a link); a directory left holding any other file is kept
+/// and listed in `kept_dirs` as "path (it holds NAME, ...)". Returns the deleted paths.
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last, const std::string& run_id = "",
-                                           const std::set<std::string>& busy = {}, bool keep_best = false);
+                                           const std::set<std::string>& busy = {}, bool keep_best = false,
+                                           std::vector<std::string>* kept_dirs = nullptr);
 
 /// The complete checkpoint under `dir` (of run `run_id` when non-empty) with the lowest
 /// trainer_state.json `eval_loss`, the oldest of equals (the first of the run's evaluations with

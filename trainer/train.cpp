@@ -1126,10 +1126,21 @@ void Trainer::record_sync_outcomes() {
               " (summary.json: checkpoint_sync); the off-machine copies of those checkpoints are missing or incomplete");
 }
 
+namespace {
+/// Pruned checkpoints whose directory held files of someone else's: kept, and said.
+void warn_kept_checkpoint_dirs(const std::vector<std::string>& kept) {
+  for (const std::string& k : kept)
+    log::warn("checkpoint: pruned the checkpoint files of ", k,
+              ", which no checkpoint writes: the directory and those files are kept");
+}
+}  // namespace
+
 void Trainer::prune_after_syncs() {
   if (!sync_ || !prune_held_back_ || !sync_->ended_since_last_call()) return;
   const CheckpointConfig& c = cfg_.checkpoint;
-  const auto removed = prune_checkpoints(checkpoint_dir(), c.keep_last, run_id_, sync_->running(), c.keep_best);
+  std::vector<std::string> kept;
+  const auto removed = prune_checkpoints(checkpoint_dir(), c.keep_last, run_id_, sync_->running(), c.keep_best, &kept);
+  warn_kept_checkpoint_dirs(kept);
   for (const auto& r : removed) log::info("checkpoint ", r, " pruned (keep_last ", cfg_.checkpoint.keep_last,
                                           "; its sync_command has ended)");
   note_held_back();
@@ -1442,8 +1453,11 @@ void Trainer::save_checkpoint(const std::string& why, double train_seconds, doub
     if (!sync_) sync_ = std::make_unique<CheckpointSync>(cfg_.checkpoint.sync_command);
     sync_->start(path);
   }
+  std::vector<std::string> kept;
   const auto removed = prune_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last, run_id_,
-                                         sync_ ? sync_->running() : std::set<std::string>{}, cfg_.checkpoint.keep_best);
+                                         sync_ ? sync_->running() : std::set<std::string>{}, cfg_.checkpoint.keep_best,
+                                         &kept);
+  warn_kept_checkpoint_dirs(kept);
   if (sync_) note_held_back();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t bytes = 0;

@@ -287,6 +287,33 @@ std::vector<Case> corpus() {
     b.drop_tensors();
     c.push_back({"vocab_only", b.bytes(), "the file has no tensors (a vocab-only GGUF?); import-gguf needs a model GGUF"});
   }
+  // Metadata the readers take but a model dir could not be loaded from (trial 27: import exited 0,
+  // every later command refused the dir): refused by its key, or by the loader's reason.
+  {
+    GgufBuilder b = tiny({"llama.rope.freq_base"});
+    b.omit.clear();
+    b.f32("llama.rope.freq_base", -1.f);
+    c.push_back({"rope_freq_base_negative", b.bytes(), "metadata key 'llama.rope.freq_base': -1 is not a positive number"});
+  }
+  {
+    GgufBuilder b = tiny({"llama.attention.layer_norm_rms_epsilon"});
+    b.omit.clear();
+    b.f32("llama.attention.layer_norm_rms_epsilon", std::numeric_limits<float>::quiet_NaN());
+    c.push_back({"rms_eps_nan", b.bytes(),
+                 "metadata key 'llama.attention.layer_norm_rms_epsilon': nan is not a positive number"});
+  }
+  {
+    GgufBuilder b = tiny({"tokenizer.ggml.merges"});
+    b.omit.clear();
+    b.str_array("tokenizer.ggml.merges", {"a b", "zz qq"});
+    c.push_back({"merge_unknown_token", b.bytes(), "its metadata gives a model directory that would not load: "});
+  }
+  {
+    GgufBuilder b = tiny({"tokenizer.ggml.tokens"});
+    b.omit.clear();
+    b.str_array("tokenizer.ggml.tokens", {"<|endoftext|>", "a", "b", "c", "Ġ", "a", "Ġa", "abc", "d", "e", "<|im_end|>", "f"});
+    c.push_back({"duplicate_token_text", b.bytes(), "its metadata gives a model directory that would not load: "});
+  }
   c.push_back({"missing_tensor", tiny({"blk.1.ffn_down.weight"}).bytes(), "tensor 'blk.1.ffn_down.weight': missing"});
   {
     GgufBuilder b = tiny({"blk.0.attn_k.weight"});

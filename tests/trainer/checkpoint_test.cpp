@@ -953,6 +953,25 @@ TEST_F(Resume, KeepBestKeepsTheLowestEvalLossCheckpointAcrossAResume) {
   EXPECT_EQ(names_of(pd), (V{"checkpoint-5"}));
   make(pd, L{std::nullopt, std::nullopt});
   EXPECT_EQ(qlora::best_checkpoint(pd.string(), run_id), "");
+
+  // Pruning deletes a checkpoint's own files only: another file in its directory (a `checkpoints`
+  // linked to a shared place; trial 27 lost one) stays with its directory, which is named; a
+  // checkpoint-N that is a link loses the link, never what it names.
+  make(pd, L{std::nullopt, std::nullopt, std::nullopt});
+  std::ofstream(pd / "checkpoint-1" / "MY_PRECIOUS.txt") << "precious\n";
+  const fs::path elsewhere = root / "keep_best_elsewhere";
+  fs::remove_all(elsewhere);
+  fs::rename(pd / "checkpoint-2", elsewhere);
+  fs::create_directory_symlink(elsewhere, pd / "checkpoint-2");
+  std::vector<std::string> kept;
+  const std::vector<std::string> removed = qlora::prune_checkpoints(pd.string(), 1, run_id, {}, false, &kept);
+  EXPECT_EQ(removed, (V{(pd / "checkpoint-2").string()}));
+  EXPECT_EQ(kept, (V{(pd / "checkpoint-1").string() + " (it holds MY_PRECIOUS.txt)"}));
+  V left;
+  for (const auto& e : fs::directory_iterator(pd / "checkpoint-1")) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, (V{"MY_PRECIOUS.txt"}));
+  EXPECT_FALSE(fs::exists(fs::symlink_status(pd / "checkpoint-2")));
+  EXPECT_TRUE(fs::exists(elsewhere / "manifest.json")) << "a linked checkpoint's files are not ours to delete";
 }
 
 // data.train as a list (Axolotl's `datasets:`): the tiny run's 24 records as an alpaca JSON file
