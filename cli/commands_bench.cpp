@@ -97,7 +97,7 @@ BenchPoint run_point(LlamaModel& model, const BenchOptions& o, int64_t seq, int6
   const EstimateOptions eo = point_options(o, seq, mb, dev, model.dtype());
   const MemoryEstimate est = estimate_memory(model.config(), eo);
   p.estimated = est.total_bytes;
-  p.estimated_allocated = est.total_bytes - est.component("allocator segment rounding (persistent tensors)");
+  p.estimated_allocated = est.total_bytes - est.reserved_only_bytes();
   const TrainingFlops fl = training_flops_per_token(model.config(), eo);
   const LoraConfig lc;
   std::mt19937_64 rng(o.seed + 7919 * static_cast<uint64_t>(seq) + static_cast<uint64_t>(mb));

@@ -124,7 +124,7 @@ void cmd_merge(const MergeOptions& o) {
 
   const fs::path out(o.out_dir);
   const fs::path tmp = o.out_dir + ".tmp-" + std::to_string(::getpid());
-  fs::remove_all(tmp);
+  qlora::remove_tree(tmp);
   fs::create_directories(tmp);
   try {
     const auto shards = plan_shards(tensors, o.max_shard_bytes);
@@ -160,7 +160,7 @@ void cmd_merge(const MergeOptions& o) {
     fsync_dir(out.parent_path().empty() ? "." : out.parent_path().string());
   } catch (...) {
     std::error_code ec;
-    fs::remove_all(tmp, ec);
+    qlora::remove_tree(tmp, ec);
     throw;
   }
   log::info("merge: ", merged, " LoRA modules (r=", pc.r, ", scale ", s, ") merged into ", o.base_dir,

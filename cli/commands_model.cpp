@@ -479,7 +479,7 @@ void cmd_init_model(const InitModelOptions& o) {
               ": exists and is not empty; refusing to overwrite it");
   ModelConfig cfg = preset_config(o.preset);
   const fs::path tmp = o.out_dir + ".tmp-" + std::to_string(::getpid());
-  fs::remove_all(tmp);
+  qlora::remove_tree(tmp);
   fs::create_directories(tmp);
   try {
     std::string tok_model;
@@ -521,7 +521,7 @@ void cmd_init_model(const InitModelOptions& o) {
     fs::rename(tmp, o.out_dir);
   } catch (...) {
     std::error_code ec;
-    fs::remove_all(tmp, ec);
+    qlora::remove_tree(tmp, ec);
     throw;
   }
   log::info("init-model: wrote ", o.out_dir);

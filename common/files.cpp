@@ -1,5 +1,6 @@
 #include "common/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <openssl/evp.h>
@@ -176,6 +177,97 @@ std::string sampled_file_digest(const std::string& path) {
 void check_not_git_lfs_pointer(std::string_view head, const std::string& path, const std::string& what) {
   QLORA_CHECK(head.substr(0, 23) != "version https://git-lfs", path, ": a Git LFS pointer file, not the ", what,
               " itself: the repository was cloned without git-lfs (run `git lfs pull` in it)");
+}
+
+namespace {
+
+// Removes `name` in the directory `dirfd` and, for a directory (not a link to one), everything
+// under it first. Returns the entries removed, or -1 with errno set and `failed` naming the entry.
+int64_t remove_entry(int dirfd, const std::string& name, const std::string& shown, std::string& failed) {
+  struct stat st {};
+  if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return 0;
+    failed = shown;
+    return -1;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlinkat(dirfd, name.c_str(), 0) == 0) return 1;
+    if (errno == ENOENT) return 0;
+    failed = shown;
+    return -1;
+  }
+  const int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    failed = shown;
+    return -1;
+  }
+  DIR* dir = ::fdopendir(fd);
+  if (dir == nullptr) {
+    const int e = errno;
+    ::close(fd);
+    failed = shown;
+    errno = e;
+    return -1;
+  }
+  std::vector<std::string> names;  // read first: removing while reading leaves readdir unspecified
+  errno = 0;
+  while (const dirent* d = ::readdir(dir)) {
+    if (std::strcmp(d->d_name, ".") != 0 && std::strcmp(d->d_name, "..") != 0) names.emplace_back(d->d_name);
+    errno = 0;
+  }
+  if (errno != 0) {
+    const int e = errno;
+    ::closedir(dir);
+    failed = shown;
+    errno = e;
+    return -1;
+  }
+  int64_t removed = 0;
+  for (const std::string& n : names) {
+    const int64_t r = remove_entry(::dirfd(dir), n, shown + "/" + n, failed);
+    if (r < 0) {
+      const int e = errno;
+      ::closedir(dir);
+      errno = e;
+      return -1;
+    }
+    removed += r;
+  }
+  ::closedir(dir);
+  if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0) {
+    if (errno == ENOENT) return removed;
+    failed = shown;
+    return -1;
+  }
+  return removed + 1;
+}
+
+}  // namespace
+
+std::uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec) noexcept {
+  ec.clear();
+  try {
+    std::string failed;
+    const int64_t r = remove_entry(AT_FDCWD, path.string(), path.string(), failed);
+    if (r < 0) {
+      ec.assign(errno, std::generic_category());
+      return static_cast<std::uintmax_t>(-1);
+    }
+    return static_cast<std::uintmax_t>(r);
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+    return static_cast<std::uintmax_t>(-1);
+  }
+}
+
+std::uintmax_t remove_tree(const std::filesystem::path& path) {
+  std::string failed;
+  const int64_t r = remove_entry(AT_FDCWD, path.string(), path.string(), failed);
+  if (r < 0) {
+    const int e = errno;
+    fail("cannot remove ", failed, ": ", std::strerror(e));
+  }
+  return static_cast<std::uintmax_t>(r);
 }
 
 }  // namespace qlora

@@ -1,9 +1,11 @@
 // qlora-cpp: file helpers that must not lose data: atomic replace, fsync, SHA-256 (OpenSSL).
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 namespace qlora {
 
@@ -33,6 +35,18 @@ void fsync_dir(const std::string& dir);
 /// FIFO in place of config.json hung inspect) and a device never ends. Does nothing for a regular
 /// file or a missing path (the caller says "not found" in its own words).
 void check_regular_file(const std::string& path);
+
+/// Removes `path` and, for a directory, everything under it, without following symbolic links
+/// (a link is removed, not its target), as std::filesystem::remove_all does; returns the number of
+/// entries removed, 0 when `path` does not exist. Every program here uses this instead of
+/// std::filesystem::remove_all: the torch wheels export their own copy of std::filesystem, a
+/// program linked with libtorch binds to it, and torch 2.11.0+cu130's remove_all calls a null
+/// pointer (segfault on the H200, first GPU run 2026-12-04; tests/common/files_test.cpp keeps the
+/// sources free of it). POSIX openat / fdopendir / unlinkat only.
+/// Throws qlora::Error "cannot remove <entry>: <reason>" naming the entry that failed; the
+/// error_code form sets `ec` instead and returns static_cast<uintmax_t>(-1).
+std::uintmax_t remove_tree(const std::filesystem::path& path);
+std::uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec) noexcept;
 
 /// Reads a whole file (check_regular_file first). Throws qlora::Error "cannot read <path>:
 /// <reason>", and check_regular_file's errors.

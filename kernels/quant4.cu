@@ -10,7 +10,7 @@ namespace qlora::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kElemsPerThread = 32;  // 16 packed bytes -> one 16-byte load
+constexpr int kElemsPerThread = 32;  // dequantize: 4 passes of 8 elements (4 packed bytes) per thread
 
 void check_launch(const char* kernel) {
   const cudaError_t e = cudaGetLastError();
@@ -90,7 +90,14 @@ __device__ __forceinline__ void d_store8(T* dst, const T (&v)[8]) {
   }
 }
 
-// ---- dequantize: one thread per 32 elements (16 packed bytes) ----
+// ---- dequantize: one warp per 1024 elements (512 packed bytes), 32 per thread ----
+// Lane l of warp w handles, in pass p = 0..3, the 8 elements w*1024 + p*256 + l*8 .. +7 (4 packed
+// bytes): each pass is one 128-byte coalesced load and one 512-byte contiguous store per warp (16
+// bytes per lane). The first H200 run (2026-12-04) measured the former layout, one thread per 32
+// consecutive elements (16-byte stores at a 64-byte stride: every 32-byte sector half-written per
+// instruction), at 0.45 of a D2D memcpy's bandwidth (docs/performance.md).
+constexpr int kPasses = kElemsPerThread / 8;          // 4
+constexpr int kWarpElems = 32 * kElemsPerThread;      // 1024
 template <typename T>
 __global__ void k_dequantize_4bit(const uint8_t* __restrict__ packed,  // (ceil(n/2),)
                                   Quant4Scales scales,                   // per-block scales
@@ -99,29 +106,37 @@ __global__ void k_dequantize_4bit(const uint8_t* __restrict__ packed,  // (ceil(
   __shared__ float code[16];
   if (threadIdx.x < 16) code[threadIdx.x] = c4.code[threadIdx.x];
   __syncthreads();
-  const int64_t e0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kElemsPerThread;
-  if (e0 >= n) return;
-  const float scale = d_block_scale(scales, e0 >> log2_blocksize);  // 32 | blocksize
-  if (aligned && e0 + kElemsPerThread <= n) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(packed + e0 / 2));
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t wb = (thread / 32) * kWarpElems;  // the warp's first element
+  const int lane = static_cast<int>(thread % 32);
+  if (wb >= n) return;
+  if (aligned && wb + kWarpElems <= n) {
+    uint32_t words[kPasses];
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
+    for (int p = 0; p < kPasses; ++p)
+      words[p] = __ldg(reinterpret_cast<const uint32_t*>(packed + (wb + p * 256 + lane * 8) / 2));
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t e = wb + p * 256 + lane * 8;
+      const float scale = d_block_scale(scales, e >> log2_blocksize);  // 8 | 32 | blocksize
       T v[8];
 #pragma unroll
       for (int byte = 0; byte < 4; ++byte) {
-        const uint32_t b = (words[w] >> (8 * byte)) & 0xffu;
+        const uint32_t b = (words[p] >> (8 * byte)) & 0xffu;
         v[2 * byte] = DevType<T>::from(__fmul_rn(code[b >> 4], scale));
         v[2 * byte + 1] = DevType<T>::from(__fmul_rn(code[b & 0xfu], scale));
       }
-      d_store8(out + e0 + 8 * w, v);
+      d_store8(out + e, v);
     }
   } else {
-    const int64_t end = min(n, e0 + kElemsPerThread);
-    for (int64_t i = e0; i < end; ++i) {
-      const uint8_t b = packed[i / 2];
-      const uint8_t q = (i % 2 == 0) ? (b >> 4) : (b & 0xf);
-      out[i] = DevType<T>::from(__fmul_rn(code[q], scale));
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t e0 = wb + p * 256 + lane * 8;
+      const int64_t end = min(n, e0 + 8);
+      for (int64_t i = e0; i < end; ++i) {
+        const uint8_t b = packed[i / 2];
+        const uint8_t q = (i % 2 == 0) ? (b >> 4) : (b & 0xf);
+        out[i] = DevType<T>::from(__fmul_rn(code[q], d_block_scale(scales, i >> log2_blocksize)));
+      }
     }
   }
 }

@@ -14,9 +14,12 @@
 namespace qlora::kernels {
 
 /// packed (ceil(n/2),) + scales -> out (n,). T: float, BF16Bits, FP16Bits. With double quant,
-/// each thread decodes its block's absmax (nested_code[absmax_q[b]] * nested_absmax[b/256] +
-/// offset) before decoding its 32 elements; 16-byte loads/stores when packed and out are
-/// 16-byte aligned.
+/// each thread decodes the absmax (nested_code[absmax_q[b]] * nested_absmax[b/256] + offset) of
+/// each run of 8 elements it writes. One warp per 1024 elements in 4 passes of 8 elements per
+/// lane: a coalesced 4-byte load and a 16-byte store per lane and pass when packed and out are
+/// 16-byte aligned (a 512-byte contiguous store per warp); else, and for the last partial warp,
+/// element by element. Launch geometry: ceil(n/32) threads, 256 per block; no shared memory but
+/// the 16-entry code. Output bit-identical to dequantize_4bit_ref (tests/kernels).
 template <typename T>
 void dequantize_4bit_cuda(const uint8_t* packed, const Quant4Scales& scales, int64_t n,
                           int64_t blocksize, Quant4Type type, T* out, cudaStream_t stream);

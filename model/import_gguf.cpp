@@ -607,7 +607,7 @@ ImportGgufResult import_gguf(const ImportGgufOptions& o) {
   const fs::path out = fs::path(o.out_dir);
   const fs::path tmp = out.string() + ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
-  fs::remove_all(tmp, ec);
+  qlora::remove_tree(tmp, ec);
   fs::create_directories(tmp);
   try {
     {  // tokenizer first: its JSON is freed before the tensors stream
@@ -681,7 +681,7 @@ ImportGgufResult import_gguf(const ImportGgufOptions& o) {
     if (fs::exists(out)) fs::remove(out);  // empty, checked above
     fs::rename(tmp, out);
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    qlora::remove_tree(tmp, ec);
     throw;
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -5,7 +5,7 @@
 
 Reads (each optional: whatever a step did not leave is reported as "pending" with that step's
 status, never estimated): steps.tsv, meta.txt, env.txt, tests.log, parity.log, bench.txt
-(bench_quant4), bench-7b.csv + bench-7b.smi, bench-13b.csv + bench-13b.smi, baseline.json.
+(bench_quant4), bench-7b.csv + bench-7b.smi, bench-13b.csv + bench-13b.smi, bench-8b.csv + bench-8b.smi, baseline.json.
 Writes OUT/report.json (every number, with the step statuses) and OUT/report.md (the tables that
 scripts/device-append-docs.py appends to docs/memory.md and docs/performance.md), and prints
 report.md. Standard library only (the device's python3 has no extra packages for this).
@@ -92,7 +92,10 @@ def bench_rows(path, smi):
         except (KeyError, ValueError):
             continue  # a row cut by a kill
         t0, t1 = float(r.get("start_unix_s") or 0), float(r.get("end_unix_s") or 0)
-        inside = [m for (t, m) in smi if t0 - 0.3 <= t <= t1 + 0.3]
+        # samples from the point's start to its end only: the bench empties the allocator's cache
+        # after each point, but a window reaching before t0 takes the previous (larger) point's
+        # memory.used (the first H200 run, 2026-12-04, read 512x2 at 8192x1's 11085 MiB with 0.3 s of slack)
+        inside = [m for (t, m) in smi if t0 <= t <= t1]
         row["smi_peak_mib"] = max(inside) if inside else None
         a, res = row["peak_allocated"], row["peak_reserved"]
         row["error_allocated"] = (row["estimated_allocated"] - a) / a if a > 0 else None
@@ -156,6 +159,7 @@ def main():
     rep["dequant"] = dequant_rows(read(os.path.join(run, "bench.txt")))
     rep["bench_7b"] = bench_rows(os.path.join(run, "bench-7b.csv"), smi_samples(os.path.join(run, "bench-7b.smi")))
     rep["bench_13b"] = bench_rows(os.path.join(run, "bench-13b.csv"), smi_samples(os.path.join(run, "bench-13b.smi")))
+    rep["bench_8b"] = bench_rows(os.path.join(run, "bench-8b.csv"), smi_samples(os.path.join(run, "bench-8b.smi")))
     bl = read(os.path.join(run, "baseline.json"))
     rep["baseline"] = json.loads(bl) if bl else None
     fits = [r["seq_len"] for r in rep["bench_7b"] if r["micro_batch_size"] == 1 and r.get("fits_16gb")]
@@ -211,6 +215,7 @@ def main():
                      f"{'-' if r['mfu'] is None else format(100 * r['mfu'], '.1f') + '%'} | {f16} |")
     table(rep["bench_7b"], "llama2-7b", "bench-7b")
     table(rep["bench_13b"], "llama2-13b", "bench-13b")
+    table(rep["bench_8b"], "llama3-8b", "bench-8b")
     L.append("")
     if rep["largest_seq_16gb_mb1"] is not None:
         L.append(f"Largest measured 7B context that fits 16 GB at micro-batch 1: {rep['largest_seq_16gb_mb1']} tokens.")

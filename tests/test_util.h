@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/files.h"
 #include "common/error.h"
 
 namespace qlora::test {
@@ -80,7 +81,7 @@ inline int free_tcp_port() {
 inline std::filesystem::path fresh_temp_dir(const std::string& name) {
   const std::filesystem::path d =
       std::filesystem::temp_directory_path() / ("qlora_test_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(d);
+  qlora::remove_tree(d);
   std::filesystem::create_directories(d);
   return d;
 }
@@ -91,7 +92,7 @@ struct TempDir {
   explicit TempDir(const std::string& name) : path(fresh_temp_dir(name)) {}
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path, ec);
+    qlora::remove_tree(path, ec);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

@@ -144,12 +144,12 @@ std::string write_checkpoint(const std::string& dir, const TrainerState& state, 
   // one trainer owns a checkpoint directory at a time.
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) fs::remove_all(e.path());
+    if (n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) qlora::remove_tree(e.path());
   }
   const fs::path final_dir = fs::path(dir) / (kPrefix + std::to_string(state.step));
   const fs::path tmp = fs::path(dir) / (".tmp-" + std::string(kPrefix) + std::to_string(state.step) + "-" +
                                         std::to_string(::getpid()));
-  fs::remove_all(tmp);
+  qlora::remove_tree(tmp);
   fs::create_directories(tmp);
   try {
     save_peft_adapter(tmp.string(), peft, adapter);
@@ -184,17 +184,17 @@ std::string write_checkpoint(const std::string& dir, const TrainerState& state, 
     if (faults.slow_checkpoint_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.slow_checkpoint_ms));
     if (fs::exists(final_dir)) {  // same step written again: swap only once the new one is complete
       const fs::path old = fs::path(dir) / (".old-" + final_dir.filename().string());
-      fs::remove_all(old);
+      qlora::remove_tree(old);
       fs::rename(final_dir, old);
       fs::rename(tmp, final_dir);
-      fs::remove_all(old);
+      qlora::remove_tree(old);
     } else {
       fs::rename(tmp, final_dir);
     }
     fsync_dir(dir);
   } catch (...) {
     std::error_code ec;
-    fs::remove_all(tmp, ec);
+    qlora::remove_tree(tmp, ec);
     throw;
   }
   return final_dir.string();

@@ -19,17 +19,29 @@
 
 namespace qlora {
 
-/// Placeholder for what nvidia-smi shows beyond the caching allocator's reserved bytes: the CUDA
-/// context, loaded kernel modules, and the memory of libraries that do not allocate through the
-/// caching allocator (bytes). The cuBLAS workspaces and the allocator's segment rounding are separate
-/// components (they are in reserved). NOT MEASURED yet (no GPU in the session that wrote it);
-/// docs/memory.md, "CUDA overhead", says how a GPU session replaces it.
+/// What nvidia-smi shows beyond the caching allocator's reserved bytes: the CUDA context, loaded
+/// kernel modules, and the memory of libraries that do not allocate through the caching allocator
+/// (bytes). The cuBLAS workspaces and the allocator's segment rounding are separate components
+/// (they are in reserved). Measured on an H200 (torch 2.11.0+cu130, driver 580, 2026-12-04): nvidia-smi
+/// memory.used peak − peak reserved = 767–773 MiB over 16 `qlora bench` points (docs/memory.md).
 constexpr int64_t kCudaOverheadBytes = 768LL << 20;
+
+/// Peak reserved beyond peak allocated that the activations cost on CUDA, as a fraction of the
+/// activation bytes at the peak: the caching allocator's cached free blocks, which the checkpointed
+/// recompute and the gradient temporaries (many sizes, freed and re-made per layer) cannot reuse.
+/// Fitted on the first H200 run (2026-12-04, torch 2.11.0+cu130): (peak reserved − the estimate
+/// without it) / activations was 0.14–0.25 over llama2-7b seq 512–8192 × micro-batch 1/2/4 and
+/// llama2-13b 2048 × 1; 0.18 leaves the reserved estimate between −0.8% and +3.3% of those 16
+/// measurements, and llama3-8b (GQA, 128k vocabulary; not fitted) between −3.4% and +7.5% at seq
+/// 2048/8192 × micro-batch 1/2 (tests/trainer/estimate_test.cpp, MeasuredOnH200). Counted in the reserved
+/// estimate only, with the segment rounding (`reserved_only_bytes`).
+constexpr double kActivationFragmentation = 0.18;
 
 /// cuBLAS workspaces on CUDA, bytes: PyTorch gives each cuBLAS handle a workspace from the caching
 /// allocator (so it shows in allocated/reserved, not in the context): 32 MiB per handle on sm_90
 /// (PyTorch's CUDABlas getChosenWorkspaceSize for Hopper), and training uses two handles (the
-/// forward's thread and the autograd engine's device thread). NOT MEASURED yet (issue 15).
+/// forward's thread and the autograd engine's device thread). Not measured on its own: the H200 run
+/// (2026-12-04) measured the peak allocated it is part of, 2.5–4.5% under the estimate.
 constexpr int64_t kCublasWorkspaceBytesPerHandle = 32LL << 20;
 
 /// What an estimate is for. Plain values; no config objects below this.
@@ -54,7 +66,7 @@ struct EstimateOptions {
   /// unless seq_len is past the model's sliding_window (estimate_memory then counts the mask anyway).
   bool attention_mask = false;
   int64_t cublas_handles = -1;    ///< CUDA: cuBLAS handles with a workspace; -1: 2 training, 1 inference
-  bool allocator_rounding = true; ///< CUDA: add the caching allocator's segment rounding (peak reserved)
+  bool allocator_rounding = true; ///< CUDA: add the caching allocator's segment rounding and activation fragmentation (peak reserved)
   /// Data-parallel ranks (docs/distributed.md); > 1 with LoRA/QLoRA adds each rank's flat fp32
   /// gradient allreduce buffer (4 × LoRA parameters). The estimate is per rank.
   int64_t world_size = 1;
@@ -122,6 +134,10 @@ struct MemoryEstimate {
   std::vector<std::string> warnings;
   /// Bytes of the component named `name` (0 when absent).
   int64_t component(const std::string& name) const;
+  /// Bytes counted in the peak-reserved estimate but not in peak allocated (CUDA only): the
+  /// allocator's segment rounding and its activation fragmentation. total_bytes − this (− the
+  /// context) is the peak-allocated estimate.
+  int64_t reserved_only_bytes() const;
 };
 
 /// The estimate for `cfg` under `o`. Throws qlora::Error for non-positive sizes, bits not in

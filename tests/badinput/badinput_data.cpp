@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/files.h"
 #include "common/error.h"
 #include "data/reader.h"
 #include "tests/test_util.h"
@@ -254,7 +255,7 @@ TEST(BadInputData, EncodingsBomUtf16Utf32InvalidUtf8) {
   ReadStats st;
   EXPECT_EQ(read_records((dir / "latin1.jsonl").string(), o, &st).size(), 1u);
   EXPECT_EQ(st.skip_reasons["invalid UTF-8"], 1);
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // Real exports that are not JSON Lines (trial 14): each is one line naming the file, what it is and
@@ -312,7 +313,7 @@ TEST(BadInputData, ExportsThatAreNotJsonLinesAreNamedWithWhatToDo) {
   // what the remedies say gives records: gunzip -k, and the CSV command (csv.DictReader) for t.csv
   ASSERT_EQ(std::system(("cd " + dir.string() + " && rm plain.jsonl && gunzip -k plain.jsonl.gz").c_str()), 0);
   EXPECT_EQ(read_records((dir / "plain.jsonl").string(), DataOptions{}, nullptr).size(), 2u);
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // A file whose records change format part way (merged exports; trial 14): the record's error says
@@ -329,7 +330,7 @@ TEST(BadInputData, AnotherFormatPartWayIsNamedWithTheDetectedOne) {
   DataOptions o;  // a format set by the config: no detection to name
   o.format = "alpaca";
   EXPECT_EQ(error_of(dir / "mixed.jsonl", o), (dir / "mixed.jsonl").string() + ":3: missing field 'instruction'");
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // A null field is named as null, not as missing; an invalid-UTF-8 record skipped under skip_invalid
@@ -348,7 +349,7 @@ TEST(BadInputData, NullFieldAndSkippedInvalidUtf8AreNamedAsSuch) {
   ASSERT_EQ(st.skip_examples.size(), 1u);
   EXPECT_EQ(st.skip_examples[0], (dir / "latin1.jsonl").string() +
                                      ":2: invalid UTF-8 (byte 0xE9 at byte offset 20 of the record); the file must be UTF-8");
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // Axolotl's per-message `weight` is 0 or 1 (null: absent); anything else is one line naming the file,

@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 
+#include "common/files.h"
 #include "common/error.h"
 #include "common/gguf.h"
 #include "gguf_builder.h"
@@ -346,7 +347,7 @@ TEST_P(MalformedGguf, RefusedWithOneLineNothingLeft) {
   EXPECT_FALSE(fs::exists(out)) << c.name;
   for (const auto& e : fs::directory_iterator(dir))  // no temporary left behind
     EXPECT_EQ(e.path(), p) << "left behind: " << e.path();
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Corpus, MalformedGguf, ::testing::ValuesIn(corpus()),
@@ -377,7 +378,7 @@ TEST(MalformedGguf, UnsupportedQuantTypeNamed) {
               std::string::npos) << e.what();  // with what to do (trial 15)
   }
   EXPECT_FALSE(fs::exists(dir / "out"));
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 TEST(MalformedGguf, ValidTinyModelImports) {
@@ -389,7 +390,7 @@ TEST(MalformedGguf, ValidTinyModelImports) {
   EXPECT_EQ(r.tensors, 2 + 2 * 9);
   EXPECT_TRUE(r.tied_embeddings);
   EXPECT_TRUE(fs::exists(dir / "out" / "model.safetensors"));
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 TEST(MalformedGguf, ByteFlipsAndTruncationsNeverCrash) {
@@ -415,7 +416,7 @@ TEST(MalformedGguf, ByteFlipsAndTruncationsNeverCrash) {
     try {
       qlora::import_gguf({p.string(), out.string(), it % 2 ? "bf16" : "fp32"});
       ++imported;
-      fs::remove_all(out);
+      qlora::remove_tree(out);
     } catch (const qlora::Error& e) {
       ++refused;
       const std::string msg = e.what();
@@ -429,7 +430,7 @@ TEST(MalformedGguf, ByteFlipsAndTruncationsNeverCrash) {
   std::cout << "byte flips / truncations: " << refused << " refused, " << imported << " imported, 0 crashes\n";
   EXPECT_GT(refused, 100);
   EXPECT_GT(imported, 10);
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 }  // namespace

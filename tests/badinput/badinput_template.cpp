@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "common/files.h"
 #include "common/error.h"
 #include "data/reader.h"
 #include "data/template.h"
@@ -103,5 +104,5 @@ TEST(BadInputTemplate, AutoWithBrokenModelTemplates) {
   expect_prefix(m, (d / "chat_template.jinja").string() + ": chat template matches none of the named templates (");
   EXPECT_NE(m.find("smollm2, qwen2.5, qwen3, llama3, llama3.1, llama3.2, mistral"), std::string::npos) << m;
   EXPECT_NE(m.find("choose one with data.template: NAME"), std::string::npos) << m;
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }

@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "common/files.h"
 #include "common/error.h"
 #include "data/tokenizer.h"
 #include "tests/test_util.h"
@@ -131,7 +132,7 @@ TEST(BadInputTokenizer, TruncationsAndByteFlipsNeverCrash) {
   }
   EXPECT_GT(refused, 0);
   EXPECT_GT(loaded, 0);
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // The JSON files beside tokenizer.json: wrong id types name the file and key.
@@ -179,5 +180,5 @@ TEST(BadInputTokenizer, GenerationAndTokenizerConfigErrors) {
   EXPECT_EQ(err(), (dir / "config.json").string() + ":1: expected a JSON object at top level, got array");
   std::ofstream(dir / "config.json", std::ios::trunc) << R"({"model_type": "mistral", "tokenizer_class": "LlamaTokenizer"})";
   EXPECT_EQ(err(), "");
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }

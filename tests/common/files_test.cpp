@@ -4,25 +4,100 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <system_error>
 #include <unistd.h>
 
 #include "common/error.h"
 #include "common/files.h"
+#include "tests/test_util.h"
 
 namespace qlora {
 namespace {
 
 namespace fs = std::filesystem;
 
+// remove_tree: what std::filesystem::remove_all does (which no program here may call: torch
+// 2.11.0+cu130 exports a copy of it that segfaults, docs/gpu.md), checked against the file system.
+TEST(RemoveTree, RemovesATreeWithoutFollowingLinksAndCountsWhatItRemoved) {
+  const fs::path root = fs::temp_directory_path() / ("qlora_remove_tree_" + std::to_string(::getpid()));
+  const fs::path keep = root.string() + "_outside";
+  qlora::remove_tree(root);
+  qlora::remove_tree(keep);
+  fs::create_directories(root / "a" / "b");
+  fs::create_directories(keep);
+  std::ofstream(root / "a" / "b" / "f") << "x";
+  std::ofstream(root / "g") << "y";
+  std::ofstream(keep / "precious") << "z";
+  fs::create_directory_symlink(keep, root / "a" / "link_to_dir");
+  fs::create_symlink(keep / "precious", root / "link_to_file");
+  // root, a, b, f, g, two links: 7 entries; the links' targets stay
+  EXPECT_EQ(qlora::remove_tree(root), 7u);
+  EXPECT_FALSE(fs::exists(fs::symlink_status(root)));
+  EXPECT_TRUE(fs::exists(keep / "precious"));
+  EXPECT_EQ(qlora::remove_tree(root), 0u);  // missing: nothing to do
+  std::error_code ec;
+  EXPECT_EQ(qlora::remove_tree(root, ec), 0u);
+  EXPECT_FALSE(ec);
+  // a link given as the path: the link goes, its target stays
+  fs::create_directory_symlink(keep, root);
+  EXPECT_EQ(qlora::remove_tree(root), 1u);
+  EXPECT_TRUE(fs::exists(keep / "precious"));
+  // a plain file
+  EXPECT_EQ(qlora::remove_tree(keep / "precious"), 1u);
+  if (::geteuid() != 0) {  // root removes from a read-only directory anyway
+    fs::create_directories(keep / "ro" / "d");
+    fs::permissions(keep / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+    try {
+      qlora::remove_tree(keep / "ro");
+      ADD_FAILURE() << "removed from a read-only directory";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot remove " + (keep / "ro" / "d").string() + ": Permission denied"),
+                std::string::npos) << e.what();
+    }
+    EXPECT_EQ(qlora::remove_tree(keep / "ro", ec), static_cast<std::uintmax_t>(-1));
+    EXPECT_EQ(ec, std::errc::permission_denied);
+    fs::permissions(keep / "ro", fs::perms::owner_all);
+  }
+  // an entry that cannot be stat'ed: a path through a file
+  try {
+    std::ofstream(keep / "file") << "q";
+    qlora::remove_tree(keep / "file" / "below");
+    SUCCEED();  // ENOTDIR on stat: reported, or 0 on a system that says ENOENT
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot remove " + (keep / "file" / "below").string()), std::string::npos);
+  }
+  EXPECT_GE(qlora::remove_tree(keep), 1u);
+  EXPECT_FALSE(fs::exists(keep));
+}
+
+// No source calls std::filesystem::remove_all: a program linked with torch would bind it to the
+// wheel's copy (the H200 segfault). Each file's text is searched for the call.
+TEST(RemoveTree, NoSourceCallsStdRemoveAll) {
+  const std::string call = std::string("remove_all") + "(";
+  int scanned = 0;
+  for (const char* dir : {"adapters", "cli", "common", "config", "data", "kernels", "model", "trainer", "tests", "bench"}) {
+    for (const auto& e : fs::recursive_directory_iterator(qlora::test::source_dir() / dir)) {
+      const std::string ext = e.path().extension().string();
+      if (!e.is_regular_file() || (ext != ".cpp" && ext != ".h" && ext != ".cu" && ext != ".cuh")) continue;
+      std::ifstream in(e.path());
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      EXPECT_EQ(text.find(call), std::string::npos) << e.path() << " calls std::filesystem::remove_all: use qlora::remove_tree";
+      ++scanned;
+    }
+  }
+  EXPECT_GT(scanned, 100);
+}
+
 class SampledDigest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir = fs::temp_directory_path() / ("qlora_files_test_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
+    qlora::remove_tree(dir);
     fs::create_directories(dir);
   }
-  void TearDown() override { fs::remove_all(dir); }
+  void TearDown() override { qlora::remove_tree(dir); }
   std::string write(const std::string& name, const std::string& bytes) {
     const std::string p = (dir / name).string();
     std::ofstream(p, std::ios::binary) << bytes;

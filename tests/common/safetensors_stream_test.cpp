@@ -36,7 +36,7 @@ TEST(SafetensorsStream, OneTensorAtATimeSameBytesAsWriteSafetensors) {
   EXPECT_EQ(qlora::read_file((dir / "stream.safetensors").string()), qlora::read_file((dir / "whole.safetensors").string()));
   SafetensorsFile f((dir / "stream.safetensors").string());
   EXPECT_EQ(f.info("a").shape, (std::vector<int64_t>{2, 3}));
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 TEST(SafetensorsStream, ProducerErrorLeavesNoFile) {
@@ -50,7 +50,7 @@ TEST(SafetensorsStream, ProducerErrorLeavesNoFile) {
                                            }),
                qlora::Error);
   EXPECT_TRUE(fs::is_empty(dir));
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 }  // namespace

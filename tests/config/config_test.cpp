@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/files.h"
 #include "common/error.h"
 #include "tests/test_util.h"
 #include "config/config.h"
@@ -1251,7 +1252,7 @@ TEST(Config, DocsCheckFailsOnAMissingOrExtraKey) {
   EXPECT_EQ(docs.count("training.adam_beta2"), 0u);
   EXPECT_EQ(docs.count("cost.not_a_key"), 1u);
   EXPECT_EQ(docs.size(), documented_keys(md).size());
-  std::filesystem::remove_all(tmp.parent_path());
+  qlora::remove_tree(tmp.parent_path());
 }
 
 TEST(Config, ConfigKeysListTheTableInOrder) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "common/files.h"
 #include "common/error.h"
 #include "data/dataset.h"
 #include "data/pyjson.h"
@@ -364,7 +365,7 @@ TEST(AutoTemplate, MatchesEachKnownJinjaAndRefusesOthers) {
   fs::remove(d / "chat_template.jinja");
   std::ofstream(d / "tokenizer_config.json") << "{}";
   EXPECT_THROW(resolve_template("auto", d.string()), qlora::Error);
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // Meta's Llama-2-chat jinja is not taken by `auto` (data.template: llama2 renders it with one BOS,
@@ -384,7 +385,7 @@ TEST(AutoTemplate, NamesLlama2ChatWithoutTakingIt) {
             "(llama2_chat.jinja); data.template: llama2 renders it with one BOS per example where the jinja writes <s> "
             "before every [INST] (docs/data.md): the model was tuned on that format");
   EXPECT_EQ(template_mismatch_note("llama2", d.string()), "");
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // chatml's markers are single tokens in SmolLM2's and Qwen's vocabularies, text on Llama 2's: 7
@@ -461,7 +462,7 @@ TEST(AutoTemplate, AcceptsExactlyTheEditsThatRenderAsTheFamily) {
   }
   EXPECT_GE(same, 20);   // 29 when written
   EXPECT_GE(other, 15);  // 18
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // data.skip_invalid skips (and counts) a record the template refuses as it does one the reader
@@ -504,7 +505,7 @@ TEST(FamilyTemplates, SkipInvalidSkipsRecordsTheTemplateRefuses) {
   // a template name that is wrong is no record's fault: still an error, skip_invalid or not
   o.template_name = "mistrall";
   EXPECT_NE(qlora::test::error_of([&] { load_datasets(o, tok); }), "");
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 TEST(FamilyTemplates, MistralRefusesWhatItsJinjaRefuses) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/files.h"
 #include "common/error.h"
 #include "data/tokenizer.h"
 #include "tests/test_util.h"
@@ -369,7 +370,7 @@ TEST(TokenizerJson, TokenizerJsonTakesPrecedenceOverModel) {
   EXPECT_EQ(t.describe(), (dir / "tokenizer.json").string() + " (tokenizer.json), 32000 ids, bos none, eos none, pad none");
   // A file path picks its format by extension.
   EXPECT_TRUE(Tokenizer((dir / "tokenizer.json").string()).is_hf_json());
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // Invalid UTF-8 becomes U+FFFD per maximal invalid subpart (tokenizers on the lossy-decoded

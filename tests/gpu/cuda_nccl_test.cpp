@@ -64,7 +64,7 @@ TEST(CudaNccl, ForcedProcessGroupOnOneGpuEqualsTheSingleProcess) {
   EXPECT_EQ(b, a);
   EXPECT_EQ(read_file((root / "nccl" / "adapter_model.safetensors").string()),
             read_file((root / "plain" / "adapter_model.safetensors").string()));
-  fs::remove_all(root);
+  qlora::remove_tree(root);
 }
 
 }  // namespace

@@ -306,7 +306,7 @@ TEST(CudaTraining, ResumeAfterSigtermIsByteIdentical) {
     return m;
   };
   EXPECT_EQ(losses(root / "cut"), losses(root / "ref"));
-  fs::remove_all(root);
+  qlora::remove_tree(root);
 }
 
 }  // namespace

@@ -28,9 +28,9 @@ rc=$?
 t1=$(date +%s)
 [ $rc -ne 0 ] || fail "a run with a failed step exited 0"
 S="$B/out/steps.tsv"
-[ "$(col 1 "$S")" = "host-compiler configure build kernel-tests dequant-bandwidth cuda-parity nccl-smoke bench-7b baseline-peft bench-13b report" ] \
+[ "$(col 1 "$S")" = "host-compiler configure build kernel-tests dequant-bandwidth cuda-parity nccl-smoke bench-7b baseline-peft bench-13b bench-8b report" ] \
   || fail "step order: $(col 1 "$S")"
-[ "$(col 2 "$S")" = "ok ok ok ok ok FAIL(3) ok ok TIMEOUT NOTIME ok" ] || fail "statuses: $(col 2 "$S")"
+[ "$(col 2 "$S")" = "ok ok ok ok ok FAIL(3) ok ok TIMEOUT NOTIME NOTIME ok" ] || fail "statuses: $(col 2 "$S")"
 ((t1 - t0 <= 19)) || fail "the run took $((t1 - t0)) s with a 12 s deadline (the 67 s step was not killed)"
 pgrep -xf "sleep 67" > /dev/null && fail "the timed-out step's sleep lives on: $(pgrep -af 'sleep 67')"
 R="$B/out/report.md"
@@ -77,7 +77,7 @@ in_tar "$B/out/results.tar.gz" steps.tsv || fail "no results.tar.gz after the ki
 B="$W/b3"
 QLORA_DEVICE_BUILD="$B" OUT="$B/out" QLORA_DEADLINE_S=30 QLORA_MIN_LEFT_PCT=5 QLORA_STEPS="host-compiler,bench-*,report" \
   bash "$ROOT/scripts/device-check.sh" --fake > "$W/run3.log" 2>&1 || fail "a subset run with every step ok failed: $(tail -3 "$W/run3.log")"
-[ "$(col 2 "$B/out/steps.tsv")" = "ok SKIP SKIP SKIP SKIP SKIP SKIP ok SKIP ok ok" ] || fail "subset statuses: $(col 2 "$B/out/steps.tsv")"
+[ "$(col 2 "$B/out/steps.tsv")" = "ok SKIP SKIP SKIP SKIP SKIP SKIP ok SKIP ok ok ok" ] || fail "subset statuses: $(col 2 "$B/out/steps.tsv")"
 
 # 5. the CUDA host compiler: nvcc refusing g++ > 15 gets a g++-N it accepts, or the run stops with the reason
 mkdir -p "$W/bin"
@@ -95,6 +95,23 @@ rm "$W/bin/g++-13"
 err="$(PATH="$W/bin:$PATH" bash -c "source '$ROOT/scripts/device-lib.sh'; ds_pick_cuda_host '$W/bin/nvcc'" 2>&1 >/dev/null)" \
   && fail "a pick without an accepted compiler succeeded"
 echo "$err" | grep -q "no host compiler that .*nvcc accepts (it takes gcc <= 15)" || fail "reason: $err"
+
+# 6. a point's nvidia-smi peak is read from its own start to its end: the sample just before its
+#    start still shows the previous, larger point (the first H200 run read 512x2 at 8192x1's 11085 MiB)
+R6="$W/r6"; mkdir -p "$R6/out"
+echo "seq_len,micro_batch_size,fits,step_s,tokens_per_s,mfu,hfu,measured_peak_bytes,measured_reserved_bytes,estimated_bytes,relative_error,cost_per_million_tokens,estimated_allocated_bytes,start_unix_s,end_unix_s" > "$R6/bench-7b.csv"
+t=$(date -d "2026-12-04 12:00:00" +%s)
+echo "8192,1,true,1,7630,0.25,0.37,9000000000,10000000000,9900000000,0,,9500000000,$t.000,$((t + 3)).000" >> "$R6/bench-7b.csv"
+echo "512,2,true,0.2,5459,0.15,0.22,5000000000,5800000000,5600000000,0,,5200000000,$((t + 3)).010,$((t + 4)).000" >> "$R6/bench-7b.csv"
+for ms in 0 500 1000 1500 2000 2500 2850; do
+  printf '%s, 11085\n' "$(date -d "@$((t + ms / 1000)).$(printf %03d $((ms % 1000)))" '+%Y/%m/%d %H:%M:%S.%3N')"
+done > "$R6/bench-7b.smi"
+for ms in 3200 3600 3950; do
+  printf '%s, 6309\n' "$(date -d "@$((t + ms / 1000)).$(printf %03d $((ms % 1000)))" '+%Y/%m/%d %H:%M:%S.%3N')"
+done >> "$R6/bench-7b.smi"
+python3 "$ROOT/scripts/device-report.py" --run "$R6" --out "$R6/out" --mode fake > /dev/null 2>&1 || fail "report on the smi case failed"
+grep -q "| llama2-7b | 8192 | 1 | .* | 11085 | " "$R6/out/report.md" || fail "8192x1 smi peak: $(grep '| 8192 | 1 |' "$R6/out/report.md")"
+grep -q "| llama2-7b | 512 | 2 | .* | 6309 | " "$R6/out/report.md" || fail "512x2 took another point's samples: $(grep '| 512 | 2 |' "$R6/out/report.md")"
 
 if ((FAILS)); then echo "device_steps_test: $FAILS failure(s); run log:"; tail -40 "$W/run1.log"; exit 1; fi
 echo "device_steps_test: all checks passed"

@@ -176,7 +176,7 @@ TEST_F(CheckpointRobust, KillNineAtRandomMomentsEndsByteIdentical) {
     }
     const std::string after = qlora::newest_valid_checkpoint(ck.string(), nullptr);
     if (outcome == "completed+") {  // next round
-      fs::remove_all(out);
+      qlora::remove_tree(out);
       fs::create_directories(out);
     }
     std::cout << std::setw(4) << runs << "  " << std::left << std::setw(5) << anchor << std::right << std::setw(10) << (kill_it ? std::to_string(delay) : "-") << "  "
@@ -204,7 +204,7 @@ TEST_F(CheckpointRobust, CorruptFileInNewestCheckpointFallsBackToPrevious) {
     for (const std::string& mode : modes) {
       const std::string name = file + "/" + mode;
       const fs::path out = root / ("corrupt_" + std::to_string(std::hash<std::string>{}(name)));
-      fs::remove_all(out);
+      qlora::remove_tree(out);
       fs::copy(base, out, fs::copy_options::recursive);
       const fs::path newest = out / "checkpoints" / "checkpoint-5";
       const fs::path f = newest / file;
@@ -228,7 +228,7 @@ TEST_F(CheckpointRobust, CorruptFileInNewestCheckpointFallsBackToPrevious) {
       EXPECT_TRUE(contains(o.out, "resume: from " + (out / "checkpoints" / "checkpoint-4").string() + " at step 4"))
           << name << ": " << o.out;
       std::cout << "  " << std::left << std::setw(36) << name << std::right << why.substr(0, 90) << "\n";
-      fs::remove_all(out);
+      qlora::remove_tree(out);
     }
   }
 }

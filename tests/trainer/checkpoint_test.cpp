@@ -495,7 +495,7 @@ TEST_F(Resume, ResumeFromDirAndLocalCheckpointsTakeTheNewer) {
   ASSERT_EQ(ckpt_names(out / "checkpoints"), (std::vector<std::string>{"checkpoint-5", "checkpoint-4"}));
   // Now the synced copy is the newer one (the local disk lost checkpoint-5).
   fs::copy(out / "checkpoints" / "checkpoint-5", sync / "checkpoint-5", fs::copy_options::recursive);
-  fs::remove_all(out / "checkpoints" / "checkpoint-5");
+  qlora::remove_tree(out / "checkpoints" / "checkpoint-5");
   o = train(out, extra);
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("resume: from " + (sync / "checkpoint-5").string() + " at step 5 "), std::string::npos) << o.out;
@@ -784,7 +784,7 @@ TEST_F(Resume, MovedModelOrDataBeforeTheFirstCheckpointIsTheSameRun) {
   fs::copy_file(root / "data.json", data);
   Out o = train(out, "", "QLORA_FAULT_SIGTERM_AT=1:0");
   ASSERT_EQ(o.status, 75) << o.out;
-  fs::remove_all(out / "checkpoints");
+  qlora::remove_tree(out / "checkpoints");
   const json rec = json::parse(qlora::read_file((out / "run.json").string()));
   ASSERT_TRUE(rec.contains("config") && rec.contains("model_files")) << rec.dump();
   EXPECT_TRUE(rec["model_files"].contains("model.path/model.safetensors")) << rec.dump();
@@ -807,7 +807,7 @@ TEST_F(Resume, MovedModelOrDataBeforeTheFirstCheckpointIsTheSameRun) {
   EXPECT_EQ(rec2["started_utc"], rec["started_utc"]);
   EXPECT_NE(rec2["config"].get<std::string>().find(model.string()), std::string::npos) << rec2.dump();
   EXPECT_EQ(rec2["model_files"], rec["model_files"]);
-  fs::remove_all(out / "checkpoints");
+  qlora::remove_tree(out / "checkpoints");
 
   // Another model (same shapes and tokenizer, other weights) under another path: refused, named.
   Out init = sh(::qlora::test::qlora_bin() + " init-model --preset tiny --out " + other.string() + " --tokenizer " +
@@ -928,7 +928,7 @@ TEST_F(Resume, KeepBestKeepsTheLowestEvalLossCheckpointAcrossAResume) {
   // equals is the best; checkpoints without an eval_loss are never the best.
   const std::string run_id = st["run_id"];
   auto make = [&](const fs::path& dir, const std::vector<std::optional<double>>& losses) {
-    fs::remove_all(dir);
+    qlora::remove_tree(dir);
     fs::create_directories(dir);
     for (size_t i = 0; i < losses.size(); ++i) {
       const fs::path c = dir / ("checkpoint-" + std::to_string(i + 1));
@@ -960,7 +960,7 @@ TEST_F(Resume, KeepBestKeepsTheLowestEvalLossCheckpointAcrossAResume) {
   make(pd, L{std::nullopt, std::nullopt, std::nullopt});
   std::ofstream(pd / "checkpoint-1" / "MY_PRECIOUS.txt") << "precious\n";
   const fs::path elsewhere = root / "keep_best_elsewhere";
-  fs::remove_all(elsewhere);
+  qlora::remove_tree(elsewhere);
   fs::rename(pd / "checkpoint-2", elsewhere);
   fs::create_directory_symlink(elsewhere, pd / "checkpoint-2");
   std::vector<std::string> kept;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/files.h"
 #include "test_util.h"
 
 namespace {
@@ -200,7 +201,7 @@ TEST(Cli, InitInspectGenerateOnTinyPreset) {
   r = run("generate " + (d / "m").string() + " --prompt x --dtype half");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("dtype 'half' is not one of bf16, fp16, fp32, auto"), std::string::npos) << r.out;
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 TEST(Cli, MissingDirectory) { expect_clean_error(run("inspect /nonexistent/model"), "/nonexistent/model"); }
@@ -226,7 +227,7 @@ TEST(Cli, AdapterOrRunDirectoryIsNamedAsSuch) {
   const CliRun r = run("inspect " + d.string());
   expect_clean_error(r, "config.json: not found (an HF model directory needs config.json)");
   EXPECT_EQ(r.out.find("it holds"), std::string::npos) << r.out;
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // generate refuses a bad --max-new-tokens / --temperature / --top-p before loading anything, as eval
@@ -283,7 +284,7 @@ TEST(Cli, GeneratePromptsFileBadLinesNameFileLineAndKey) {
   EXPECT_EQ(run("generate /nonexistent/model --prompts " + f + " --prompt x").status, 2);
   EXPECT_EQ(run("generate /nonexistent/model").status, 2);
   expect_clean_error(run("generate /nonexistent/model --prompts " + f + " --ids"), "generate: --ids prints one");
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // `generate --prompts FILE` on the transformers fixture model (make_models.py): one JSON line per
@@ -350,7 +351,7 @@ TEST(Cli, GeneratePromptsFileEqualsSinglePromptRuns) {
   write(d / "sys.jsonl", "{\"prompt\": \"a\"}\n{\"prompt\": \"b\", \"system\": \"Be brief.\"}\n");
   expect_clean_error(run("generate " + m + " --prompts " + (d / "sys.jsonl").string()),
                      (d / "sys.jsonl").string() + ":2: system: needs --template NAME (or auto)");
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // The CLI's sampling defaults are transformers': no --top-k means generation_config.json's top_k,
@@ -393,7 +394,7 @@ TEST(Cli, GenerateSamplingDefaultsMatchTransformers) {
   // the file is read whole, greedy too, before the model loads
   expect_clean_error(run("generate " + d.string() + gen + " --greedy"),
                      (d / "generation_config.json").string() + ": top_k: must be an integer >= 0, got \"x\"");
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // `qlora generate MODEL` with no decoding flag decodes as transformers' `torch.manual_seed(s);
@@ -465,7 +466,7 @@ TEST(Cli, GenerateDefaultsFromGenerationConfigMatchTransformers) {
   write(bad / "generation_config.json", R"({"bos_token_id": 1, "eos_token_id": 2, "do_sample": true, "top_p": 1.5})");
   expect_clean_error(run("generate " + bad.string() + gen),
                      (bad / "generation_config.json").string() + ": top_p: must be in (0, 1], got 1.5");
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // Every --dtype takes torch's spellings too (the one dtype parser, model/options.h), as the
@@ -495,7 +496,7 @@ TEST(Cli, ConfigMissingAndBroken) {
   expect_clean_error(run("inspect " + d.string()), "config.json:1:3: invalid JSON: syntax error while parsing object key");
   write(d / "config.json", "{\"architectures\": [\"BertModel\"]}");
   expect_clean_error(run("inspect " + d.string()), "'BertModel' is not supported");
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // Every JSON file the commands read from a model, tokenizer or adapter directory, cut short as an
@@ -509,7 +510,7 @@ TEST(Cli, CutJsonFilesAndLfsPointersAreNamed) {
   const fs::path root = temp_dir("cut_json");
   auto copy_dir = [&](const fs::path& src, const std::string& name) {
     const fs::path d = root / name;
-    fs::remove_all(d);
+    qlora::remove_tree(d);
     fs::copy(src, d, fs::copy_options::recursive);
     return d;
   };
@@ -575,7 +576,7 @@ TEST(Cli, CutJsonFilesAndLfsPointersAreNamed) {
   expect_clean_error(run("import-gguf " + (root / "model.gguf").string() + " --out " + (root / "imported").string()),
                      (root / "model.gguf").string() + ": a Git LFS pointer file, not the GGUF file" + tail);
   EXPECT_FALSE(fs::exists(root / "imported"));
-  fs::remove_all(root);
+  qlora::remove_tree(root);
 }
 
 TEST(Cli, CorruptSafetensorsAndMissingTokenizer) {
@@ -588,7 +589,7 @@ TEST(Cli, CorruptSafetensorsAndMissingTokenizer) {
   // truncated file
   fs::resize_file(d / "model.safetensors", fs::file_size(d / "model.safetensors") / 2);
   expect_clean_error(run("inspect " + d.string()), "model.safetensors");
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 }  // namespace

@@ -199,7 +199,7 @@ TEST(ImportGguf, SmolLM2EqualsTransformersGgufLoad) {
   EXPECT_EQ(tc["chat_template"], g.get_string("tokenizer.chat_template"));
   EXPECT_EQ(read_json(out / "generation_config.json"),
             (json{{"bos_token_id", 1}, {"eos_token_id", 2}, {"pad_token_id", 2}}));
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // A tiny random Qwen2 written by gguf-py (Q8_0, Q4_K, Q6_K, Q5_0, Q4_1, Q5_1, Q4_0, BF16, F16, F32
@@ -219,7 +219,7 @@ TEST(ImportGguf, TinyQwen2EqualsTransformersGgufLoad) {
   EXPECT_EQ(tc["bos_token"], "<|im_start|>");
   EXPECT_EQ(tc["pad_token"], "<|endoftext|>");
   EXPECT_TRUE(tc["unk_token"].is_null());
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // A tiny random Llama with the Llama 2 sentencepiece vocabulary of ../shared as llama.cpp's
@@ -247,7 +247,7 @@ TEST(ImportGguf, TinyLlamaSentencepieceEqualsTransformersGgufLoad) {
   EXPECT_EQ(tc["eos_token"], "</s>");
   EXPECT_EQ(tc["unk_token"], "<unk>");
   EXPECT_EQ(expect_our_tokenizer_matches_corpus(out, gguf.parent_path()), 300u);
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // A tiny random Qwen3 as llama.cpp writes one (Ollama's qwen3:0.6b.. files): head_dim 128 from
@@ -291,7 +291,7 @@ TEST(ImportGguf, TinyQwen3EqualsTransformersGgufLoad) {
   // The summary once: the CLI prints the result; the library logs no second copy of it.
   EXPECT_EQ(cli.out.find("(qwen3, 24 tensors"), cli.out.rfind("(qwen3, 24 tensors")) << cli.out;
   EXPECT_TRUE(fs::exists(dir / "from_blob" / "model.safetensors"));
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // A tiny random Llama 3.1-style GGUF (make_gguf_refs.py make_tiny_llama31_rope): llama3 RoPE scaling
@@ -334,7 +334,7 @@ TEST(ImportGguf, TinyLlama31RopeFreqsEqualsOriginalHfModel) {
       << cli.out;
   EXPECT_EQ(std::count(cli.out.begin(), cli.out.end(), '\n'), 1) << cli.out;
   EXPECT_FALSE(fs::exists(dir / "bad"));
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // Hand-built rope_freqs.weight on the tiny llama (head_dim 4, so 2 factors): F16 [1, 8] with
@@ -365,7 +365,7 @@ TEST(ImportGguf, TinyLlamaRopeFreqsF16AndAllOnes) {
     EXPECT_EQ(r.tensors, 2 + 2 * 9) << v.name;  // rope_freqs.weight is not written
     EXPECT_EQ(read_json(out / "config.json")["rope_parameters"], v.rope) << v.name;
   }
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // The rope_freqs.weight of Meta's releases (rope_theta 500000, head_dim 128; factor 8 for Llama 3.1 /
@@ -417,7 +417,7 @@ TEST(ImportGguf, RopeFreqsOfMetaLlama3ReleasesAreLlama3) {
         << "factor " << factor;
     EXPECT_EQ(cfg["head_dim"], 128);
   }
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 TEST(ImportGguf, SmolLM2Bf16StreamsWithBoundedPeakRss) {
@@ -458,7 +458,7 @@ TEST(ImportGguf, SmolLM2Bf16StreamsWithBoundedPeakRss) {
     for (int64_t i = 0; i < t.numel(); ++i) bad += got[i] != qlora::kernels::float_to_bf16(want[i]);
     EXPECT_EQ(bad, 0) << t.name;
   }
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 TEST(ImportGguf, CliRefusesBadInputWithOneLineAndExit1) {
@@ -488,7 +488,7 @@ TEST(ImportGguf, CliRefusesBadInputWithOneLineAndExit1) {
                         " (llama, 20 tensors, 1288 parameters, tied embeddings; stored as F32 x20) into"),
             std::string::npos) << ok.out;
   EXPECT_TRUE(fs::exists(dir / "out" / "model.safetensors"));
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // GGUFs that are not models, written by gguf-py as llama.cpp's converters write them
@@ -529,7 +529,7 @@ TEST(ImportGguf, AGgufGivenAsAModelDirSaysImportIt) {
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
     EXPECT_FALSE(fs::exists(dir / "m"));
   }
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // What a broken download looks like, named so: a file cut short, a web page or a pre-GGUF file saved
@@ -572,7 +572,7 @@ TEST(ImportGguf, CutShortWebPageOldFormatAndSplitPartsAreNamed) {
                 ": metadata key 'split.count': 3: this is part 1 of 3 of a split GGUF; merge the parts into one file "
                 "first (llama-gguf-split --merge FIRST_PART OUT.gguf, FIRST_PART the one named ...-00001-of-00003.gguf) "
                 "and import that");
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 TEST(ImportGguf, NotAModelGgufRefusedByItsType) {
@@ -595,7 +595,7 @@ TEST(ImportGguf, NotAModelGgufRefusedByItsType) {
     EXPECT_EQ(r.out, "error: " + path.string() + want + "\n");
     EXPECT_FALSE(fs::exists(dir / "out"));
   }
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // Tiny llama: the permutation moves rows as llama.cpp's permute inverse; tied; tokenizer variant
@@ -633,7 +633,7 @@ TEST(ImportGguf, TinyLlamaPermutationAndTokenizer) {
   const json cfg = read_json(dir / "out" / "config.json");
   EXPECT_EQ(cfg["tie_word_embeddings"], false);
   EXPECT_FALSE(cfg.contains("head_dim"));  // no rope.dimension_count in this file
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // Tiny qwen2: biases mapped, no permutation, Qwen2 architecture in config.json.
@@ -655,7 +655,7 @@ TEST(ImportGguf, TinyQwen2BiasesNoPermutation) {
   const json cfg = read_json(dir / "out" / "config.json");
   EXPECT_EQ(cfg["architectures"], json::array({"Qwen2ForCausalLM"}));
   EXPECT_EQ(cfg["model_type"], "qwen2");
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 // Tiny qwen3: q/k norms mapped, no biases, no permutation, head_dim from attention.key_length.
@@ -683,7 +683,7 @@ TEST(ImportGguf, TinyQwen3QkNormsNoPermutation) {
   EXPECT_EQ(cfg["model_type"], "qwen3");
   EXPECT_EQ(cfg["head_dim"], 4);
   EXPECT_EQ(cfg["attention_bias"], false);
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 }  // namespace

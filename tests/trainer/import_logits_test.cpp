@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/files.h"
 #include "common/safetensors.h"
 #include "common/tensor_io.h"
 #include "test_util.h"
@@ -41,7 +42,7 @@ torch::Tensor import_and_run(const std::string& gguf, const fs::path& ref, const
   const torch::Tensor ids = qlora::load_tensor(r, r.info("input_ids"));
   torch::NoGradGuard ng;
   torch::Tensor ours = m.forward({ids, {}, {}, {}});
-  fs::remove_all(dir);
+  qlora::remove_tree(dir);
   return ours;
 }
 

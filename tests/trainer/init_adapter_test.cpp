@@ -142,7 +142,7 @@ TEST_F(InitAdapter, AdapterThatDoesNotFitIsRefusedWritingNothing) {
     EXPECT_EQ(line_with(o.out, "lora.model_dir: "), line_with(o.out, "error: "))
         << c.name << ": the error is that one line:\n" << o.out;
     EXPECT_FALSE(fs::exists(out)) << c.name << ": output_dir written";
-    fs::remove_all(out);
+    qlora::remove_tree(out);
   }
 }
 
@@ -156,7 +156,7 @@ TEST_F(InitAdapter, ResumeComparesModelDirAndTheCheckpointWins) {
   const std::string dir = "--set lora.model_dir=" + adapter.string();
   CommandResult o = train(out, dir + " --set checkpoint.save_steps=1");
   ASSERT_EQ(o.status, 0) << o.out;
-  fs::remove_all(adapter);
+  qlora::remove_tree(adapter);
   o = run_command(qlora::test::qlora_bin() + " train " + (root / "run.yaml").string() + " --set output_dir=" +
                   out.string() + " --set training.max_steps=2 --set checkpoint.save_steps=1");
   EXPECT_EQ(o.status, 1) << o.out;

@@ -7,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "common/files.h"
 #include "common/error.h"
 #include "cli/commands.h"
 #include "common/tensor_io.h"
@@ -172,7 +173,7 @@ TEST(TiedEmbeddings, AStoredLmHeadUnderTheTieFlagMustEqualTheEmbeddings) {
   const Ref r = load_ref(tied, "right");
   torch::NoGradGuard ng;
   EXPECT_TRUE(torch::equal(dup.forward({r.ids, r.mask, r.pos, {}}), ref.forward({r.ids, r.mask, r.pos, {}})));
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // An untied config whose checkpoint lacks lm_head.weight: load refuses it naming the tensor and the
@@ -241,7 +242,7 @@ TEST(MissingWeights, InspectNamesWhatLoadRefuses) {
                                   std::to_string(H) + "], \"shape\": [" + std::to_string(V) + ", " + std::to_string(H) +
                                   "]}, {\"name\": \"lm_head.weight\", \"expected_shape\": [" + std::to_string(V + 8) + ", " +
                                   std::to_string(H) + "], \"shape\": [" + std::to_string(V) + ", " + std::to_string(H) + "]}]"));
-  fs::remove_all(d.parent_path());
+  qlora::remove_tree(d.parent_path());
 }
 
 // A LoRA target on lm_head or embed_tokens is refused with the reason (tied: it would change both);

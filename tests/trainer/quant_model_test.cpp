@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/files.h"
 #include "common/error.h"
 #include "common/tensor_io.h"
 #include "kernels/quant4.h"
@@ -281,7 +282,7 @@ TEST(BnbCheckpointErrors, MalformedOrInconsistentStateNamesTheTensor) {
   TempDir tmp("bnb_err");
   const std::string W = "model.layers.0.self_attn.q_proj.weight";
   auto load_err = [&](const std::function<void(std::map<std::string, torch::Tensor>&, json&)>& edit) {
-    fs::remove_all(tmp.path / "m");
+    qlora::remove_tree(tmp.path / "m");
     fs::create_directories(tmp.path / "m");
     rewrite(src, tmp.path / "m", edit);
     return error_of([&] { LlamaModel::load((tmp.path / "m").string(), torch::kFloat32, torch::kCPU); });

@@ -60,7 +60,7 @@ class Cases : public ::testing::Test {
                tok.string() + " --seed 1");
     ASSERT_EQ(o.status, 0) << o.out;
   }
-  static void TearDownTestSuite() { fs::remove_all(work); }
+  static void TearDownTestSuite() { qlora::remove_tree(work); }
   void SetUp() override {
     if (!fs::exists(qlora::test::shared_dir() / "cases"))
       FAIL() << "missing " << qlora::test::shared_dir() / "cases" << " (../shared must exist; CI has it)";
@@ -566,7 +566,7 @@ TEST(PeftTargets, AdaptersLoadAndMergeAsPeft) {
     std::cout << "PEFT adapter " << name << ": " << adapted.size() << " modules, eval loss " << loss << " (PEFT "
               << refs[name]["eval_loss"].get<double>() << ")\n";
   }
-  fs::remove_all(w);
+  qlora::remove_tree(w);
 }
 
 // ---- metrics-lost-on-enospc: a real small filesystem filled during the run ----------------------

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/files.h"
 #include "cli/svg_chart.h"
 #include "tests/test_util.h"
 
@@ -40,7 +41,7 @@ TEST(SvgChart, ParsesAsSvgWithOnePolylinePairPerSeries) {
                         "|2048|", "|OOM|", "|batch 1|", "|batch 4|", "|solid: measured|", "dashed: estimated",
                         "|6.00|"})  // y axis up to the largest value, 6 GiB
     EXPECT_NE(texts.find(t), std::string::npos) << t << " in " << texts;
-  std::filesystem::remove_all(dir);
+  qlora::remove_tree(dir);
 }
 
 }  // namespace

@@ -207,7 +207,7 @@ TEST_F(Sync, PlaceholdersAreQuotedAndTheCopyResumes) {
   EXPECT_FALSE(has(o.out, "failed")) << o.out;
   ASSERT_EQ(qlora::verify_checkpoint((copies / "checkpoint-3").string()), "") << o.out;
   const std::string history = qlora::read_file((out / "metrics.jsonl").string());
-  fs::remove_all(out);  // the machine is gone
+  qlora::remove_tree(out);  // the machine is gone
   const fs::path fresh = root / "new machine";
   o = train(fresh, {"checkpoint.resume_from_dir=" + copies.string(), "training.max_steps=4", "cost.gpu_hour_price=3.6"});
   ASSERT_EQ(o.status, 0) << o.out;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/files.h"
 #include "test_util.h"
 
 namespace qlora::test {
@@ -63,7 +64,7 @@ class TinyRunSuite : public ::testing::Test {
       setup.expect(false, std::string("exception: ") + e.what());
     }
   }
-  static void TearDownTestSuite() { std::filesystem::remove_all(root); }
+  static void TearDownTestSuite() { qlora::remove_tree(root); }
   void SetUp() override { QLORA_CHECK_SUITE_SETUP(setup); }
 };
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/files.h"
 #include "common/safetensors.h"
 #include "common/tensor_io.h"
 #include "test_util.h"
@@ -137,7 +138,7 @@ TEST(TokenizeCli, SmolLM2IdsPiecesAndChatLabelsMatchTransformers) {
                           "generate: " + flag + ": invalid UTF-8 at byte offset 2");
   expect_one_line_error(run("generate " + tdir.string() + " --template smollm2 --prompt hi --stop \"$(printf 'ab\377')\""),
                         "generate: --stop: invalid UTF-8 at byte offset 2");
-  fs::remove_all(tmp);
+  qlora::remove_tree(tmp);
 }
 
 // generation_config.json lists two eos ids; greedy generation stops at the second one.
@@ -200,7 +201,7 @@ TEST(Generate, StopsAtAnyEosIdOfGenerationConfig) {
   r = run(gen);
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_EQ(r.out, "error: model.tokenizer: the tokenizer has 300 pieces but the model's vocab_size is 200\n");
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // `generate --quant nf4`: the base quantized on load as training does, so the CLI decodes as
@@ -341,7 +342,7 @@ TEST(Generate, LogsTheSystemMessageRenderedAndWarnsOfAnEmptyAnswer) {
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find(" new ones pass the model's max_position_embeddings 4 (config.json); decoding goes on"),
             std::string::npos) << r.out;
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // `generate --adapter RUN` (a run dir, or its checkpoint) decodes as the run trained: its

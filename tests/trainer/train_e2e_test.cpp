@@ -19,6 +19,7 @@
 #include <regex>
 #include <sstream>
 
+#include "common/files.h"
 #include "badinput/config_expectations.h"
 #include "test_util.h"
 
@@ -187,7 +188,7 @@ TEST(TrainE2E, TinyNf4OnAlpacaDemoLearnsAndLoadsInPeft) {
     EXPECT_EQ(pclose(p), 0) << out;
     EXPECT_NE(out.find("OK"), std::string::npos) << out;
   }
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // Every file of the bad-config corpus, run by `qlora train` in a directory where its model path
@@ -225,7 +226,7 @@ TEST(TrainE2E, BadConfigsFailBeforeWritingOutput) {
     r = run("train good.yaml", d);
     ASSERT_EQ(r.status, 0) << "the control config must train:\n" << r.out;
     EXPECT_TRUE(fs::exists(d / "runs" / "good" / "adapter_model.safetensors"));
-    fs::remove_all(d);
+    qlora::remove_tree(d);
   }
   for (const fs::path& f : files) {
     const std::string name = f.filename().string();
@@ -241,9 +242,9 @@ TEST(TrainE2E, BadConfigsFailBeforeWritingOutput) {
     expect_one_line_error(r, name, it->second.fragment);
     EXPECT_NE(r.out.find((d / name).string()), std::string::npos) << name << ": the error must name the file\n" << r.out;
     EXPECT_FALSE(fs::exists(d / "runs")) << name << " created its own output_dir";
-    fs::remove_all(d);
+    qlora::remove_tree(d);
   }
-  fs::remove_all(shared);
+  qlora::remove_tree(shared);
 }
 
 // A config with many errors (here an Axolotl-style one): `qlora train` prints every one, each as
@@ -265,7 +266,7 @@ TEST(TrainE2E, EveryConfigErrorIsPrintedOnItsOwnLine) {
             "error: --set training.lerning_rate=1e-4: training.lerning_rate: unknown key; did you mean "
             "\"learning_rate\"?\n");
   EXPECT_FALSE(fs::exists(d / "runs"));
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
@@ -376,7 +377,7 @@ TEST(TrainE2E, MissingDataOrTokenizerWritesNothing) {
   expect_one_line_error(run("eval --model " + q(d / "model") + " --data " + q(d / "train.json") + " --adapter " +
                             q(d / "no_adapter")),
                         "eval missing adapter", "no_adapter");
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 std::vector<double> losses_of(const fs::path& run_dir) {
@@ -455,7 +456,7 @@ TEST(TrainE2E, InitRandomWithModelPathNeedsOnlyConfigJsonAndTokenizer) {
   r = run("train " + q(d / "preset.yaml"));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(losses_of(d / "out_preset"), from_path);
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // configs/tiny/qlora.yaml as a user runs it: from a directory holding the quickstart's outputs
@@ -482,14 +483,14 @@ TEST(TrainE2E, TinyConfigRunsOnTheQuickstartsFiles) {
   EXPECT_TRUE(fs::exists(d / "runs" / "tiny-qlora" / "adapter_model.safetensors")) << r.out;
   EXPECT_EQ(losses_of(d / "runs" / "tiny-qlora").size(), 2u) << r.out;
   // Without the quickstart's files: the missing tokenizer is named by its key and the config's line.
-  fs::remove_all(d / "runs");
+  qlora::remove_tree(d / "runs");
   const CliRun m = run("train " + q(cfg), d);
   EXPECT_EQ(m.status, 1) << m.out;
   EXPECT_NE(m.out.find("error: " + cfg.string() + ":14: model.tokenizer: runs/quickstart/model: tokenizer not found"),
             std::string::npos)
       << m.out;
   EXPECT_FALSE(fs::exists(d / "runs" / "tiny-qlora"));
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 // The glaive demo's tools (function schemas) with a template that drops them (smollm2: its jinja
@@ -539,7 +540,7 @@ TEST(TrainE2E, SamplePackingThatPacksNothingIsWarnedOf) {
   r = run("train " + q(cfg("packs", 4 * len)));  // four a row: no warning
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(r.out.find("sample_packing packs"), std::string::npos) << r.out;
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 TEST(TrainE2E, DataPreviewWarnsOfToolsTheTemplateDrops) {
@@ -561,7 +562,7 @@ TEST(TrainE2E, DataPreviewWarnsOfToolsTheTemplateDrops) {
   EXPECT_NE(r.out.find("records carry tools that template chatml does not render (it has no place for them)"),
             std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(d / "out"));
-  fs::remove_all(d);
+  qlora::remove_tree(d);
 }
 
 }  // namespace
