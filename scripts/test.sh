@@ -21,7 +21,13 @@ if [ ! -d "$QLORA_SHARED" ]; then  # tests read it; without this check pipefail 
 fi
 shared_key="$( (cd "$QLORA_SHARED" 2>/dev/null && find . -type f -printf '%P %s %T@\n' | LC_ALL=C sort) | sha256sum | cut -c1-16)"
 for f in "$QLORA_ROOT"/tests/fixtures/make_*.py; do
-  key="$(cat "$f" "$QLORA_ROOT/scripts/requirements.lock" <(echo "$shared_key") | sha256sum | cut -c1-16)"
+  deps=()  # the fixture helpers it imports (tests/fixtures/gguf_pre.py): a change there remakes it too
+  for m in "$QLORA_ROOT"/tests/fixtures/*.py; do
+    n="$(basename "$m" .py)"
+    case "$n" in make_*) continue ;; esac
+    if grep -qE "^(from $n import|import $n\b)" "$f"; then deps+=("$m"); fi
+  done
+  key="$(cat "$f" ${deps[@]+"${deps[@]}"} "$QLORA_ROOT/scripts/requirements.lock" <(echo "$shared_key") | sha256sum | cut -c1-16)"
   stamp="$FIX/.$(basename "$f").$key"
   if [ ! -f "$stamp" ]; then
     echo "[test] fixtures: $(basename "$f")"
