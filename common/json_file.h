@@ -18,8 +18,13 @@ std::string json_error_reason(const nlohmann::json::exception& e);
 ///  - "PATH:LINE:COLUMN: invalid JSON: REASON" on a syntax error, LINE and COLUMN 1-based, of the
 ///    byte where parsing stopped; "; the file ends there (cut short?)" is added when that is the end
 ///    of the text (an interrupted copy or download);
-///  - "PATH: invalid JSON: REASON" for a number no double holds (1e999).
+///  - "PATH: invalid JSON: REASON" for a number no double holds (1e999);
+///  - "PATH:LINE:COLUMN: JSON nested deeper than 256 levels ..." at the bracket past kMaxJsonDepth.
 nlohmann::json parse_json_file(const std::string& text, const std::string& path);
+
+/// The deepest nesting of arrays and objects parse_json_file accepts (real tokenizer.json,
+/// config.json and adapter_config.json files nest under 10 levels).
+constexpr int kMaxJsonDepth = 256;
 
 /// read_file(path) then parse_json_file, and the top level must be an object. Throws qlora::Error
 /// as read_file and parse_json_file do, and "PATH:1: expected a JSON object at top level, got

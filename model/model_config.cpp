@@ -169,6 +169,22 @@ void ModelConfig::validate(const std::string& src) const {
   auto positive = [&](int64_t v, const char* name) {
     QLORA_CHECK(v > 0, src, ": field '", name, "' must be > 0, got ", v);
   };
+  // Upper bounds far above every open model (Llama 3.1 405B: 126 layers, hidden 16384, 128 heads,
+  // intermediate 53248; vocabularies to 262144; contexts to 10M), so that a corrupt or hostile
+  // config.json is refused by name at once instead of allocating until bad_alloc (trial 27: 3,000,000
+  // layers ran 33 s into std::bad_alloc) or overflowing the parameter count.
+  auto at_most = [&](int64_t v, int64_t limit, const char* name) {
+    QLORA_CHECK(v <= limit, src, ": field '", name, "' is ", v, ", above the ", limit,
+                " this program accepts (no model has so many; a corrupt config.json?)");
+  };
+  at_most(vocab_size, int64_t{1} << 24, "vocab_size");
+  at_most(hidden_size, int64_t{1} << 20, "hidden_size");
+  at_most(intermediate_size, int64_t{1} << 22, "intermediate_size");
+  at_most(num_hidden_layers, 10000, "num_hidden_layers");
+  at_most(num_attention_heads, 16384, "num_attention_heads");
+  at_most(num_key_value_heads, 16384, "num_key_value_heads");
+  at_most(head_dim, 16384, "head_dim");
+  at_most(max_position_embeddings, int64_t{1} << 28, "max_position_embeddings");
   positive(vocab_size, "vocab_size");
   positive(hidden_size, "hidden_size");
   positive(intermediate_size, "intermediate_size");

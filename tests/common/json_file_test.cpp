@@ -40,6 +40,19 @@ TEST(JsonFile, SyntaxErrorsNameLineAndColumn) {
   EXPECT_LT(e.size(), 220u) << e;
 }
 
+// Nesting past kMaxJsonDepth (256) is refused at the bracket that goes past it, before the parse
+// (trial 27: a 10,000-deep pre_tokenizer took 3 GB); brackets inside strings do not count.
+TEST(JsonFile, NestingPastTheLimitIsRefusedAtItsBracket) {
+  auto nested = [](int n) { return std::string(n, '[') + std::string(n, ']'); };
+  EXPECT_EQ(error_of(nested(256)), "");
+  EXPECT_EQ(error_of(nested(257)), "d/x.json:1:257: JSON nested deeper than 256 levels (no model, tokenizer or "
+                                   "adapter file is; a corrupt or hostile file?)");
+  EXPECT_EQ(error_of("{\"a\":\n " + nested(10000) + "}"),
+            "d/x.json:2:257: JSON nested deeper than 256 levels (no model, tokenizer or adapter file is; a corrupt "
+            "or hostile file?)");
+  EXPECT_EQ(error_of("{\"a\": \"" + std::string(1000, '[') + "\\\"{\"}"), "");  // in a string (and after \")
+}
+
 // A clone without git-lfs leaves ~130-byte pointer files (Git LFS spec) where the model's large
 // files were; each reader says so instead of "invalid JSON" / "bad magic" / "header length".
 TEST(JsonFile, GitLfsPointersAreNamed) {

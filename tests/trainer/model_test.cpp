@@ -656,6 +656,30 @@ TEST(ModelConfig, MissingRequiredFieldNamesIt) {
   }
 }
 
+// Sizes no model has are refused by name before anything is allocated (trial 27: num_hidden_layers
+// 3,000,000 ran 33 s into std::bad_alloc).
+TEST(ModelConfig, AbsurdSizesAreRefusedByName) {
+  const nlohmann::json ok = {{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 10}, {"hidden_size", 8},
+                             {"intermediate_size", 16}, {"num_hidden_layers", 1}, {"num_attention_heads", 2}};
+  EXPECT_NO_THROW(parse_model_config(ok, "m/config.json"));
+  nlohmann::json j = ok;
+  j["num_hidden_layers"] = 3000000;
+  EXPECT_EQ(error_of([&] { parse_model_config(j, "m/config.json"); }),
+            "m/config.json: field 'num_hidden_layers' is 3000000, above the 10000 this program accepts (no model "
+            "has so many; a corrupt config.json?)");
+  j = ok;
+  j["num_hidden_layers"] = 10000;  // the bound itself is accepted
+  EXPECT_NO_THROW(parse_model_config(j, "m/config.json"));
+  for (const char* field : {"vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                            "max_position_embeddings"}) {
+    j = ok;
+    j[field] = int64_t{1} << 40;
+    EXPECT_NE(error_of([&] { parse_model_config(j, "m/config.json"); })
+                  .find(std::string("m/config.json: field '") + field + "' is 1099511627776, above the "),
+              std::string::npos) << field;
+  }
+}
+
 TEST(ModelConfig, UnsupportedRopeTypeIsAnError) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 10}, {"hidden_size", 8},
                       {"intermediate_size", 16}, {"num_hidden_layers", 1}, {"num_attention_heads", 2},
