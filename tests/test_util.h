@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 
 #include "common/files.h"
@@ -59,10 +60,40 @@ inline CommandResult run_command(const std::string& cmd) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed); -1 on error.
-/// For MASTER_PORT in the data-parallel tests.
-inline int free_tcp_port() {
+/// Whether a TCP listener can bind 127.0.0.1:`port` now (bound, then closed at once).
+inline bool tcp_port_bindable(int port) {
   const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (s < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(s);
+  return ok;
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago, for MASTER_PORT in the data-parallel tests;
+/// -1 on error. Drawn at random below the kernel's ephemeral range (ip_local_port_range, 32768 by
+/// default): a port bound to 0 and closed comes from that range, from which every outgoing
+/// connection of a test running beside it (ctest -j2: the other ranks' TCPStore clients) also takes
+/// its local port, and one did take it before rank 0 listened (EADDRINUSE in a fresh-clone run of
+/// the test command, 2026-12-04). Below the range only another listener can collide, and each is drawn at random.
+inline int free_tcp_port() {
+  int low = 32768;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &low) != 1) low = 32768;
+    std::fclose(f);
+  }
+  if (low > 11000) {
+    std::random_device rd;
+    std::uniform_int_distribution<int> pick(10000, low - 1);
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      const int port = pick(rd);
+      if (tcp_port_bindable(port)) return port;
+    }
+  }
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);  // fallback: a port the kernel picks
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
