@@ -178,14 +178,14 @@ void Tokenizer::finish_specials() {
 
 Tokenizer Tokenizer::from_pretrained(const std::string& dir_or_file) {
   fs::path dir, file;
-  if (std::error_code ec; !fs::is_directory(dir_or_file, ec)) check_regular_file(dir_or_file);  // a FIFO, a loop
-  if (fs::is_directory(dir_or_file)) {
+  if (std::error_code ec; fs::is_directory(dir_or_file, ec)) {
     dir = dir_or_file;
     file = fs::exists(dir / "tokenizer.json") ? dir / "tokenizer.json" : dir / "tokenizer.model";
     QLORA_CHECK(fs::exists(file), (dir / "tokenizer.model").string(),
                 ": tokenizer model not found (neither tokenizer.json nor tokenizer.model in ", dir.string(), ")",
                 gguf::gguf_instead_of_model_dir(dir_or_file));
   } else {
+    check_regular_file(dir_or_file);  // a FIFO, a link loop: named before anything opens it
     const std::string gguf = gguf::gguf_instead_of_model_dir(dir_or_file);
     QLORA_CHECK(gguf.empty(), gguf);
     file = dir_or_file;

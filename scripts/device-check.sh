@@ -360,11 +360,18 @@ s_gpu_prep_cpu() {  # dry run: test_gpu's CPU cases
 if ((DRY)); then P7=tiny; P13=tiny; SEQS=(32 64 128 256); STEPS=2; P13_SEQ=128; BL_PRESET=tiny; BL_SEQ=64; P8=tiny; SEQS8=(64 128)
 else P7=llama2-7b; P13=llama2-13b; SEQS=(512 1024 2048 4096 8192); STEPS=3; P13_SEQ=2048; BL_PRESET=llama2-7b; BL_SEQ=2048
   P8=llama3-8b; SEQS8=(2048 8192); fi
-s_bench_7b() {
+# bench_budget: the --max-time-s of a bench step: the time left before the deadline less RESERVE
+# (at least 60 s; an hour without a deadline), since bench refuses a run it estimates over 10
+# minutes without --max-time-s. Says it on stderr (the step's log) and prints it on stdout.
+bench_budget() {
   local mt=$(( $(ds_left) - RESERVE ))
-  ((DEADLINE > 0)) || mt=3600  # no deadline: an hour (without --max-time-s, bench refuses over 10 minutes)
+  ((DEADLINE > 0)) || mt=3600
   ((mt >= 60)) || mt=60
-  echo "max-time-s $mt (deadline ${DEADLINE}s, ${RESERVE}s reserved for the next steps)"
+  echo "max-time-s $mt (deadline ${DEADLINE}s, ${RESERVE}s reserved for the next steps)" >&2
+  echo "$mt"
+}
+s_bench_7b() {
+  local mt; mt=$(bench_budget)
   with_smi bench-7b "$Q" bench --preset "$P7" --sweep --seq-lens "${SEQS[@]}" --batch-sizes 1 2 4 \
     --lora-r 16 --steps "$STEPS" --max-time-s "$mt" --out "$RUN/bench-7b"
 }
@@ -383,11 +390,7 @@ s_baseline_peft() {
 }
 
 s_bench_13b() {
-  # a budget as bench-7b's: without --max-time-s, bench refuses a run it estimates over 10 minutes
-  local mt=$(( $(ds_left) - RESERVE ))
-  ((DEADLINE > 0)) || mt=3600
-  ((mt >= 60)) || mt=60
-  echo "max-time-s $mt (deadline ${DEADLINE}s, ${RESERVE}s reserved for the next steps)"
+  local mt; mt=$(bench_budget)
   with_smi bench-13b "$Q" bench --preset "$P13" --sweep --seq-lens "$P13_SEQ" --batch-sizes 1 --lora-r 16 \
     --steps "$STEPS" --max-time-s "$mt" --out "$RUN/bench-13b"
 }
@@ -395,10 +398,7 @@ s_bench_13b() {
 s_bench_8b() {
   # another family for the estimate (GQA, a 128k vocabulary, 14336-wide MLP): the 7B sweep calibrated
   # the allocator fragmentation term, so this is the check it was not fitted to
-  local mt=$(( $(ds_left) - RESERVE ))
-  ((DEADLINE > 0)) || mt=3600
-  ((mt >= 60)) || mt=60
-  echo "max-time-s $mt (deadline ${DEADLINE}s, ${RESERVE}s reserved for the next steps)"
+  local mt; mt=$(bench_budget)
   with_smi bench-8b "$Q" bench --preset "$P8" --sweep --seq-lens "${SEQS8[@]}" --batch-sizes 1 2 --lora-r 16 \
     --steps "$STEPS" --max-time-s "$mt" --out "$RUN/bench-8b"
 }

@@ -41,7 +41,7 @@ constexpr double kActivationFragmentation = 0.18;
 /// allocator (so it shows in allocated/reserved, not in the context): 32 MiB per handle on sm_90
 /// (PyTorch's CUDABlas getChosenWorkspaceSize for Hopper), and training uses two handles (the
 /// forward's thread and the autograd engine's device thread). Not measured on its own: the H200 run
-/// (2026-12-04) measured the peak allocated it is part of, 2.5–4.5% under the estimate.
+/// (2026-12-04) measured the peak allocated it is part of, 1.9–4.5% under the estimate.
 constexpr int64_t kCublasWorkspaceBytesPerHandle = 32LL << 20;
 
 /// What an estimate is for. Plain values; no config objects below this.
